@@ -1,0 +1,166 @@
+"""Time table of one decode actor: how long prefill and one decode step take.
+
+The planner never runs a model; it reads these tables. They come either from measurement with dummy
+batches (the engine's `rlhfless profile`) or from a roofline model of the model shape and the GPU
+(`planner.hardware`). Both produce the same JSON:
+
+    {"decode": [{"batch": B, "context": C, "ms": M}, ...],
+     "prefill": [{"tokens": N, "ms": M}, ...],
+     "gpus": 1, "max_kv_tokens": K}
+
+Decode points must cover a full grid (every batch size with every context length). Lookups are
+vectorised: linear interpolation inside the table, the first row/column below it (launch cost does
+not shrink for tiny inputs), and linear extrapolation from the last segment above it (prefill is
+compute-bound and attention grows linearly with context, so a straight line is the honest guess).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _weights(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices (lo, hi) and weight t with value = (1 - t) * v[lo] + t * v[hi].
+
+    t is clamped at 0 below the grid and left unclamped above it (extrapolation).
+    """
+    if grid.size == 1:
+        zeros = np.zeros(x.shape, dtype=np.intp)
+        return zeros, zeros, np.zeros(x.shape)
+    lo = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
+    hi = lo + 1
+    t = (x - grid[lo]) / (grid[hi] - grid[lo])
+    return lo, hi, np.maximum(t, 0.0)
+
+
+def _require_sorted_unique(values: np.ndarray, what: str) -> None:
+    if values.size == 0:
+        raise ValueError(f"{what}: got no points, expected at least one")
+    if np.any(np.diff(values) <= 0):
+        raise ValueError(f"{what}: got duplicate values, expected distinct values")
+    if values[0] < 0 or not np.all(np.isfinite(values)):
+        raise ValueError(f"{what}: got {values[0]}, expected finite non-negative values")
+
+
+@dataclass
+class Profile:
+    """Prefill and decode-step times of one actor holding `gpus` GPUs."""
+
+    prefill_tokens: np.ndarray
+    prefill_ms: np.ndarray
+    decode_batch: np.ndarray
+    decode_context: np.ndarray
+    decode_ms: np.ndarray  # shape (len(decode_batch), len(decode_context))
+    gpus: int = 1
+    max_kv_tokens: int = 1 << 20
+    cold_start_s: float = 0.0
+    note: str = field(default="")
+
+    def __post_init__(self) -> None:
+        self.prefill_tokens = np.asarray(self.prefill_tokens, dtype=float)
+        self.prefill_ms = np.asarray(self.prefill_ms, dtype=float)
+        self.decode_batch = np.asarray(self.decode_batch, dtype=float)
+        self.decode_context = np.asarray(self.decode_context, dtype=float)
+        self.decode_ms = np.asarray(self.decode_ms, dtype=float)
+        _require_sorted_unique(self.prefill_tokens, "prefill.tokens")
+        _require_sorted_unique(self.decode_batch, "decode.batch")
+        _require_sorted_unique(self.decode_context, "decode.context")
+        if self.prefill_ms.shape != self.prefill_tokens.shape:
+            raise ValueError("prefill: got mismatched tokens/ms, expected one ms per token count")
+        shape = (self.decode_batch.size, self.decode_context.size)
+        if self.decode_ms.shape != shape:
+            raise ValueError(f"decode: got ms of shape {self.decode_ms.shape}, expected a full grid {shape}")
+        for name, arr in (("prefill.ms", self.prefill_ms), ("decode.ms", self.decode_ms)):
+            if np.any(arr < 0) or not np.all(np.isfinite(arr)):
+                raise ValueError(f"{name}: got {arr.min()}, expected finite non-negative milliseconds")
+        if self.gpus < 1:
+            raise ValueError(f"gpus: got {self.gpus}, expected an integer >= 1")
+        if self.max_kv_tokens < 1:
+            raise ValueError(f"max_kv_tokens: got {self.max_kv_tokens}, expected an integer >= 1")
+        if self.cold_start_s < 0:
+            raise ValueError(f"cold_start_s: got {self.cold_start_s}, expected a number >= 0")
+
+    def prefill_seconds(self, tokens: Any) -> np.ndarray:
+        """Seconds to prefill `tokens` tokens in one batch (0 for no tokens)."""
+        x = np.asarray(tokens, dtype=float)
+        lo, hi, t = _weights(self.prefill_tokens, x)
+        ms = (1.0 - t) * self.prefill_ms[lo] + t * self.prefill_ms[hi]
+        return np.where(x > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+
+    def decode_step_seconds(self, batch: Any, context: Any) -> np.ndarray:
+        """Seconds for one decode step of `batch` sequences of mean length `context` (broadcasts)."""
+        b, c = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(context, dtype=float))
+        bl, bh, bt = _weights(self.decode_batch, b)
+        cl, ch, ct = _weights(self.decode_context, c)
+        m = self.decode_ms
+        low = (1.0 - ct) * m[bl, cl] + ct * m[bl, ch]
+        high = (1.0 - ct) * m[bh, cl] + ct * m[bh, ch]
+        ms = (1.0 - bt) * low + bt * high
+        return np.where(b > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        decode = [
+            {"batch": int(b), "context": int(c), "ms": float(self.decode_ms[i, j])}
+            for i, b in enumerate(self.decode_batch)
+            for j, c in enumerate(self.decode_context)
+        ]
+        prefill = [
+            {"tokens": int(n), "ms": float(ms)}
+            for n, ms in zip(self.prefill_tokens, self.prefill_ms, strict=True)
+        ]
+        out: dict[str, Any] = {
+            "decode": decode,
+            "prefill": prefill,
+            "gpus": int(self.gpus),
+            "max_kv_tokens": int(self.max_kv_tokens),
+        }
+        if self.cold_start_s:
+            out["cold_start_s"] = float(self.cold_start_s)
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """Build from the JSON layout above; raises ValueError naming the bad field."""
+        for key in ("decode", "prefill", "gpus", "max_kv_tokens"):
+            if key not in data:
+                raise ValueError(f"{key}: missing, expected it in the profile")
+        try:
+            prefill = sorted((float(p["tokens"]), float(p["ms"])) for p in data["prefill"])
+            decode = [(float(p["batch"]), float(p["context"]), float(p["ms"])) for p in data["decode"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"profile points: got a malformed point ({err}), expected numbers") from err
+        batches = np.unique([d[0] for d in decode])
+        contexts = np.unique([d[1] for d in decode])
+        grid = np.full((batches.size, contexts.size), np.nan)
+        for b, c, ms in decode:
+            grid[np.searchsorted(batches, b), np.searchsorted(contexts, c)] = ms
+        if np.isnan(grid).any():
+            raise ValueError(
+                f"decode: got {len(decode)} points, expected a full grid of "
+                f"{batches.size} batch sizes x {contexts.size} context lengths"
+            )
+        return cls(
+            prefill_tokens=np.array([p[0] for p in prefill]),
+            prefill_ms=np.array([p[1] for p in prefill]),
+            decode_batch=batches,
+            decode_context=contexts,
+            decode_ms=grid,
+            gpus=int(data["gpus"]),
+            max_kv_tokens=int(data["max_kv_tokens"]),
+            cold_start_s=float(data.get("cold_start_s", 0.0)),
+            note=str(data.get("note", "")),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
