@@ -12,6 +12,7 @@ from rlhfless.planner.hardware import (
     GpuSpec,
     ModelShape,
     Roofline,
+    roofline_profile,
     roofline_table,
 )
 
@@ -96,3 +97,13 @@ def test_unknown_gpu_and_bad_spec_are_refused_with_the_field_named():
     custom = GpuSpec.resolve({**vars(BUILTIN_GPUS["h100"]), "name": "h100x2", "memory_tbps": 6.7})
     h100 = Roofline(BUILTIN_MODELS["llama-2-7b"], BUILTIN_GPUS["h100"])
     assert Roofline(h100.model, custom).decode_ms(1, 1) < h100.decode_ms(1, 1)
+
+
+def test_roofline_profile_interpolates_the_derived_table():
+    profile = roofline_profile("llama-2-70b", "h100", tp=8, cold_start_s=20.0)
+    roof = Roofline(BUILTIN_MODELS["llama-2-70b"], BUILTIN_GPUS["h100"], 8)
+    assert profile.gpus == 8 and profile.cold_start_s == 20.0
+    assert float(profile.decode_step_seconds(32, 1024)) * 1e3 == pytest.approx(
+        roof.decode_ms(32, 1024), rel=1e-3
+    )
+    assert float(profile.prefill_seconds(4096)) * 1e3 == pytest.approx(roof.prefill_ms(4096), rel=1e-3)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from rlhfless.planner.profile import Profile
+
 # Batch sizes and lengths of the derived table (the issue's format: powers of two up to 256;
 # context and tokens from 1 to 8192 in steps of 256).
 TABLE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -302,3 +304,18 @@ def roofline_table(
 ) -> dict[str, Any]:
     """Derived profile table as a JSON-ready dict (what `rlhfless profile --simulated` prints)."""
     return Roofline(ModelShape.resolve(model), GpuSpec.resolve(gpu), tp, **knobs).table()
+
+
+def roofline_profile(
+    model: str | dict[str, Any] | ModelShape,
+    gpu: str | dict[str, Any] | GpuSpec,
+    tp: int = 1,
+    cold_start_s: float = 0.0,
+    **knobs: Any,
+) -> Profile:
+    """The planner's `Profile` for one actor of `tp` GPUs, derived instead of measured."""
+    roof = Roofline(ModelShape.resolve(model), GpuSpec.resolve(gpu), tp, **knobs)
+    profile = Profile.from_dict(roof.table())
+    profile.cold_start_s = cold_start_s
+    profile.note = f"roofline: {roof.model.name} on {tp} x {roof.gpu.name}"
+    return profile
