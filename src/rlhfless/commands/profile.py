@@ -1,0 +1,121 @@
+"""`rlhfless profile`: the prefill/decode time table the planner and the simulator read.
+
+`--simulated` derives it from a model shape and a GPU spec (roofline, no torch imported); without
+it the real engine is timed on dummy batches on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+SIMULATED_KEYS = {
+    "gpu": "built-in GPU (h100, h200, a100, l40s) or a JSON file with a GpuSpec dict",
+    "model": "built-in shape (qwen2.5-3b, qwen2.5-7b, llama-2-7b, llama-2-70b, smollm2-135m) "
+    "or a config.json",
+    "tp": "tensor-parallel GPUs per actor",
+    "step_overhead_ms": "fixed per decode step (scheduler, sampling, launches)",
+    "per_sequence_overhead_ms": "per running sequence per step",
+    "memory_utilization": "share of GPU memory the engine may use",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("profile", help="print the planner's time table (measured or derived)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="simulated: "
+        + "; ".join(f"{k}: {v}" for k, v in SIMULATED_KEYS.items())
+        + ". measured: model.* config keys (model=PATH is short for model.path=PATH)",
+    )
+    parser.add_argument("--simulated", action="store_true", help="derive from specs instead of measuring")
+    parser.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    parser.add_argument("--output", type=Path, help="also write the JSON table to this file")
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override: got {item!r}, expected key=value")
+        out[key] = value
+    return out
+
+
+def _gpu_arg(value: str) -> str | dict[str, Any]:
+    return json.loads(Path(value).read_text()) if value.endswith(".json") and Path(value).is_file() else value
+
+
+def simulated_table(options: dict[str, str]) -> dict[str, Any]:
+    from rlhfless.planner.hardware import roofline_table
+
+    unknown = set(options) - set(SIMULATED_KEYS)
+    if unknown:
+        raise ValueError(
+            f"profile --simulated: got unknown keys {sorted(unknown)}, expected {sorted(SIMULATED_KEYS)}"
+        )
+    knobs = {
+        k: float(options[k])
+        for k in ("step_overhead_ms", "per_sequence_overhead_ms", "memory_utilization")
+        if k in options
+    }
+    return roofline_table(
+        options.get("model", "llama-2-7b"),
+        _gpu_arg(options.get("gpu", "h100")),
+        int(options.get("tp", "1")),
+        **knobs,
+    )
+
+
+def measured_table(options: dict[str, str]) -> dict[str, Any]:
+    """Time the real engine; torch is imported only here."""
+    try:
+        from rlhfless.engine.profiling import measure_profile
+        from rlhfless.models import ModelConfig, load_policy
+    except ImportError as err:
+        raise RuntimeError(
+            f"measuring needs the engine ({err}); use --simulated for a derived table"
+        ) from err
+    fields = {k.removeprefix("model."): v for k, v in options.items()}
+    if "model" in fields:
+        fields["path"] = fields.pop("model")
+    return measure_profile(load_policy(ModelConfig(**fields)))
+
+
+def summary(table: dict[str, Any]) -> str:
+    """A few landmark rows for a human; --json gives everything."""
+    decode = {(row["batch"], row["context"]): row["ms"] for row in table["decode"]}
+    prefill = {row["tokens"]: row["ms"] for row in table["prefill"]}
+    lines = [
+        f"gpus per actor: {table['gpus']}   KV capacity: {table['max_kv_tokens']:,} tokens",
+        "decode ms per step:",
+    ]
+    contexts = sorted({c for _, c in decode})
+    shown = [c for c in contexts if c in (1, 1024, 4096, 8192)] or contexts[:3]
+    lines.append("  batch " + "".join(f"{f'ctx {c}':>11}" for c in shown))
+    for b in sorted({b for b, _ in decode}):
+        lines.append(f"  {b:5d} " + "".join(f"{decode[(b, c)]:11.2f}" for c in shown))
+    lines.append(
+        "prefill ms: "
+        + ", ".join(f"{n} tok {prefill[n]:.1f}" for n in sorted(prefill) if n in (1, 1024, 4096, 8192))
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = parse_overrides(args.overrides)
+        table = simulated_table(options) if args.simulated else measured_table(options)
+    except (ValueError, RuntimeError, OSError) as err:
+        print(f"rlhfless profile: {err}")
+        return 2
+    text = json.dumps(table)
+    if args.output:
+        args.output.write_text(text + "\n")
+    print(text if args.json else summary(table))
+    return 0

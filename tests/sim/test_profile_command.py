@@ -1,0 +1,41 @@
+"""`rlhfless profile --simulated` prints the derived table without touching torch."""
+
+import json
+import subprocess
+import sys
+
+SCRIPT = """
+import json, sys
+from rlhfless.commands import profile
+import argparse
+parser = argparse.ArgumentParser(); sub = parser.add_subparsers(dest="command")
+profile.add_parser(sub)
+rc = profile.run(parser.parse_args(sys.argv[1:]))
+print(json.dumps({"rc": rc, "torch": "torch" in sys.modules}))
+"""
+
+
+def run_profile(*argv):
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "profile", *argv], capture_output=True, text=True, check=True
+    )
+    *body, status = done.stdout.strip().splitlines()
+    return json.loads(status), "\n".join(body)
+
+
+def test_simulated_json_is_the_issue_format_and_does_not_import_torch():
+    status, body = run_profile("--simulated", "gpu=h100", "model=llama-2-70b", "tp=8", "--json")
+    assert status == {"rc": 0, "torch": False}
+    table = json.loads(body)
+    assert set(table) >= {"decode", "prefill"} and table["gpus"] == 8
+    assert set(table["decode"][0]) == {"batch", "context", "ms"} and set(table["prefill"][0]) == {
+        "tokens",
+        "ms",
+    }
+    decode = {(row["batch"], row["context"]): row["ms"] for row in table["decode"]}
+    assert decode[(128, 4096)] > decode[(1, 1)] > 0
+
+
+def test_unknown_key_is_an_error_naming_it():
+    status, body = run_profile("--simulated", "gpus=8")
+    assert status["rc"] == 2 and "gpus" in body
