@@ -1,0 +1,128 @@
+"""The `scheduler.` config section: which policy plans each step, and its knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("rlhfless", "verl", "rlhfuse")
+PREDICTORS = ("ewma", "oracle", "noisy")
+METHODS = ("contiguous", "lpt")
+
+
+def _check(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: got {value!r}, expected {expected}")
+
+
+@dataclass
+class SchedulerConfig:
+    """Planner settings. `verl` and `rlhfuse` ignore the four feature toggles (they fix them)."""
+
+    policy: str = field(
+        default="rlhfless",
+        metadata={
+            "help": "rlhfless (toggles below), verl (N = all, even split, no dedup, no cut) "
+            "or rlhfuse (verl plus a global cut-and-migrate)"
+        },
+    )
+    tau: float = field(
+        default=0.7,
+        metadata={
+            "help": "cut an actor once this share of its responses finished (rlhfuse: of all responses)"
+        },
+    )
+    lam: float = field(default=0.7, metadata={"help": "actor scaling weight: 1 favours step time, 0 cost"})
+    ewma_window: int = field(default=1, metadata={"help": "length predictor: observations per prompt kept"})
+    n_min: int = field(default=1, metadata={"help": "fewest decode actors considered"})
+    n_max: int | None = field(
+        default=None, metadata={"help": "most decode actors considered; null = as many as the cluster holds"}
+    )
+    gpus_per_actor: int = field(
+        default=1, metadata={"help": "GPUs per decode actor (its tensor parallelism)"}
+    )
+    prefill_capacity: int = field(
+        default=256, metadata={"help": "B_prefill: most unique prefixes the prefill actor computes at once"}
+    )
+    price_per_gpu_hour: float = field(default=1.95, metadata={"help": "rho, dollars per GPU-hour"})
+    dedup_prefill: bool = field(default=True, metadata={"help": "rlhfless: prefill shared prefixes once"})
+    sorted_assignment: bool = field(
+        default=True,
+        metadata={"help": "rlhfless: split prompts sorted by predicted length (else even split)"},
+    )
+    assignment_method: str = field(
+        default="contiguous",
+        metadata={
+            "help": "sorted assignment: contiguous (balanced by predicted work) or lpt (for comparison)"
+        },
+    )
+    actor_scaling: bool = field(
+        default=True, metadata={"help": "rlhfless: choose N by time/cost (else N = n_max)"}
+    )
+    cut_and_migrate: bool = field(
+        default=True, metadata={"help": "rlhfless: cut actors at tau and migrate their stragglers"}
+    )
+    predictor: str = field(
+        default="ewma", metadata={"help": "length predictor: ewma, oracle (told true lengths) or noisy"}
+    )
+    noise: float = field(
+        default=0.5, metadata={"help": "noisy predictor: sigma of the log-normal factor on each prediction"}
+    )
+    seed: int = field(default=0, metadata={"help": "noisy predictor: random seed"})
+    default_length: int = field(
+        default=256, metadata={"help": "predicted length for a prompt with no history and no answer"}
+    )
+    answer_length_factor: float = field(
+        default=1.0, metadata={"help": "first epoch: predicted length = answer tokens x this factor"}
+    )
+    segments: int = field(
+        default=32, metadata={"help": "time model resolution: length segments for the batch-shrink estimate"}
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.policy in POLICIES, "policy", self.policy, f"one of {', '.join(POLICIES)}")
+        _check(self.predictor in PREDICTORS, "predictor", self.predictor, f"one of {', '.join(PREDICTORS)}")
+        _check(
+            self.assignment_method in METHODS,
+            "assignment_method",
+            self.assignment_method,
+            f"one of {', '.join(METHODS)}",
+        )
+        _check(0 < self.tau <= 1, "tau", self.tau, "a number in (0, 1]")
+        _check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
+        _check(self.ewma_window >= 1, "ewma_window", self.ewma_window, "an integer >= 1")
+        _check(self.n_min >= 1, "n_min", self.n_min, "an integer >= 1")
+        _check(
+            self.n_max is None or self.n_max >= self.n_min,
+            "n_max",
+            self.n_max,
+            f"null or an integer >= n_min ({self.n_min})",
+        )
+        _check(self.gpus_per_actor >= 1, "gpus_per_actor", self.gpus_per_actor, "an integer >= 1")
+        _check(self.prefill_capacity >= 1, "prefill_capacity", self.prefill_capacity, "an integer >= 1")
+        _check(self.price_per_gpu_hour >= 0, "price_per_gpu_hour", self.price_per_gpu_hour, "a number >= 0")
+        _check(self.noise >= 0, "noise", self.noise, "a number >= 0")
+        _check(self.default_length >= 1, "default_length", self.default_length, "an integer >= 1")
+        _check(
+            self.answer_length_factor > 0,
+            "answer_length_factor",
+            self.answer_length_factor,
+            "a number > 0",
+        )
+        _check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
+
+    @property
+    def features(self) -> dict[str, bool | str]:
+        """What the policy actually does: the toggles for rlhfless, fixed values for the baselines."""
+        if self.policy == "rlhfless":
+            return {
+                "dedup_prefill": self.dedup_prefill,
+                "sorted_assignment": self.sorted_assignment,
+                "actor_scaling": self.actor_scaling,
+                "cut": "actor" if self.cut_and_migrate else "none",
+            }
+        return {
+            "dedup_prefill": False,
+            "sorted_assignment": False,
+            "actor_scaling": False,
+            "cut": "global" if self.policy == "rlhfuse" else "none",
+        }
