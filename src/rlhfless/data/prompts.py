@@ -1,0 +1,48 @@
+"""The unit of training data: one prompt, its reference answer and how to score it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class DataError(Exception):
+    """A data file or row that cannot become a prompt; the message names file, row and field."""
+
+
+@dataclass
+class Prompt:
+    """One training prompt, identical in every epoch and picklable for Ray workers.
+
+    `uid` keys everything per prompt across steps (GRPO groups, the length predictor's history,
+    rollout files), so it depends only on where the prompt came from and what it says.
+    """
+
+    uid: str
+    messages: list[dict[str, str]]
+    ground_truth: str | None
+    data_source: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def question(self) -> str:
+        """The last user message: what the prompt asks, without the shared system prefix."""
+        for message in reversed(self.messages):
+            if message["role"] == "user":
+                return message["content"]
+        return ""
+
+
+def make_uid(data_source: str, index: int, messages: list[dict[str, str]]) -> str:
+    """A short stable id from origin and content (sha1 of canonical JSON; not Python's salted hash)."""
+    payload = json.dumps([data_source, index, messages], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def with_system_prompt(messages: list[dict[str, str]], system_prompt: str) -> list[dict[str, str]]:
+    """Prepend the configured system prompt unless the conversation already has one."""
+    if not system_prompt or any(m["role"] == "system" for m in messages):
+        return messages
+    return [{"role": "system", "content": system_prompt}, *messages]

@@ -1,0 +1,105 @@
+"""The reward function: score one (prompt, response) pair, in the trainer or in a Ray worker."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlhfless.data.gym import GYM_KEY, create_gym_dataset
+from rlhfless.data.prompts import Prompt
+from rlhfless.rewards.answers import answers_match, extract_answer, format_score
+from rlhfless.rewards.config import RewardConfig
+
+
+class RewardError(Exception):
+    """A reward that cannot be computed (unimportable or misbehaving user function)."""
+
+
+@dataclass
+class RewardOutput:
+    score: float
+    components: dict[str, float]
+
+
+def load_user_function(spec: str) -> Callable[[Prompt, str], float]:
+    """Import 'module:function'; the error says which part failed."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RewardError(f"reward.function: cannot import module {module_name!r} ({e})") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise RewardError(f"reward.function: module {module_name!r} has no callable {attr!r}")
+    return fn
+
+
+@dataclass
+class RewardFn:
+    """Scores responses per `RewardConfig`. Pickles as its config; caches rebuild lazily in each process."""
+
+    cfg: RewardConfig
+    _user_fn: Callable[[Prompt, str], float] | None = field(default=None, init=False, repr=False)
+    _gym_datasets: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.cfg.function:
+            self._user_fn = load_user_function(self.cfg.function)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = state["cfg"]
+        self._gym_datasets = {}
+        self._user_fn = load_user_function(self.cfg.function) if self.cfg.function else None
+
+    def __call__(self, prompt: Prompt, response: str) -> RewardOutput:
+        correct = self.correctness(prompt, response)
+        components = {"correct": correct}
+        score = self.cfg.correct_weight * correct
+        if self.cfg.format_weight:
+            components["format"] = format_score(response, self.cfg.answer_format)
+            score += self.cfg.format_weight * components["format"]
+        return RewardOutput(score=score, components=components)
+
+    def correctness(self, prompt: Prompt, response: str) -> float:
+        """User function if configured; else reasoning-gym's own scorer or a match against ground_truth."""
+        if self._user_fn is not None:
+            value = self._user_fn(prompt, response)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise RewardError(
+                    f"reward.function {self.cfg.function}: returned {value!r}, expected a finite float"
+                )
+            return float(value)
+        answer = extract_answer(response, self.cfg.answer_format)
+        info = prompt.extra_info.get(GYM_KEY)
+        if isinstance(info, dict):
+            return self._gym_score(info, answer)
+        if prompt.ground_truth is None:
+            raise RewardError(
+                f"prompt {prompt.uid} ({prompt.data_source}) has no ground_truth: "
+                "add an answer column or set reward.function"
+            )
+        return 1.0 if answers_match(answer, prompt.ground_truth) else 0.0
+
+    def _gym_score(self, info: dict[str, Any], answer: str | None) -> float:
+        key = json.dumps([info["task"], info["config"], info["seed"], info["size"]], sort_keys=True)
+        dataset = self._gym_datasets.get(key)
+        if dataset is None:
+            dataset = create_gym_dataset(info["task"], info["config"], info["seed"], info["size"])
+            self._gym_datasets[key] = dataset
+        entry = info.get("entry") or dataset[info["index"]]
+        try:
+            return float(dataset.score_answer(answer, entry))
+        except Exception:
+            # Some task scorers raise on malformed answers instead of returning 0.
+            return 0.0
+
+
+def build_reward_fn(cfg: RewardConfig) -> RewardFn:
+    return RewardFn(cfg)

@@ -1,0 +1,113 @@
+"""The reward function over reasoning-gym prompts, file prompts and user functions."""
+
+import math
+import pickle
+import sys
+
+import pytest
+
+from rlhfless.data import DataConfig, Prompt, load_prompts
+from rlhfless.rewards import RewardConfig, RewardError, build_reward_fn
+
+
+def file_prompt(truth="1000"):
+    return Prompt(
+        uid="u",
+        messages=[{"role": "user", "content": "q"}],
+        ground_truth=truth,
+        data_source="f",
+        extra_info={},
+    )
+
+
+@pytest.fixture(scope="module")
+def spell_prompt():
+    cfg = DataConfig(tasks={"spell_backward": 1.0}, task_config={}, size=1)
+    return load_prompts(cfg)[0]
+
+
+def test_reasoning_gym_prompt_scored_by_its_own_scorer(spell_prompt):
+    fn = build_reward_fn(RewardConfig(format_weight=0.2))
+    truth = spell_prompt.ground_truth
+    right = fn(spell_prompt, f"<answer>{truth}</answer>")
+    assert right.components == {"correct": 1.0, "format": 1.0}
+    assert right.score == pytest.approx(1.2)
+    # spell_backward's scorer gives partial credit for a matching prefix
+    partial = fn(spell_prompt, f"<answer>{truth[:-1]}X</answer>")
+    assert 0.0 < partial.components["correct"] < 1.0
+    assert fn(spell_prompt, "no idea").score == 0.0
+
+
+def test_reasoning_gym_entry_is_regenerated_when_not_stored(spell_prompt):
+    info = {k: v for k, v in spell_prompt.extra_info["reasoning_gym"].items() if k != "entry"}
+    bare = Prompt(
+        spell_prompt.uid, spell_prompt.messages, None, spell_prompt.data_source, {"reasoning_gym": info}
+    )
+    fn = build_reward_fn(RewardConfig(format_weight=0.0))
+    assert fn(bare, f"<answer>{spell_prompt.ground_truth}</answer>").components == {"correct": 1.0}
+
+
+def test_file_prompt_numeric_match_and_format_weight():
+    fn = build_reward_fn(RewardConfig(format_weight=0.1))
+    assert fn(file_prompt(), "<answer>1,000</answer>").score == pytest.approx(1.1)
+    assert fn(file_prompt(), "<answer>999</answer>").score == pytest.approx(0.1)
+    assert fn(file_prompt(), "<answer>1000").components == {"correct": 1.0, "format": 0.5}
+    assert build_reward_fn(RewardConfig(format_weight=0.0))(file_prompt(), "1000").score == 0.0
+
+
+def test_boxed_format():
+    fn = build_reward_fn(RewardConfig(answer_format="boxed", format_weight=0.0))
+    assert fn(file_prompt("3/4"), r"so \boxed{0.75}").score == 1.0
+
+
+def test_file_prompt_without_ground_truth_needs_a_function():
+    with pytest.raises(RewardError, match="no ground_truth"):
+        build_reward_fn(RewardConfig())(file_prompt(None), "<answer>1</answer>")
+
+
+def length_reward(prompt, response):
+    return len(response) / 10
+
+
+def bad_reward(prompt, response):
+    return math.nan
+
+
+def test_user_function_replaces_correctness_and_survives_pickling(monkeypatch):
+    monkeypatch.setitem(sys.modules, "my_rewards", sys.modules[__name__])
+    fn = build_reward_fn(RewardConfig(function="my_rewards:length_reward", format_weight=0.0))
+    clone = pickle.loads(pickle.dumps(fn))
+    assert clone(file_prompt(None), "x" * 5).components == {"correct": 0.5}
+
+
+def test_user_function_must_return_a_finite_number(monkeypatch):
+    monkeypatch.setitem(sys.modules, "my_rewards", sys.modules[__name__])
+    fn = build_reward_fn(RewardConfig(function="my_rewards:bad_reward"))
+    with pytest.raises(RewardError, match="returned nan"):
+        fn(file_prompt(), "x")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("math:no_such", "no callable 'no_such'"),
+    ],
+)
+def test_unimportable_user_function_is_a_clear_error(spec, message):
+    with pytest.raises(RewardError, match=message):
+        build_reward_fn(RewardConfig(function=spec))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"answer_format": "xml"}, "answer_format: got 'xml'"),
+        ({"format_weight": -0.1}, "format_weight: got -0.1"),
+        ({"correct_weight": math.inf}, "correct_weight: got inf"),
+        ({"function": "no_colon"}, "function: got 'no_colon'"),
+    ],
+)
+def test_invalid_reward_config_names_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RewardConfig(**kwargs)
