@@ -1,0 +1,279 @@
+"""Assemble the report page of one or more recorded runs: what each section shows or why it cannot."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.report import figures
+from rlhfless.report.page import Image, Section, render, table
+from rlhfless.report.rundir import Run, load_run, run_names
+from rlhfless.report.stats import WITHIN_TOKENS, compare_runs, group_lengths, predictor_score
+
+CURVE_KEYS = ("reward/mean", "kl/mean", "response_length/mean", "loss/policy")
+TABLE_STEPS = 30
+
+
+def _fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value >= 1 or value == 0 else f"{1000 * value:.3g} ms"
+
+
+def _image(out: Path, slug: str, fig, caption: str) -> Image:
+    return Image(name=f"{out.stem}-{slug}", png=figures.png(fig), caption=caption)
+
+
+def _runs_section(runs: list[Run]) -> Section:
+    section = Section("runs", "Runs")
+    rows = [
+        [
+            run.name,
+            str(run.path),
+            str(len(run.metrics)),
+            str(len(run.rollouts)),
+            str(len(run.plans)),
+            str(len(run.timelines)),
+        ]
+        for run in runs
+    ]
+    section.html.append(table(["run", "directory", "steps", "rollouts", "plans", "timelines"], rows))
+    for run in runs:
+        if run.problems:
+            items = "".join(f"<li>{escape(p)}</li>" for p in run.problems)
+            section.html.append(
+                f"<p>{escape(run.name)}: unreadable parts</p><ul class='problems'>{items}</ul>"
+            )
+        if run.config_text is not None:
+            section.html.append(
+                f"<details><summary>{escape(run.name)}: config.yaml</summary>"
+                f"<pre>{escape(run.config_text)}</pre></details>"
+            )
+        else:
+            section.notes.append(f"{run.name}: no config.yaml")
+    return section
+
+
+def _comparison_section(runs: list[Run]) -> Section:
+    section = Section(
+        "comparison",
+        "Comparison",
+        f"Means over recorded steps; speedup and cost reduction are relative to the first run "
+        f"({runs[0].name}); samples compare response text per (step, uid, sample).",
+    )
+    for run in runs:
+        for key in ("time/step", "cost/step"):
+            if not run.has(key):
+                section.notes.append(f"{run.name}: no `{key}` in metrics.jsonl")
+    rows = [
+        [
+            c.name,
+            str(c.steps),
+            _fmt(c.mean_step_time, ".2f", " s"),
+            _fmt(c.mean_step_cost, ".4g"),
+            _fmt(c.speedup, ".2f", "x"),
+            _fmt(None if c.cost_reduction is None else 100 * c.cost_reduction, ".1f", "%"),
+            c.samples,
+        ]
+        for c in compare_runs(runs)
+    ]
+    header = ["run", "steps", "mean step time", "cost per step", "speedup", "cost reduction", "samples"]
+    section.html.append(table(header, rows))
+    return section
+
+
+def _curves_section(runs: list[Run], out: Path) -> Section:
+    section = Section(
+        "curves", "Training curves", "Reward (band: one std), KL, response length and loss per step."
+    )
+    for run in runs:
+        missing = [k for k in CURVE_KEYS if not run.has(k)]
+        if missing:
+            section.notes.append(f"{run.name}: not recorded: {', '.join(f'`{k}`' for k in missing)}")
+    if any(run.has(k) for run in runs for k in CURVE_KEYS):
+        section.images.append(
+            _image(out, "curves", figures.curves(runs), "reward, KL, length and loss per step")
+        )
+    return section
+
+
+def _cost_time_section(runs: list[Run], out: Path) -> Section:
+    section = Section("cost-time", "Cost and time per step", "One colour per run.")
+    for run in runs:
+        if not run.has("time/step"):
+            section.notes.append(f"{run.name}: no `time/step` in metrics.jsonl")
+        if not run.has("cost/step"):
+            section.notes.append(
+                f"{run.name}: no `cost/step` in metrics.jsonl (cost is billed only by the serverless runtime)"
+            )
+    if any(run.has(k) for run in runs for k in ("time/step", "cost/step")):
+        section.images.append(
+            _image(out, "cost-time", figures.cost_time(runs), "time and cost per step; cost vs time per step")
+        )
+    return section
+
+
+def _timeline_section(runs: list[Run], out: Path) -> Section:
+    section = Section(
+        "timeline",
+        "Step timeline",
+        "One bar per function (first and last recorded step): orange cold start, grey idle, coloured busy; "
+        "markers at cuts and migrations; dotted line: waiting for resources; number at bar end: its cost.",
+    )
+    for i, run in enumerate(runs):
+        if not run.timelines:
+            section.notes.append(
+                f"{run.name}: no timeline/step_*.json files (the in-process executor records no timeline)"
+            )
+            continue
+        steps = sorted(run.timelines)
+        shown = [run.timelines[s] for s in dict.fromkeys([steps[0], steps[-1]])]
+        fig = figures.timeline(run.name, shown)
+        caption = f"{run.name}: function timeline of step(s) {', '.join(str(t.step) for t in shown)}"
+        section.images.append(_image(out, f"timeline-{i}", fig, caption))
+    return section
+
+
+def _phase_section(runs: list[Run], out: Path) -> Section:
+    section = Section(
+        "phases",
+        "Phase breakdown per step",
+        "Stacked seconds of preparation, generation and learning, then overheads: planner (plan files) and "
+        "every other recorded `time/*` key (weight sync, KV transfer, dedup, I/O ...). Overheads may overlap "
+        "the phases; the black mark is the measured step time.",
+    )
+    drawn = []
+    for run in runs:
+        missing = [k for k, _ in figures.PHASES if not run.has(k)]
+        if missing:
+            section.notes.append(f"{run.name}: not recorded: {', '.join(f'`{k}`' for k in missing)}")
+        if not run.plans:
+            section.notes.append(f"{run.name}: no plan files, so no planner overhead")
+        if len(missing) < len(figures.PHASES):
+            drawn.append(run)
+    if not drawn:
+        return section
+    section.images.append(_image(out, "phases", figures.phases(drawn), "seconds per step by phase"))
+    for run in drawn:
+        step_time = np.mean(run.series("time/step")[1]) if run.has("time/step") else None
+        rows = []
+        for label, values in figures.phase_parts(run).items():
+            mean = float(np.mean(values))
+            share = None if not step_time else 100 * mean / step_time
+            rows.append(
+                [label, _seconds(mean), "<0.1%" if share and share < 0.05 else _fmt(share, ".1f", "%")]
+            )
+        section.html.append(f"<p>{escape(run.name)}: mean per step</p>")
+        section.html.append(table(["phase", "mean", "share of step time"], rows))
+    return section
+
+
+def _lengths_section(runs: list[Run], out: Path) -> Section:
+    section = Section(
+        "lengths",
+        "Response lengths and the length predictor",
+        f"Distribution of response tokens per step; each prompt's predicted group max length against the "
+        f"generated group max (band: within {WITHIN_TOKENS} tokens); share within {WITHIN_TOKENS} tokens "
+        f"and Kendall rank correlation per step.",
+    )
+    drawn = []
+    for run in runs:
+        if not run.rollouts:
+            section.notes.append(f"{run.name}: no rollouts/step_*.jsonl files")
+            continue
+        drawn.append(run)
+        pairs = [group_lengths(rows) for rows in run.rollouts.values()]
+        pred = np.concatenate([p for p, _ in pairs])
+        act = np.concatenate([a for _, a in pairs])
+        score = predictor_score(pred, act)
+        if score is None:
+            section.notes.append(f"{run.name}: rollouts carry no `predicted_length` (no planner in this run)")
+            continue
+        section.html.append(
+            f"<p>{escape(run.name)}: over {score.groups} prompt groups, {score.within:.0%} predicted within "
+            f"{WITHIN_TOKENS} tokens of the actual group max; Kendall tau {_fmt(score.tau, '.2f')}.</p>"
+        )
+    if drawn:
+        section.images.insert(
+            0,
+            _image(
+                out, "lengths", figures.lengths(drawn), "response lengths and predicted vs actual lengths"
+            ),
+        )
+    return section
+
+
+def _candidate_table(run: Run, step: int) -> str:
+    plan = run.plans[step]
+    rows = [[str(c.n), f"{c.time:.4g}", f"{c.cost:.4g}", f"{c.score:.3g}"] for c in plan.candidates]
+    classes = ["chosen" if c.n == plan.n_actors else "" for c in plan.candidates]
+    metrics = run.metrics.get(step, {})
+    actual = (
+        f"actual generation time {_fmt(metrics.get('time/generation'), '.4g')} s, "
+        f"cost {_fmt(metrics.get('cost/generation'), '.4g')}"
+    )
+    head = (
+        f"<p>step {step}: chosen N = {_fmt(plan.n_actors, 'd')}, policy {escape(plan.policy or 'n/a')}, "
+        f"planned in {_fmt(None if plan.plan_seconds is None else 1000 * plan.plan_seconds, '.3g', ' ms')}; "
+        f"{escape(actual)}</p>"
+    )
+    if not plan.candidates:
+        return head + '<p class="missing">no candidate table in this plan</p>'
+    return head + table(["N", "predicted time (s)", "predicted cost", "score"], rows, classes)
+
+
+def _scaling_section(runs: list[Run], out: Path) -> Section:
+    section = Section(
+        "scaling",
+        "Scaling decisions",
+        "Per step: the planner's candidate table (N decode actors, predicted time, predicted cost, score; "
+        "lower score wins), the chosen N, and predicted vs actual generation time and cost.",
+    )
+    for i, run in enumerate(runs):
+        if not run.plans:
+            section.notes.append(f"{run.name}: no plans/step_*.json files (no planner in this run)")
+            continue
+        fig = figures.scaling(run)
+        section.images.append(_image(out, f"scaling-{i}", fig, f"{run.name}: scaling decision per step"))
+        steps = sorted(run.plans)
+        section.html.append(f"<h3>{escape(run.name)}: last step</h3>" + _candidate_table(run, steps[-1]))
+        shown = steps[-TABLE_STEPS:]
+        tables = "".join(_candidate_table(run, s) for s in shown)
+        section.html.append(
+            f"<details><summary>{escape(run.name)}: candidate tables of the last {len(shown)} step(s)"
+            f"</summary>{tables}</details>"
+        )
+    return section
+
+
+def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
+    """Write `out` (default `run_dirs[0]/report.html`) and its PNGs beside it; return the page's path.
+
+    Reads only recorded files, so it works on finished, interrupted or partially recorded runs alike.
+    """
+    if not run_dirs:
+        raise ValueError("run_dirs: got an empty list, expected at least one run directory")
+    run_dirs = [Path(p) for p in run_dirs]
+    out = Path(out) if out is not None else run_dirs[0] / "report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(path, name) for path, name in zip(run_dirs, run_names(run_dirs), strict=True)]
+    sections = [
+        _runs_section(runs),
+        _comparison_section(runs),
+        _curves_section(runs, out),
+        _cost_time_section(runs, out),
+        _timeline_section(runs, out),
+        _phase_section(runs, out),
+        _lengths_section(runs, out),
+        _scaling_section(runs, out),
+    ]
+    for section in sections:
+        for image in section.images:
+            (out.parent / f"{image.name}.png").write_bytes(image.png)
+    title = "RLHFless report: " + " vs ".join(run.name for run in runs)
+    out.write_text(render(title, f"{len(runs)} run(s)", sections), encoding="utf-8")
+    return out

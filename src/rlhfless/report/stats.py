@@ -1,0 +1,112 @@
+"""Numbers the report derives from recorded runs: predictor accuracy and the cross-run comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlhfless.report.rundir import Run, Sample
+
+WITHIN_TOKENS = 50
+
+
+def kendall_tau(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Kendall's tau-b (ties in either variable handled); None when fewer than 2 points or a constant."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(x) - 1):
+        dx, dy = np.sign(x[i + 1 :] - x[i]), np.sign(y[i + 1 :] - y[i])
+        prod = dx * dy
+        concordant += int(np.sum(prod > 0))
+        discordant += int(np.sum(prod < 0))
+        ties_x += int(np.sum((dx == 0) & (dy != 0)))
+        ties_y += int(np.sum((dy == 0) & (dx != 0)))
+    denom = np.sqrt(float(concordant + discordant + ties_x) * float(concordant + discordant + ties_y))
+    return (concordant - discordant) / denom if denom > 0 else None
+
+
+def group_lengths(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted and actual group max response length for each prompt that has both."""
+    predicted: dict[str, float] = {}
+    actual: dict[str, int] = {}
+    for s in samples:
+        if s.predicted_length is not None:
+            predicted.setdefault(s.uid, s.predicted_length)
+        if s.response_tokens is not None:
+            actual[s.uid] = max(actual.get(s.uid, 0), s.response_tokens)
+    uids = [u for u in actual if u in predicted]
+    return np.array([predicted[u] for u in uids]), np.array([actual[u] for u in uids], dtype=float)
+
+
+@dataclass(frozen=True)
+class PredictorScore:
+    """How well predicted group max lengths matched the generated ones."""
+
+    groups: int
+    within: float
+    tau: float | None
+
+
+def predictor_score(predicted: np.ndarray, actual: np.ndarray) -> PredictorScore | None:
+    if len(actual) == 0:
+        return None
+    within = float(np.mean(np.abs(predicted - actual) <= WITHIN_TOKENS))
+    return PredictorScore(len(actual), within, kendall_tau(predicted, actual))
+
+
+def mean_metric(run: Run, key: str) -> float | None:
+    values = run.series(key)[1]
+    return float(np.mean(values)) if values else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One row of the cross-run table; ratios are relative to the first run."""
+
+    name: str
+    steps: int
+    mean_step_time: float | None
+    mean_step_cost: float | None
+    speedup: float | None
+    cost_reduction: float | None
+    samples: str
+
+
+def _responses(run: Run) -> dict[tuple[int, str, int], str | None]:
+    return {(step, s.uid, s.sample): s.response for step, rows in run.rollouts.items() for s in rows}
+
+
+def samples_verdict(reference: Run, run: Run) -> str:
+    """Whether two runs generated the same response text for every (step, uid, sample) both recorded."""
+    if not reference.rollouts or not run.rollouts:
+        return "no rollouts to compare"
+    ours, theirs = _responses(reference), _responses(run)
+    common = sorted(ours.keys() & theirs.keys())
+    if not common:
+        return "no common (step, uid, sample)"
+    differ = sum(ours[k] != theirs[k] for k in common)
+    if differ == 0:
+        return f"identical ({len(common)} samples)"
+    return f"differ in {differ} of {len(common)} samples"
+
+
+def compare_runs(runs: list[Run]) -> list[Comparison]:
+    """Mean step time and cost per run, speedup and cost reduction against the first run."""
+    first = runs[0]
+    base_time, base_cost = mean_metric(first, "time/step"), mean_metric(first, "cost/step")
+    rows = []
+    for i, run in enumerate(runs):
+        time, cost = mean_metric(run, "time/step"), mean_metric(run, "cost/step")
+        rows.append(
+            Comparison(
+                name=run.name,
+                steps=len(run.metrics),
+                mean_step_time=time,
+                mean_step_cost=cost,
+                speedup=base_time / time if base_time and time else None,
+                cost_reduction=1 - cost / base_cost if base_cost and cost is not None else None,
+                samples="reference" if i == 0 else samples_verdict(first, run),
+            )
+        )
+    return rows
