@@ -1,0 +1,57 @@
+"""Synthetic workloads carry the statistics the planner's predictor relies on."""
+
+import json
+
+import numpy as np
+
+from rlhfless.sim.workload import SyntheticWorkload, TraceWorkload
+
+
+def changes_between_epochs(workload, step_a, step_b):
+    a, b = workload.step(step_a), workload.step(step_b)
+    first = dict(zip(a.uids, a.lengths[:, 0], strict=True))
+    return np.array([abs(first[u] - n) for u, n in zip(b.uids, b.lengths[:, 0], strict=True)])
+
+
+def test_gsm8k_lengths_are_as_stable_across_epochs_as_the_paper_measured():
+    workload = SyntheticWorkload("gsm8k", 2000, 1, 2048, dataset_size=2000)
+    change = changes_between_epochs(workload, 3, 4)  # every step is one epoch here
+    assert 0.62 <= np.mean(change <= 50) <= 0.78  # paper: about 70%
+    assert 0.85 <= np.mean(change <= 100) <= 0.95  # paper: about 90%
+
+
+def test_lengths_are_long_tailed_capped_and_drift_upwards():
+    workload = SyntheticWorkload("lcb", 1000, 4, 2048, dataset_size=1000)
+    early, late = workload.step(0).lengths, workload.step(99).lengths
+    assert early.max() == 2048 and early.min() >= 1
+    assert np.mean(early) > np.median(early)  # long tail
+    assert np.mean(late) > 1.1 * np.mean(early)
+
+
+def test_samples_of_one_prompt_are_correlated():
+    lengths = SyntheticWorkload("gsm8k", 1000, 2, 2048).step(0).lengths.astype(float)
+    assert np.corrcoef(np.log(lengths[:, 0]), np.log(lengths[:, 1]))[0, 1] > 0.5
+
+
+def test_every_prompt_appears_once_per_epoch_and_shares_the_system_prompt():
+    workload = SyntheticWorkload("gpqa", 100, 2, 2048, dataset_size=400)
+    seen = [u for step in range(4) for u in workload.step(step).uids]
+    assert sorted(seen) == sorted(workload.uids)
+    tokens = workload.step(0).prompt_tokens
+    assert all(np.array_equal(t[:16], tokens[0][:16]) for t in tokens)
+
+
+def test_trace_replays_recorded_lengths_per_step(tmp_path):
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    rows = [
+        {"uid": "a", "sample": 0, "prompt": "q one", "response_tokens": 12},
+        {"uid": "a", "sample": 1, "prompt": "q one", "response_tokens": 30},
+        {"uid": "b", "sample": 0, "prompt": "q two", "response_tokens": 7},
+        {"uid": "b", "sample": 1, "prompt": "q two", "response_tokens": 9},
+    ]
+    (rollouts / "step_000001.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    trace = TraceWorkload(tmp_path)
+    step = trace.step(5)  # cycles over the one recorded step
+    assert step.uids == ["a", "b"] and step.lengths.tolist() == [[12, 30], [7, 9]]
+    assert step.prompt_tokens[0][0] == step.prompt_tokens[1][0]  # the shared word "q"
