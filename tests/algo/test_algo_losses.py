@@ -132,7 +132,7 @@ def test_policy_loss_value_metrics_and_gradient_match_loops(seed, dual_clip):
             clipped_count += was_clipped
             kl += olp - lp
             expected_grad[b, t] = token_grad / n
-    assert float(loss) == pytest.approx(total / n)
+    assert loss.item() == pytest.approx(total / n)
     assert float(metrics["clip_frac"]) == pytest.approx(clipped_count / n)
     assert float(metrics["approx_kl"]) == pytest.approx(kl / n)
     torch.testing.assert_close(logp.grad, expected_grad)
