@@ -6,24 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlhfless.planner.predictor import prediction_quality
 from rlhfless.report.rundir import Run, Sample
 
 WITHIN_TOKENS = 50
-
-
-def kendall_tau(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Kendall's tau-b (ties in either variable handled); None when fewer than 2 points or a constant."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    concordant = discordant = ties_x = ties_y = 0
-    for i in range(len(x) - 1):
-        dx, dy = np.sign(x[i + 1 :] - x[i]), np.sign(y[i + 1 :] - y[i])
-        prod = dx * dy
-        concordant += int(np.sum(prod > 0))
-        discordant += int(np.sum(prod < 0))
-        ties_x += int(np.sum((dx == 0) & (dy != 0)))
-        ties_y += int(np.sum((dy == 0) & (dx != 0)))
-    denom = np.sqrt(float(concordant + discordant + ties_x) * float(concordant + discordant + ties_y))
-    return (concordant - discordant) / denom if denom > 0 else None
 
 
 def group_lengths(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
@@ -49,10 +35,12 @@ class PredictorScore:
 
 
 def predictor_score(predicted: np.ndarray, actual: np.ndarray) -> PredictorScore | None:
+    """The planner's own quality figures (same definitions as the trainer's `predictor/*` metrics)."""
     if len(actual) == 0:
         return None
-    within = float(np.mean(np.abs(predicted - actual) <= WITHIN_TOKENS))
-    return PredictorScore(len(actual), within, kendall_tau(predicted, actual))
+    quality = prediction_quality(predicted, actual)
+    tau = quality["kendall_tau"]
+    return PredictorScore(len(actual), quality[f"within_{WITHIN_TOKENS}"], None if np.isnan(tau) else tau)
 
 
 def mean_metric(run: Run, key: str) -> float | None:

@@ -1,0 +1,139 @@
+"""The report page: self-contained, every figure inlined, and honest about what a run did not record."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+from report_fake_run import write_fake_run
+from report_html import PageParts
+
+from rlhfless.cli import main
+from rlhfless.report import write_report
+
+SECTIONS = [
+    "Runs",
+    "Comparison",
+    "Training curves",
+    "Cost and time per step",
+    "Step timeline",
+    "Phase breakdown per step",
+    "Response lengths and the length predictor",
+    "Scaling decisions",
+]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _parts(page: Path) -> PageParts:
+    return PageParts(page.read_text(encoding="utf-8"))
+
+
+def _figure_names(page: Path) -> list[str]:
+    return sorted(p.name for p in page.parent.glob(f"{page.stem}-*.png"))
+
+
+def test_tiny_run_page_has_every_section_and_figure_inlined(tiny_run: Path, tiny_page: Path) -> None:
+    assert tiny_page == tiny_run / "report.html"
+    parts = _parts(tiny_page)
+    assert parts.headings == SECTIONS
+    assert parts.notes == []
+    names = ["cost-time", "curves", "lengths", "phases", "scaling-0", "timeline-0"]
+    assert _figure_names(tiny_page) == [f"report-{n}.png" for n in names]
+    assert len(parts.images) == len(names)
+    beside = {(tiny_page.parent / n).read_bytes() for n in _figure_names(tiny_page)}
+    inlined = set()
+    for image in parts.images:
+        prefix = "data:image/png;base64,"
+        assert image["src"].startswith(prefix)
+        data = base64.b64decode(image["src"][len(prefix) :])
+        assert data.startswith(PNG)
+        inlined.add(data)
+        assert image["alt"]
+    assert inlined == beside
+
+
+def test_page_needs_nothing_from_outside(tiny_page: Path) -> None:
+    parts = _parts(tiny_page)
+    assert all(link.startswith("#") for link in parts.links)
+    text = tiny_page.read_text(encoding="utf-8")
+    assert "<script" not in text and "<link" not in text and "url(" not in text
+
+
+def test_page_shows_candidate_table_with_chosen_row_and_predictor_figures(tiny_page: Path) -> None:
+    text = tiny_page.read_text(encoding="utf-8")
+    assert '<tr class="chosen">' in text
+    assert "predicted within 50 tokens of the actual group max; Kendall tau" in text
+    assert "learning" in text and "planner" in text  # phase table rows
+
+
+def test_two_run_comparison(pair_page: Path) -> None:
+    parts = _parts(pair_page)
+    assert parts.headings == SECTIONS
+    assert _figure_names(pair_page) == [
+        f"page-{n}.png"
+        for n in ["cost-time", "curves", "lengths", "phases", "scaling-1", "timeline-0", "timeline-1"]
+    ]
+    assert len(parts.images) == 7
+    text = pair_page.read_text(encoding="utf-8")
+    assert "RLHFless report: verl vs rlhfless" in text
+    assert "identical (72 samples)" in text
+    assert "verl: no plans/step_*.json files (no planner in this run)" in parts.notes
+    assert "verl: rollouts carry no `predicted_length` (no planner in this run)" in parts.notes
+
+
+def test_in_process_executor_run_says_what_is_missing(tmp_path: Path) -> None:
+    run = write_fake_run(tmp_path / "local", steps=2, runtime=False, planner=False, engine=False)
+    page = write_report([run])
+    notes = _parts(page).notes
+    assert "local: no `cost/step` in metrics.jsonl (cost is billed only by the serverless runtime)" in notes
+    assert "local: no timeline/step_*.json files (the in-process executor records no timeline)" in notes
+    assert "local: no plans/step_*.json files (no planner in this run)" in notes
+    assert _figure_names(page) == [f"report-{n}.png" for n in ["cost-time", "curves", "lengths", "phases"]]
+
+
+def test_damaged_run_still_gets_a_page_listing_the_damage(tmp_path: Path) -> None:
+    run = write_fake_run(tmp_path / "broken", steps=3)
+    metrics = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(metrics[: len(metrics) // 2])
+    (run / "timeline" / "step_000003.json").write_text('{"step": 3, "functions": [{"name": "lea')
+    for file in (run / "rollouts").iterdir():
+        file.unlink()
+    (run / "config.yaml").unlink()
+    page = write_report([run], tmp_path / "out" / "broken.html")
+    text = page.read_text(encoding="utf-8")
+    parts = _parts(page)
+    assert parts.headings == SECTIONS
+    assert "timeline/step_000003.json is not valid JSON" in text
+    assert "metrics.jsonl line 2 is not valid JSON" in text
+    assert "broken: no rollouts/step_*.jsonl files" in parts.notes
+    assert "broken: no config.yaml" in parts.notes
+    assert "broken-timeline-0.png" in _figure_names(page)
+
+
+def test_directory_without_any_recorded_file(tmp_path: Path) -> None:
+    page = write_report([tmp_path], tmp_path / "empty.html")
+    parts = _parts(page)
+    assert parts.headings == SECTIONS
+    assert parts.images == []
+    assert f"{tmp_path.name}: no `time/step` in metrics.jsonl" in parts.notes
+    assert "no metrics.jsonl" in page.read_text(encoding="utf-8")
+
+
+def test_cli_writes_the_page_where_asked_and_prints_its_path(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sub" / "r.html"
+    assert main(["report", str(tiny_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.is_file() and (tmp_path / "sub" / "r-curves.png").is_file()
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "not a run directory" in capsys.readouterr().out
+
+
+def test_report_library_imports_neither_torch_nor_ray() -> None:
+    code = (
+        "import sys, rlhfless.report; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'transformers'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
