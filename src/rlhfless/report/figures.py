@@ -173,11 +173,14 @@ def _timeline_axes(ax: Axes, run_name: str, timeline: Timeline) -> None:
             cut = event.kind == "cut"
             # A cut is a tall tick and a migration a smaller arrow, so both show when they coincide;
             # the count (sequences cut or moved) sits left of a cut and right of anything else.
-            ax.plot(event.t, y, marker=marker, color=ecolor, markersize=22 if cut else 9, markeredgewidth=2.5)
+            if cut:
+                ax.vlines(event.t, y - 0.45, y + 0.45, color=ecolor, linewidth=3, zorder=3)
+            else:
+                ax.plot(event.t, y, marker=marker, color=ecolor, markersize=9, markeredgewidth=2.5, zorder=4)
             if event.n is not None:
                 ax.annotate(
                     f"{event.n} " if cut else f" {event.n}",
-                    (event.t, y + 0.3),
+                    (event.t, y + 0.38),
                     ha="right" if cut else "left",
                     fontsize=7,
                     color=ecolor,
@@ -244,7 +247,7 @@ def phases(runs: list[Run]) -> Figure:
     """Stacked seconds per phase for every step, with the measured step time as a marker."""
     fig = Figure(figsize=(WIDTH, 3.6 * len(runs)), layout="constrained")
     axes = fig.subplots(len(runs), 1, squeeze=False, sharey=True)[:, 0]
-    overhead_colors = matplotlib.colormaps["Dark2"]
+    overhead_colors = [matplotlib.colormaps["tab10"](k) for k in (1, 3, 5, 6, 7, 8, 9)]
     for ax, run in zip(axes, runs, strict=True):
         steps = run.steps
         bottom = np.zeros(len(steps))
@@ -252,7 +255,7 @@ def phases(runs: list[Run]) -> Figure:
         for label, values in phase_parts(run).items():
             color = PHASE_COLORS.get(label)
             if color is None:
-                color, overheads = overhead_colors(overheads % 8), overheads + 1
+                color, overheads = overhead_colors[overheads % len(overhead_colors)], overheads + 1
             ax.bar(steps, values, bottom=bottom, color=color, label=label, width=0.8)
             bottom += np.asarray(values)
         step_steps, step_times = run.series("time/step")
