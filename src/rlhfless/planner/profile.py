@@ -97,11 +97,15 @@ class Profile:
         b, c = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(context, dtype=float))
         bl, bh, bt = _weights(self.decode_batch, b)
         cl, ch, ct = _weights(self.decode_context, c)
-        m = self.decode_ms
-        low = (1.0 - ct) * m[bl, cl] + ct * m[bl, ch]
-        high = (1.0 - ct) * m[bh, cl] + ct * m[bh, ch]
-        ms = (1.0 - bt) * low + bt * high
-        return np.where(b > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+        flat, width = self.decode_ms.ravel(), self.decode_context.size
+        bl *= width
+        bh *= width
+        low = flat[bl + cl]
+        low += ct * (flat[bl + ch] - low)
+        high = flat[bh + cl]
+        high += ct * (flat[bh + ch] - high)
+        low += bt * (high - low)
+        return np.where(b > 0, np.maximum(low, 0.0), 0.0) / 1e3
 
     def to_dict(self) -> dict[str, Any]:
         decode = [

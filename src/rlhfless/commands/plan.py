@@ -1,0 +1,137 @@
+"""`rlhfless plan`: run the planner on a JSONL file of prompts and print its step plan as JSON.
+
+Each line: `uid` (string), `prompt_tokens` (list of token ids), optionally `history` (past response
+lengths, oldest first; an entry is one step's length or the list of that step's sample lengths) and
+`answer_tokens` (int, the ground-truth answer's token count). Overrides are config keys such as
+`scheduler.tau=0.5` or `algorithm.group_size=8`. Without `--profile` the time table is derived by
+the roofline model for `--model` on `--gpu` and the output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("plan", help="print the planner's decision for a file of prompts")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides (scheduler.*, ...)"
+    )
+    parser.add_argument(
+        "--prompts", type=Path, required=True, help="JSONL: uid, prompt_tokens[, history, answer_tokens]"
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="time table JSON (rlhfless profile --json); default: roofline"
+    )
+    parser.add_argument(
+        "--model", default="qwen2.5-3b", help="model shape for the default table and weight size"
+    )
+    parser.add_argument("--gpu", default="l40s", help="GPU for the default table and link speeds")
+    parser.add_argument("--nodes", type=int, default=2, help="nodes in the cluster")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--config", help="YAML config file (default: the default preset)")
+
+
+def _fail(message: str) -> int:
+    print(f"rlhfless plan: {message}", file=sys.stderr)
+    return 2
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _history_entry(value: Any) -> list[int] | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return [value]
+    if _int_list(value) and value and min(value) >= 0:
+        return value
+    return None
+
+
+def read_prompts(path: Path) -> list[dict[str, Any]]:
+    """Rows of the prompts file; ValueError naming file, row and field on bad input."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    rows, seen = [], set()
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: got {type(row).__name__}, expected a JSON object")
+        uid = row.get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise ValueError(f"{where}: uid: got {uid!r}, expected a non-empty string")
+        if uid in seen:
+            raise ValueError(f"{where}: uid: got {uid!r} again, expected unique uids")
+        seen.add(uid)
+        tokens = row.get("prompt_tokens")
+        if not _int_list(tokens) or not tokens or min(tokens) < 0 or max(tokens) >= 2**31:
+            raise ValueError(
+                f"{where}: prompt_tokens: got {str(tokens)[:40]}, expected a non-empty list of token ids"
+            )
+        answer = row.get("answer_tokens")
+        if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool) or answer < 0):
+            raise ValueError(f"{where}: answer_tokens: got {answer!r}, expected an integer >= 0 or null")
+        history = row.get("history", [])
+        if not isinstance(history, list) or any(_history_entry(h) is None for h in history):
+            raise ValueError(
+                f"{where}: history: got {str(history)[:40]}, expected a list of lengths (ints or lists of ints)"
+            )
+        rows.append({"uid": uid, "prompt_tokens": tokens, "answer_tokens": answer, "history": history})
+    if not rows:
+        raise ValueError(f"{path}: no prompts, expected one JSON object per line")
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlhfless.config import ConfigError, load_config
+    from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.planner.plan import PromptSpec, plan_step
+    from rlhfless.planner.predictor import LengthPredictor
+    from rlhfless.planner.profile import Profile
+
+    try:
+        cfg = load_config(args.config, overrides=tuple(args.overrides))
+    except ConfigError as err:
+        return _fail(str(err))
+    scheduler, group_size = cfg.scheduler, cfg.algorithm.group_size
+    try:
+        rows = read_prompts(args.prompts)
+        shape = ModelShape.resolve(args.model)
+        if args.profile:
+            profile = Profile.load(args.profile)
+            source = f"measured table {args.profile}"
+        else:
+            profile = roofline_profile(shape, args.gpu, scheduler.gpus_per_actor)
+            source = f"built-in default (derived, not measured): {profile.note}"
+        gpu = GpuSpec.resolve(args.gpu)
+        cluster = ClusterSpec(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            intra_node_bandwidth=gpu.link_gbps * 1e9,
+            inter_node_bandwidth=gpu.inter_node_gbps * 1e9,
+            model_bytes=shape.weight_bytes,
+            kv_bytes_per_token=shape.kv_bytes_per_token,
+        )
+        predictor = LengthPredictor.from_config(scheduler)
+        for row in rows:
+            for entry in row["history"]:
+                predictor.update(row["uid"], _history_entry(entry))
+        prompts = [PromptSpec(r["uid"], r["prompt_tokens"], r["answer_tokens"]) for r in rows]
+        plan = plan_step(prompts, predictor, profile, cluster, scheduler, group_size)
+    except (ValueError, OSError) as err:
+        return _fail(str(err))
+    out = {"profile": source, "group_size": group_size, **plan.to_dict()}
+    print(json.dumps(out, indent=1))
+    return 0

@@ -1,0 +1,77 @@
+"""Locality-aware placement: where each decode actor runs and how late it can start.
+
+The learner, the prefill actor and the decode actor with the heaviest workload share the first
+GPUs of node 0: that actor needs no weight sync and no KV transfer, it only waits for prefill.
+Other actors take GPU slots by workload, heavier ones nearer (rest of node 0, then node 1, ...).
+A remote actor starts decoding at max(L_model, L_prefill + L_kv): weights are sent as soon as the
+learner finishes, prefix KV only after prefill. Transfer is hidden for actor i when
+start_i + L_decode_i <= L_prefill + L_decode_1; when it is not, the delay simply shows in T_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ClusterSpec:
+    """GPUs the planner may place actors on, and what moving weights and KV costs."""
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    intra_node_bandwidth: float = 300e9  # bytes/s, GPU to GPU within a node
+    inter_node_bandwidth: float = 36e9  # bytes/s, across nodes
+    model_bytes: int = 0  # policy weights sent to every remote decode actor each step
+    kv_bytes_per_token: int = 0  # KV cache bytes of one token (all layers)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: got {getattr(self, name)}, expected an integer >= 1")
+        for name in ("intra_node_bandwidth", "inter_node_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: got {getattr(self, name)}, expected bytes/s > 0")
+        for name in ("model_bytes", "kv_bytes_per_token"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: got {getattr(self, name)}, expected bytes >= 0")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def slots_per_node(self, gpus_per_actor: int) -> int:
+        return self.gpus_per_node // gpus_per_actor
+
+    def max_actors(self, gpus_per_actor: int) -> int:
+        return self.nodes * self.slots_per_node(gpus_per_actor)
+
+    def slot_gpus(self, slot: int, gpus_per_actor: int) -> tuple[int, list[int]]:
+        """(node, global GPU ids) of placement slot `slot` (0 = the learner's GPUs)."""
+        per_node = self.slots_per_node(gpus_per_actor)
+        node, local = divmod(slot, per_node)
+        first = node * self.gpus_per_node + local * gpus_per_actor
+        return node, list(range(first, first + gpus_per_actor))
+
+
+def rank_within(groups: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Rank of each item inside its group by descending weight (ties: earlier item first)."""
+    order = np.lexsort((np.arange(weight.size), -weight, groups))
+    group_sorted = groups[order]
+    first = np.flatnonzero(np.r_[True, group_sorted[1:] != group_sorted[:-1]])
+    counts = np.diff(np.r_[first, group_sorted.size])
+    ranks = np.empty(weight.size, dtype=np.int64)
+    ranks[order] = np.arange(weight.size) - np.repeat(first, counts)
+    return ranks
+
+
+def start_delays(
+    slots: np.ndarray, kv_tokens: np.ndarray, prefill_s: float, cluster: ClusterSpec, gpus_per_actor: int
+) -> np.ndarray:
+    """Seconds from the end of learning until each actor can decode, by its placement slot."""
+    per_node = cluster.slots_per_node(gpus_per_actor)
+    bandwidth = np.where(slots < per_node, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth)
+    weights = cluster.model_bytes / bandwidth
+    kv = prefill_s + cluster.kv_bytes_per_token * kv_tokens / bandwidth
+    return np.where(slots == 0, prefill_s, np.maximum(weights, kv))

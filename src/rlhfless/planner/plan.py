@@ -1,0 +1,246 @@
+"""`plan_step`: one training step's whole scheduling decision, for the runtime and the simulator.
+
+predict lengths -> deduplicate prefixes -> for every candidate N assign prompts, estimate each
+actor's time, place it and charge its start delay -> choose N' -> the chosen N's actors.
+The policy (`rlhfless`, `verl`, `rlhfuse`) and the rlhfless feature toggles decide which parts run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlhfless.planner.assignment import balanced_ranges, even_ranges, lpt_assign, sorted_order
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.profile import Profile
+from rlhfless.planner.scaling import ActorEstimates, CandidateTable, candidate_table, choose, estimate_actors
+from rlhfless.planner.timemodel import RangeModel, Workload
+
+
+@dataclass
+class PromptSpec:
+    """One prompt of the step: its uid (stable across epochs), token ids, and answer length if known."""
+
+    uid: str
+    prompt_tokens: Sequence[int] | np.ndarray
+    answer_tokens: int | None = None
+
+
+@dataclass
+class ActorPlan:
+    actor: int
+    uids: list[str]
+    gpus: int
+    gpu_ids: list[int]
+    node: int
+    predicted_time: float
+    predicted_cost: float
+    start_delay: float
+    hidden: bool
+    predicted_tokens: float
+
+
+@dataclass
+class StepPlan:
+    """The planner's decision for one step (layout of `plans/step_*.json`)."""
+
+    policy: str
+    n_actors: int
+    prefix_length: int
+    unique_prefixes: int
+    prefix_groups: list[list[str]]
+    actors: list[ActorPlan]
+    candidates: list[dict[str, Any]]
+    predicted_time: float
+    predicted_cost: float
+    prefill: dict[str, Any]
+    cut: str
+    tau: float
+    predicted_length: dict[str, float]
+    plan_seconds: float = 0.0
+    features: dict[str, Any] = field(default_factory=dict)
+
+    def actor_of(self) -> dict[str, int]:
+        """uid -> actor index."""
+        return {uid: a.actor for a in self.actors for uid in a.uids}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "features": self.features,
+            "n_actors": self.n_actors,
+            "prefix_length": self.prefix_length,
+            "unique_prefixes": self.unique_prefixes,
+            "prefix_groups": self.prefix_groups,
+            "actors": [asdict(a) for a in self.actors],
+            "candidates": self.candidates,
+            "predicted_time": self.predicted_time,
+            "predicted_cost": self.predicted_cost,
+            "prefill": self.prefill,
+            "cut": self.cut,
+            "tau": self.tau,
+            "predicted_length": self.predicted_length,
+            "plan_seconds": self.plan_seconds,
+        }
+
+
+def candidate_bounds(
+    config: SchedulerConfig, cluster: ClusterSpec, prompts: int, scaling: bool
+) -> np.ndarray:
+    """Candidate N values: [n_min, n_max] clipped to the cluster and the prompt count."""
+    hi = min(cluster.max_actors(config.gpus_per_actor), prompts)
+    if config.n_max is not None:
+        hi = min(hi, config.n_max)
+    if not scaling:
+        return np.array([hi], dtype=np.int64)
+    lo = min(config.n_min, hi)
+    return np.arange(lo, hi + 1, dtype=np.int64)
+
+
+def _check_inputs(
+    profile: Profile, cluster: ClusterSpec, config: SchedulerConfig, prompts: int, g: int
+) -> None:
+    if prompts == 0:
+        raise ValueError("prompts: got none, expected at least one prompt to plan")
+    if g < 1:
+        raise ValueError(f"group_size: got {g}, expected an integer >= 1")
+    if config.gpus_per_actor > cluster.gpus_per_node:
+        raise ValueError(
+            f"gpus_per_actor: got {config.gpus_per_actor}, expected at most gpus_per_node "
+            f"({cluster.gpus_per_node}): an actor lives on one node"
+        )
+    if profile.gpus != config.gpus_per_actor:
+        raise ValueError(
+            f"gpus_per_actor: got {config.gpus_per_actor}, expected the profile's actor size ({profile.gpus})"
+        )
+
+
+def _lpt_estimates(
+    workload: Workload, ns: np.ndarray, profile: Profile, config: SchedulerConfig, **kw: Any
+) -> tuple[list[np.ndarray], ActorEstimates]:
+    """LPT breaks contiguity: per N, reorder prompts actor by actor and time those ranges."""
+    orders, parts = [], []
+    for n in ns:
+        actor = lpt_assign(workload.work, int(n))
+        order = np.lexsort((workload.group_max, actor))
+        bounds = np.r_[0, np.cumsum(np.bincount(actor, minlength=int(n)))]
+        model = RangeModel(workload, order, profile, config.segments)
+        n_of = np.full(int(n), n)
+        parts.append(estimate_actors(model, bounds[:-1], bounds[1:], n_of, profile=profile, **kw))
+        orders.append(order)
+    merged = ActorEstimates(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in ActorEstimates.__dataclass_fields__)
+    )
+    return orders, merged
+
+
+def plan_step(
+    prompts: Sequence[PromptSpec],
+    predictor: LengthPredictor,
+    profile: Profile,
+    cluster: ClusterSpec,
+    config: SchedulerConfig,
+    group_size: int,
+    packed: PackedPrompts | None = None,
+) -> StepPlan:
+    """Plan one step. `packed` may carry the prompts already encoded (saves re-encoding tokens)."""
+    t0 = time.perf_counter()
+    n_prompts = len(prompts)
+    _check_inputs(profile, cluster, config, n_prompts, group_size)
+    feats = config.features
+    uids = [p.uid for p in prompts]
+    gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts])
+
+    dedup: Dedup | None = None
+    if feats["dedup_prefill"]:
+        packed = packed or PackedPrompts.pack([p.prompt_tokens for p in prompts])
+        lengths = packed.lengths
+        dedup = deduplicate(packed, config.prefill_capacity)
+        decode_prefill, kv_tokens = dedup.remaining_tokens, dedup.prefix_tokens
+        counts = dedup.tokens(group_size)
+        computed = {"tokens_naive": counts["naive"], "tokens_computed": counts["dedup"]}
+        prefill_tokens = int(dedup.group_prefix_tokens.sum())
+    else:
+        lengths = (
+            packed.lengths if packed else np.array([len(p.prompt_tokens) for p in prompts], dtype=np.int64)
+        )
+        decode_prefill, kv_tokens = lengths * group_size, np.zeros(n_prompts, dtype=np.int64)
+        naive = int(lengths.sum()) * group_size
+        computed = {"tokens_naive": naive, "tokens_computed": naive}
+        prefill_tokens = 0
+    prefill_s = float(profile.prefill_seconds(prefill_tokens))
+    workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size)
+
+    ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))
+    kw = {"prefill_s": prefill_s, "cluster": cluster, "price_per_gpu_hour": config.price_per_gpu_hour}
+    if feats["sorted_assignment"] and config.assignment_method == "lpt":
+        orders, actors = _lpt_estimates(workload, ns, profile, config, **kw)
+    else:
+        if feats["sorted_assignment"]:
+            order = sorted_order(gmax, gmean)
+            starts, ends, n_of = balanced_ranges(workload.work[order], ns)
+        else:
+            order = np.arange(n_prompts)
+            starts, ends, n_of = even_ranges(n_prompts, ns)
+        model = RangeModel(workload, order, profile, config.segments)
+        actors = estimate_actors(model, starts, ends, n_of, profile=profile, **kw)
+        orders = [order] * ns.size
+    table = candidate_table(actors, config.lam)
+    pick = choose(table)
+    chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile)
+
+    return StepPlan(
+        policy=config.policy,
+        n_actors=int(table.n[pick]),
+        prefix_length=dedup.prefix_length if dedup else 0,
+        unique_prefixes=dedup.n_groups if dedup and dedup.prefix_length else 0,
+        prefix_groups=dedup.groups(uids) if dedup and dedup.prefix_length else [],
+        actors=chosen,
+        candidates=table.rows(),
+        predicted_time=float(table.time[pick]),
+        predicted_cost=float(table.cost[pick]),
+        prefill={"seconds": prefill_s, "tokens": prefill_tokens, **computed},
+        cut=str(feats["cut"]),
+        tau=config.tau,
+        predicted_length=dict(zip(uids, gmax.tolist(), strict=True)),
+        plan_seconds=time.perf_counter() - t0,
+        features=dict(feats),
+    )
+
+
+def _chosen_actors(
+    actors: ActorEstimates,
+    table: CandidateTable,
+    pick: int,
+    order: np.ndarray,
+    uids: list[str],
+    cluster: ClusterSpec,
+    profile: Profile,
+) -> list[ActorPlan]:
+    rows = np.flatnonzero(actors.n_of == table.n[pick])
+    out = []
+    for i, r in enumerate(rows):
+        slot = int(actors.slot[r])
+        node, gpu_ids = cluster.slot_gpus(slot, profile.gpus)
+        out.append(
+            ActorPlan(
+                actor=i,
+                uids=[uids[j] for j in order[actors.starts[r] : actors.ends[r]]],
+                gpus=profile.gpus,
+                gpu_ids=gpu_ids,
+                node=node,
+                predicted_time=float(actors.time[r]),
+                predicted_cost=float(actors.cost[r]),
+                start_delay=float(actors.delay[r]),
+                hidden=bool(actors.hidden[r]),
+                predicted_tokens=float(actors.work[r]),
+            )
+        )
+    return out

@@ -1,0 +1,135 @@
+"""T(X_i, G_i): how long an actor takes to decode its prompts under continuous batching.
+
+The estimate is piecewise in response length, never token by token. Each prompt stands for G
+sequences: one of the predicted group max and G - 1 of the length that keeps the predicted group
+mean. Response lengths are cut into segments [t_k, t_k+1) (quantiles of all predicted lengths).
+Within a segment an actor's batch is the number of its sequences still running, so for an actor
+
+    tokens_k = sum over its sequences of the part of [t_k, t_k+1) they generate (exact),
+    steps_k  = the part of [t_k, t_k+1) its longest sequence covers (exact),
+    batch_k  = tokens_k / steps_k (the batch shrinks as predicted lengths run out),
+    context_k = mean prompt length + middle of the segment's generated part.
+
+A KV-memory cap admits at most K = max_kv_tokens / (mean prompt + mean response) sequences at a time;
+segments whose batch would exceed K run at batch K for tokens_k / K steps (queued sequences join as
+others finish), the rest drain as above. Time = sum_k steps_k * decode_step(batch_k, context_k).
+
+Every statistic an actor needs is a difference of prefix sums over prompts in a fixed order, so any
+set of contiguous ranges (all actors of all candidate N at once) is evaluated in a few numpy passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlhfless.planner.profile import Profile
+
+
+@dataclass
+class Workload:
+    """Per-prompt facts (input order) that the time model needs."""
+
+    group_max: np.ndarray  # predicted longest response of the prompt's G samples
+    group_mean: np.ndarray  # predicted mean response length
+    prompt_tokens: np.ndarray  # full prompt length (context of every sample)
+    decode_prefill: np.ndarray  # tokens the decode actor prefills for this prompt
+    kv_tokens: np.ndarray  # prefix tokens whose KV the decode actor receives
+    group_size: int
+
+    @property
+    def size(self) -> int:
+        return int(self.group_max.size)
+
+    @property
+    def rest_length(self) -> np.ndarray:
+        """Length of the G - 1 non-longest samples so that the group mean is kept."""
+        g = self.group_size
+        if g == 1:
+            return self.group_max.copy()
+        return np.clip((g * self.group_mean - self.group_max) / (g - 1), 0.0, self.group_max)
+
+    @property
+    def work(self) -> np.ndarray:
+        """Predicted decode tokens per prompt (all its samples)."""
+        return self.group_max + (self.group_size - 1) * self.rest_length
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    out = np.zeros((x.shape[0] + 1, *x.shape[1:]))
+    np.cumsum(x, axis=0, out=out[1:])
+    return out
+
+
+class RangeModel:
+    """Prefix sums of a workload in a fixed prompt order; times any contiguous ranges of it."""
+
+    def __init__(self, workload: Workload, order: np.ndarray, profile: Profile, segments: int) -> None:
+        w, g = workload, workload.group_size
+        self.profile = profile
+        self.group_size = g
+        longest = w.group_max[order]
+        rest = w.rest_length[order]
+        lengths = np.concatenate((longest, rest)) if g > 1 else longest
+        edges = np.quantile(lengths, np.linspace(0.0, 1.0, segments + 1)) if lengths.size else np.zeros(2)
+        self.edges = np.unique(np.concatenate(([0.0], edges)))
+        if self.edges.size == 1:
+            self.edges = np.array([0.0, 1.0])
+        start, width = self.edges[:-1], np.diff(self.edges)
+        overlap = np.clip(longest[:, None] - start, 0.0, width)
+        if g > 1:
+            overlap += (g - 1) * np.clip(rest[:, None] - start, 0.0, width)
+        self._tokens = _prefix(overlap)
+        self._work = _prefix(longest + (g - 1) * rest)
+        self._context = _prefix(w.prompt_tokens[order].astype(float))
+        self._prefill = _prefix(w.decode_prefill[order].astype(float))
+        self._kv = _prefix(w.kv_tokens[order].astype(float))
+        self._max_table = self._sparse_max(longest)
+
+    @staticmethod
+    def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
+        table = [x]
+        step = 1
+        while 2 * step <= x.size:
+            prev = table[-1]
+            table.append(np.maximum(prev[:-step], prev[step:]))
+            step *= 2
+        return table
+
+    def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        size = ends - starts
+        level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
+        out = np.empty(starts.size)
+        for k in np.unique(level):
+            sel = level == k
+            row = self._max_table[k]
+            out[sel] = np.maximum(row[starts[sel]], row[ends[sel] - (1 << int(k))])
+        return out
+
+    def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+        """Per range [start, end) of prompts: decode and prefill seconds, KV tokens received."""
+        prompts = (ends - starts).astype(float)
+        seqs = prompts * self.group_size
+        work = self._work[ends] - self._work[starts]
+        mean_prompt = (self._context[ends] - self._context[starts]) / np.maximum(prompts, 1)
+        cap = np.maximum(
+            1.0, np.floor(self.profile.max_kv_tokens / (mean_prompt + work / np.maximum(seqs, 1)))
+        )
+        tokens = self._tokens[ends] - self._tokens[starts]
+        start, width = self.edges[:-1], np.diff(self.edges)
+        steps = np.clip(self.range_max(starts, ends)[:, None] - start, 0.0, width)
+        batch = tokens / np.maximum(steps, 1e-12)
+        head = batch > cap[:, None]
+        batch = np.where(head, cap[:, None], batch)
+        steps = np.where(head, tokens / cap[:, None], steps)
+        context = mean_prompt[:, None] + start + 0.5 * np.minimum(steps, width)
+        step_s = self.profile.decode_step_seconds(batch, context)
+        decode = (steps * step_s).sum(axis=1)
+        prefill_tokens = self._prefill[ends] - self._prefill[starts]
+        return {
+            "decode": decode,
+            "prefill": self.profile.prefill_seconds(prefill_tokens),
+            "kv_tokens": self._kv[ends] - self._kv[starts],
+            "work": work,
+        }
