@@ -15,6 +15,7 @@ from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.engine import Engine, SamplingParams, rollout
+from rlhfless.planner import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.learner import Learner
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
@@ -23,16 +24,17 @@ from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 class Executor(Protocol):
     policy: torch.nn.Module
 
-    def generate(
-        self, prompts: list[StepPrompt], prefix_length: int | None, step: int
-    ) -> tuple[list[Sample], dict]:
-        """All G samples of every prompt, canonical order, and phase metrics."""
+    def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
+        """All G samples of every prompt, canonical order, and phase metrics; `plan` says where."""
 
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
         """Score samples in place; return reference log-probs (None without KL) and metrics."""
 
     def learn(self, samples: list[Sample], advantages: list[Tensor], ref: list[Tensor] | None) -> dict:
         """Update the policy; the next `generate` samples from the new weights."""
+
+    def finish_step(self, step: int) -> tuple[dict, dict | None]:
+        """After learning: the step's billing metrics and its timeline (None when not metered)."""
 
     def state_dict(self) -> dict: ...
 
@@ -88,9 +90,7 @@ class InProcessExecutor:
             pad_id=tokenizer.pad_token_id,
         )
 
-    def generate(
-        self, prompts: list[StepPrompt], prefix_length: int | None, step: int
-    ) -> tuple[list[Sample], dict]:
+    def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
         self.policy.eval()
         results, stats = rollout(
             self.engine,
@@ -98,7 +98,7 @@ class InProcessExecutor:
             self.cfg.algorithm.group_size,
             self.params,
             step,
-            prefix_length,
+            plan.prefix_length if self.cfg.scheduler.dedup_prefill else None,
         )
         texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
         samples = [
@@ -122,8 +122,11 @@ class InProcessExecutor:
     def learn(self, samples: list[Sample], advantages: list[Tensor], ref: list[Tensor] | None) -> dict:
         metrics = self.learner.learn(samples, advantages, ref)
         self.version += 1
-        self.engine.set_weights(None, self.version)
+        self.engine.weight_version = self.version  # same parameters as the learner: nothing to copy
         return metrics
+
+    def finish_step(self, step: int) -> tuple[dict, dict | None]:
+        return {}, None
 
     def state_dict(self) -> dict:
         return {"learner": self.learner.state_dict(), "version": self.version}
@@ -131,7 +134,7 @@ class InProcessExecutor:
     def load_state_dict(self, state: dict) -> None:
         self.learner.load_state_dict(state["learner"])
         self.version = state["version"]
-        self.engine.set_weights(None, self.version)
+        self.engine.weight_version = self.version
 
     def close(self) -> None:
         pass

@@ -202,7 +202,7 @@ class Learner:
                 kl_value = float((kl * mb.mask).sum()) / max(mb_tokens, 1.0)
             (loss * weight).backward()
             token_share = mb_tokens / max(tokens, 1)
-            sums["loss/policy"] += float(loss) * weight
+            sums["loss/policy"] += float(loss.detach()) * weight
             sums["kl/mean"] += kl_value * token_share
             sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
             sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share

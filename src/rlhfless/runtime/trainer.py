@@ -23,10 +23,12 @@ from rlhfless.algo import get_advantage_estimator
 from rlhfless.config import Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.planner import LengthPredictor, StepPlanner
+from rlhfless.planner import LengthPredictor
+from rlhfless.planner.placement import ClusterSpec
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
+from rlhfless.runtime.planning import StepPlanner, machine_profile, observe_lengths, plan_metrics
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -126,7 +128,10 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
     planner = StepPlanner(
-        cfg.scheduler, group_size=cfg.algorithm.group_size, max_new_tokens=cfg.generation.max_new_tokens
+        cfg.scheduler,
+        machine_profile(policy.config.to_dict(), None),
+        ClusterSpec(nodes=1, gpus_per_node=1),
+        cfg.algorithm.group_size,
     )
 
     start = 0
@@ -182,14 +187,11 @@ def run_step(cfg, step, batch, tokenizer, planner, predictor, executor, log, on_
     ]
 
     on_event("phase", {"step": step, "phase": "plan"})
-    plan = planner.plan([p.uid for p in prompts], [p.prompt_ids for p in prompts], answers, predictor)
-    timings["time/plan"] = time.perf_counter() - t0
+    plan = planner.plan(prompts, answers, predictor)
 
     on_event("phase", {"step": step, "phase": "generate"})
     t = time.perf_counter()
-    samples, gen_metrics = executor.generate(
-        prompts, plan.prefix_length if cfg.scheduler.dedup_prefill else None, step
-    )
+    samples, gen_metrics = executor.generate(prompts, plan, step)
     timings["time/generation"] = time.perf_counter() - t
 
     on_event("phase", {"step": step, "phase": "prepare"})
@@ -203,12 +205,12 @@ def run_step(cfg, step, batch, tokenizer, planner, predictor, executor, log, on_
     learn_metrics = executor.learn(samples, adv, ref)
     timings["time/learning"] = time.perf_counter() - t
 
-    lengths: dict[str, list[int]] = {}
-    for s in samples:
-        lengths.setdefault(s.uid, []).append(len(s.response_ids))
-    quality = predictor.quality(plan.predicted_max, {uid: max(v) for uid, v in lengths.items()})
-    predictor.update(lengths)
-    log.step_file("rollouts", step, rollout_records(samples, prompts, plan.predicted_max))
+    billing, timeline = executor.finish_step(step)
+    if timeline is not None:
+        log.step_file("timeline", step, timeline)
+
+    quality = observe_lengths(plan, samples, predictor)
+    log.step_file("rollouts", step, rollout_records(samples, prompts, plan.predicted_length))
     log.step_file("plans", step, plan.to_dict())
     timings["time/step"] = time.perf_counter() - t0
     return {
@@ -216,8 +218,9 @@ def run_step(cfg, step, batch, tokenizer, planner, predictor, executor, log, on_
         **learn_metrics,
         **gen_metrics,
         **prep_metrics,
+        **billing,
         **quality,
-        **plan.metrics(),
+        **plan_metrics(plan),
         **timings,
     }
 

@@ -1,0 +1,70 @@
+"""The bridge from a training step to the planner: what this machine is, and the step's plan."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlhfless.planner import LengthPredictor, PromptSpec, StepPlan, plan_step
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.predictor import prediction_quality
+from rlhfless.planner.profile import Profile
+from rlhfless.runtime.samples import Sample, StepPrompt
+
+# A 2-core CPU slot as an "accelerator" for the derived default profile: rough peak figures
+# (AVX2 FP32 on two cores, one DDR channel's share). Only the ranking of plans depends on it;
+# `rlhfless profile` measures the real table.
+CPU_SLOT = GpuSpec(
+    "cpu-slot",
+    bf16_tflops=0.1,
+    memory_gb=24,
+    memory_tbps=0.02,
+    link_gbps=10.0,
+    inter_node_gbps=1.0,
+    price_per_hour=0.1,
+)
+
+
+def machine_profile(model_config: dict, profile_path: str | None) -> Profile:
+    """The measured table when given, else one derived from the model's shape on a CPU slot."""
+    if profile_path:
+        return Profile.load(profile_path)
+    return roofline_profile(ModelShape.from_hf_config(model_config), CPU_SLOT)
+
+
+class StepPlanner:
+    """Calls the planner each step with this run's profile, cluster and settings."""
+
+    def __init__(self, scheduler: SchedulerConfig, profile: Profile, cluster: ClusterSpec, group_size: int):
+        self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
+
+    def plan(
+        self, prompts: list[StepPrompt], answer_tokens: list[int | None], predictor: LengthPredictor
+    ) -> StepPlan:
+        specs = [PromptSpec(p.uid, p.prompt_ids, a) for p, a in zip(prompts, answer_tokens, strict=True)]
+        return plan_step(specs, predictor, self.profile, self.cluster, self.scheduler, self.group_size)
+
+
+def plan_metrics(plan: StepPlan) -> dict[str, float]:
+    return {
+        "plan/n_actors": float(plan.n_actors),
+        "plan/predicted_time": plan.predicted_time,
+        "plan/predicted_cost": plan.predicted_cost,
+        "plan/prefix_length": float(plan.prefix_length),
+        "time/plan": plan.plan_seconds,
+    }
+
+
+def observe_lengths(plan: StepPlan, samples: list[Sample], predictor: LengthPredictor) -> dict[str, float]:
+    """Score the plan's predictions against this step's lengths, then teach the predictor."""
+    lengths: dict[str, list[int]] = {}
+    for s in samples:
+        lengths.setdefault(s.uid, []).append(len(s.response_ids))
+    uids = sorted(lengths)
+    quality = prediction_quality(
+        np.array([plan.predicted_length[u] for u in uids]), np.array([max(lengths[u]) for u in uids])
+    )
+    for uid in uids:
+        predictor.update(uid, lengths[uid])
+    return {f"predictor/{k}": v for k, v in quality.items()}
