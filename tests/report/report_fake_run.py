@@ -143,16 +143,19 @@ def write_fake_run(
                 }
             )
         gen_end = max(d["busy"][-1][1] for d in decode)
+        slowest = max(decode, key=lambda x: x["busy"][-1][1])
+        start, end = slowest["busy"][0][0], slowest["busy"][-1][1]
+        cut = start + TAU * (end - start)
+        running = [x for x in decode if x is not slowest and x["busy"][-1][1] > cut + 0.2]
+        if planner and running:
+            # The slowest actor is cut at tau; its stragglers finish on a still-running actor's free slots.
+            target = min(running, key=lambda x: x["busy"][-1][1])
+            slowest["events"] = [{"t": cut, "kind": "cut", "n": 2}, {"t": cut, "kind": "migrate_out", "n": 2}]
+            slowest["busy"][-1][1] = cut
+            target["events"].append({"t": cut + 0.2, "kind": "migrate_in", "n": 2})
+            target["busy"][-1][1] = max(target["busy"][-1][1], end - 0.5)
         for d in decode:
-            end = d["busy"][-1][1]
-            if planner and len(decode) > 1 and end == gen_end:
-                cut = d["busy"][0][0] + TAU * (end - d["busy"][0][0])
-                target = min(decode, key=lambda x: x["busy"][-1][1])
-                d["events"] = [{"t": cut, "kind": "cut", "n": 2}, {"t": cut, "kind": "migrate_out", "n": 2}]
-                target["events"].append({"t": cut + 0.2, "kind": "migrate_in", "n": 2})
-                target["busy"].append([cut + 0.2, end - 0.5])
-                d["busy"][-1][1] = cut
-            d["released"] = (max(b for _, b in d["busy"]) if planner else gen_end) + 0.2
+            d["released"] = (d["busy"][-1][1] if planner else gen_end) + 0.2
         gen_end = max(d["released"] for d in decode)
         for d in decode:
             d["cost"] = RHO * (d["released"] - d["started"])

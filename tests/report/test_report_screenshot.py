@@ -24,7 +24,9 @@ def _blocks_with_content(shot: Path, block: int = 500) -> int:
 
 
 @pytest.mark.parametrize("page_fixture", ["tiny_page", "pair_page"])
-def test_page_renders_top_to_bottom(page_fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_page_renders_top_to_bottom(
+    page_fixture: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     page = request.getfixturevalue(page_fixture)
     shot = tmp_path / "shot.png"
     command = [sys.executable, str(SCRIPT), str(page), "--out", str(shot), "--height", "4000"]

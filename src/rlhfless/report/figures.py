@@ -53,6 +53,11 @@ def png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _every(points) -> int:
+    """Mark every k-th point so that long runs show lines, not a solid row of markers."""
+    return max(1, len(points) // 30)
+
+
 def _steps_axis(ax: Axes) -> None:
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -77,6 +82,7 @@ def _line(ax: Axes, runs: list[Run], key: str, *, style: str = "-", label_suffix
                 style,
                 color=run_color(i),
                 marker=".",
+                markevery=_every(steps),
                 linewidth=width,
                 label=run.name + label_suffix,
             )
@@ -321,10 +327,16 @@ def lengths(runs: list[Run]) -> Figure:
         ax_pred.set_ylim(0, top * 1.05)
         fig.colorbar(points, ax=ax_pred, label="step", ticks=MaxNLocator(integer=True))
         scores = {s: predictor_score(p, a) for s, (p, a) in per_step.items()}
-        ax_acc.plot(list(scores), [v.within for v in scores.values()], "o-", label=f"within {WITHIN_TOKENS}")
+        ax_acc.plot(
+            list(scores),
+            [v.within for v in scores.values()],
+            "o-",
+            markevery=_every(scores),
+            label=f"within {WITHIN_TOKENS}",
+        )
         taus = [(s, v.tau) for s, v in scores.items() if v.tau is not None]
         if taus:
-            ax_acc.plot(*zip(*taus, strict=True), "s--", label="Kendall tau")
+            ax_acc.plot(*zip(*taus, strict=True), "s--", markevery=_every(taus), label="Kendall tau")
         ax_acc.set_ylim(-1.05, 1.05)
         ax_acc.axhline(0, color="0.7", linewidth=0.8)
         ax_acc.set_title("predictor accuracy per step")
@@ -364,7 +376,10 @@ def scaling(run: Run) -> Figure:
         fig.colorbar(image, ax=ax_score, label="score (lower is better)")
         chosen = [(j, ns.index(p.n_actors)) for j, p in enumerate(plans) if p.n_actors in ns]
         if chosen:
-            ax_score.plot(*zip(*chosen, strict=True), "wo", markeredgecolor="k", label="chosen N")
+            size = 6 if len(plans) <= 40 else 3
+            ax_score.plot(
+                *zip(*chosen, strict=True), "wo", markeredgecolor="k", markersize=size, label="chosen N"
+            )
             ax_score.legend(fontsize="small", loc="upper right")
         ax_score.set_xticks(*_ticks([p.step for p in plans]))
         ax_score.set_yticks(range(len(ns)), [str(n) for n in ns])
@@ -377,12 +392,12 @@ def scaling(run: Run) -> Figure:
         drew = False
         steps, values = predicted_actual(run, kind)
         if steps:
-            ax.plot(steps, values, "o--", label="predicted (plan)")
+            ax.plot(steps, values, "o--", markevery=_every(steps), label="predicted (plan)")
             drew = True
         for key, style in ((f"{kind}/generation", "s-"), (f"{kind}/step", "^:")):
             steps, values = run.series(key)
             if steps:
-                ax.plot(steps, values, style, label=f"actual `{key}`")
+                ax.plot(steps, values, style, markevery=_every(steps), label=f"actual `{key}`")
                 drew = True
         ax.set_title(f"predicted vs actual {kind}")
         if drew:
