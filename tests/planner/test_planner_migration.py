@@ -1,0 +1,78 @@
+"""Cut-and-migrate decisions: who is cut, where stragglers go, and the global-cut baseline."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.migration import ActorProgress, decide, decide_global_cut, decide_migrations
+
+
+@st.composite
+def progress_lists(draw):
+    actors = []
+    for i in range(draw(st.integers(1, 6))):
+        total = draw(st.integers(1, 12))
+        finished = draw(st.integers(0, total))
+        remaining = {f"a{i}s{j}": float(draw(st.integers(1, 500))) for j in range(total - finished)}
+        actors.append(
+            ActorProgress(i, finished, total, draw(st.integers(0, 4)), draw(st.booleans()), remaining)
+        )
+    return actors
+
+
+def check_targets(progress, moves, cut_ids=None):
+    by_id = {p.actor: p for p in progress}
+    received: dict[int, int] = {}
+    for m in moves:
+        target = by_id[m.target]
+        assert target.running and target.free_slots > 0 and m.target != m.source
+        assert m.sequence in by_id[m.source].remaining
+        if cut_ids is not None:
+            assert m.target not in cut_ids and m.source in cut_ids
+        received[m.target] = received.get(m.target, 0) + 1
+    assert all(n <= by_id[a].free_slots for a, n in received.items())
+    assert len({m.sequence for m in moves}) == len(moves)
+
+
+@settings(max_examples=80, deadline=None)
+@given(progress_lists(), st.floats(0.1, 1.0))
+def test_migrations_only_target_running_actors_with_free_slots(progress, tau):
+    config = SchedulerConfig(tau=tau)
+    moves = decide_migrations(progress, config)
+    cut = {p.actor for p in progress if p.running and p.remaining and p.finished >= tau * p.total}
+    check_targets(progress, moves, cut)
+    check_targets(progress, decide_global_cut(progress, config))
+
+
+def test_longest_straggler_goes_to_the_least_loaded_actor_and_the_rest_stay():
+    progress = [
+        ActorProgress(0, 8, 10, 0, True, {"x": 50.0, "y": 400.0}),
+        ActorProgress(1, 2, 10, 1, True, {f"b{i}": 100.0 for i in range(8)}),
+        ActorProgress(2, 5, 10, 1, True, {f"c{i}": 10.0 for i in range(5)}),
+        ActorProgress(3, 0, 0, 9, False, {}),
+    ]
+    moves = decide_migrations(progress, SchedulerConfig(tau=0.7))
+    assert [(m.sequence, m.source, m.target) for m in moves] == [("y", 0, 2), ("x", 0, 1)]
+
+
+def test_no_cut_below_tau_and_none_for_verl():
+    progress = [ActorProgress(0, 6, 10, 0, True, {"x": 1.0}), ActorProgress(1, 0, 10, 5, True, {"y": 1.0})]
+    assert decide_migrations(progress, SchedulerConfig(tau=0.7)) == []
+    assert decide(progress, SchedulerConfig(policy="verl", tau=0.5)) == []
+
+
+def test_global_cut_gathers_stragglers_on_the_fewest_actors_once():
+    progress = [
+        ActorProgress(0, 9, 10, 3, True, {"a": 5.0}),
+        ActorProgress(1, 9, 10, 1, True, {"b": 5.0}),
+        ActorProgress(2, 8, 10, 0, True, {"c": 5.0, "d": 9.0}),
+    ]
+    config = SchedulerConfig(policy="rlhfuse", tau=0.8)
+    moves = decide(progress, config)
+    assert {(m.sequence, m.target) for m in moves} == {("b", 0), ("c", 0), ("d", 0)}
+    after = [
+        ActorProgress(0, 9, 13, 0, True, {"a": 5.0, "b": 5.0, "c": 5.0, "d": 9.0}),
+        ActorProgress(1, 9, 9, 0, False, {}),
+        ActorProgress(2, 8, 8, 0, False, {}),
+    ]
+    assert decide(after, config) == []

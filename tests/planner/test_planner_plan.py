@@ -1,0 +1,135 @@
+"""plan_step invariants on random workloads, and the baseline policies."""
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_support import make_cluster, make_profile
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.predictor import LengthPredictor
+
+PROFILE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
+
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 30))
+    lengths = draw(st.lists(st.integers(1, 2000), min_size=n, max_size=n))
+    prompts = [
+        PromptSpec(
+            f"p{i}", [7, 7, i % 3] + [i] * draw(st.integers(0, 4)), draw(st.none() | st.integers(1, 900))
+        )
+        for i in range(n)
+    ]
+    predictor = LengthPredictor()
+    for p, length in zip(prompts, lengths, strict=True):
+        if length % 3:
+            predictor.update(p.uid, [length, max(1, length // 2)])
+    return prompts, predictor
+
+
+def plan(prompts, predictor, **overrides):
+    config = SchedulerConfig(**overrides)
+    return plan_step(prompts, predictor, PROFILE, make_cluster(), config, group_size=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.integers(1, 8), st.sampled_from(["contiguous", "lpt"]), st.booleans())
+def test_every_uid_once_and_n_within_bounds(work, n_min, method, sorted_assignment):
+    prompts, predictor = work
+    p = plan(prompts, predictor, n_min=n_min, assignment_method=method, sorted_assignment=sorted_assignment)
+    assigned = [u for a in p.actors for u in a.uids]
+    assert sorted(assigned) == sorted(q.uid for q in prompts)
+    assert all(a.uids for a in p.actors)
+    assert (
+        min(n_min, len(prompts), 8)
+        <= p.n_actors
+        <= min(8, len(prompts))
+        == len(p.candidates) + min(n_min, len(prompts), 8) - 1
+    )
+    assert len(p.actors) == p.n_actors
+    assert len({tuple(a.gpu_ids) for a in p.actors}) == p.n_actors
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads())
+def test_sorted_actors_do_not_overlap_in_predicted_length(work):
+    prompts, predictor = work
+    p = plan(prompts, predictor)
+    ranges = sorted(
+        (min(p.predicted_length[u] for u in a.uids), max(p.predicted_length[u] for u in a.uids))
+        for a in p.actors
+    )
+    for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False):
+        assert hi <= lo
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads())
+def test_lam_one_is_fastest_and_lam_zero_cheapest(work):
+    prompts, predictor = work
+    fast = plan(prompts, predictor, lam=1.0)
+    cheap = plan(prompts, predictor, lam=0.0)
+    assert fast.predicted_time == min(c["time"] for c in fast.candidates)
+    assert cheap.predicted_cost == min(c["cost"] for c in cheap.candidates)
+
+
+@settings(max_examples=25, deadline=None)
+@given(workloads(), st.sampled_from(["rlhfless", "verl", "rlhfuse"]))
+def test_same_input_same_plan(work, policy):
+    prompts, predictor = work
+    a, b = plan(prompts, predictor, policy=policy), plan(prompts, predictor, policy=policy)
+    da, db = a.to_dict(), b.to_dict()
+    da.pop("plan_seconds"), db.pop("plan_seconds")
+    assert da == db
+
+
+def test_verl_uses_every_gpu_with_an_even_split_and_no_dedup():
+    prompts = [PromptSpec(f"p{i}", [1, 2, 3, i]) for i in range(16)]
+    p = plan(prompts, LengthPredictor(), policy="verl")
+    assert p.n_actors == 8 and [len(a.uids) for a in p.actors] == [2] * 8
+    assert p.actors[0].uids == ["p0", "p1"]
+    assert p.prefix_length == 0 and p.cut == "none"
+    assert p.prefill["tokens_computed"] == p.prefill["tokens_naive"] == 2 * 16 * 4
+    assert plan(prompts, LengthPredictor(), policy="rlhfuse").cut == "global"
+
+
+def test_heaviest_actor_sits_with_the_learner_and_remote_ones_wait_for_weights():
+    prompts = [PromptSpec(f"p{i}", [1, 2, i]) for i in range(16)]
+    predictor = LengthPredictor()
+    for i, q in enumerate(prompts):
+        predictor.update(q.uid, [10 * (i + 1)])
+    p = plan(prompts, predictor, actor_scaling=False)
+    heaviest = max(p.actors, key=lambda a: a.predicted_time - a.start_delay)
+    assert heaviest.gpu_ids == [0] and heaviest.node == 0
+    assert heaviest.start_delay == p.prefill["seconds"]
+    remote = [a for a in p.actors if a.node == 1]
+    assert remote and all(a.start_delay >= 10**9 / make_cluster().inter_node_bandwidth for a in remote)
+
+
+def test_dedup_feeds_the_prefill_actor():
+    prompts = [PromptSpec(f"p{i}", list(range(40)) + [i]) for i in range(10)]
+    p = plan(prompts, LengthPredictor(), prefill_capacity=1)
+    assert p.prefix_length == 40 and p.unique_prefixes == 1
+    assert p.prefill["tokens"] == 40 and p.prefill["tokens_computed"] == 40 + 10
+    without = plan(prompts, LengthPredictor(), dedup_prefill=False)
+    assert without.prefill["tokens_computed"] == 2 * 10 * 41
+
+
+def test_config_rejects_out_of_range_values_by_name():
+    for field, value, message in (
+        ("tau", 1.5, "tau: got 1.5, expected a number in (0, 1]"),
+        ("policy", "x", "policy: got 'x'"),
+        ("lam", -1, "lam: got -1"),
+    ):
+        try:
+            SchedulerConfig(**{field: value})
+        except ValueError as err:
+            assert str(err).startswith(message)
+        else:
+            raise AssertionError(f"{field}={value} accepted")
+    assert all(f.metadata.get("help") for f in dataclasses.fields(SchedulerConfig))
+    assert np.isclose(SchedulerConfig().tau, 0.7)

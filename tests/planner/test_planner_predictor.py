@@ -1,0 +1,83 @@
+"""Length predictor: EWMA, first-epoch fallback, oracle, noisy mode, state, quality stats."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless.planner.predictor import LengthPredictor, kendall_tau, prediction_quality
+
+
+def test_window_one_predicts_the_last_observation():
+    p = LengthPredictor(window=1)
+    p.update("a", [10, 30])
+    p.update("a", [100, 50, 60])
+    gmax, gmean = p.predict(["a"])
+    assert gmax[0] == 100 and gmean[0] == 70
+
+
+def test_longer_window_smooths_over_kept_observations():
+    p = LengthPredictor(window=3)  # alpha = 0.5
+    for length in (100, 200, 400, 800):
+        p.update("a", [length])
+    # last three: 200, 400, 800 -> 0.5 * 800 + 0.25 * 400 + 0.25 * 200
+    assert p.predict(["a"])[0][0] == pytest.approx(550.0)
+
+
+def test_unseen_prompts_use_answer_length_then_default():
+    p = LengthPredictor(default_length=300, answer_length_factor=2.0)
+    gmax, gmean = p.predict(["x", "y"], [40, None])
+    assert list(gmax) == [80.0, 300.0] and list(gmean) == [80.0, 300.0]
+
+
+def test_oracle_is_told_the_coming_lengths():
+    p = LengthPredictor(mode="oracle")
+    p.update("a", [10])
+    p.reveal("a", [500, 100])
+    assert [v[0] for v in p.predict(["a"])] == [500.0, 300.0]
+
+
+def test_noisy_mode_is_deterministic_but_not_exact():
+    p = LengthPredictor(mode="noisy", noise=0.5, seed=3)
+    uids = [f"u{i}" for i in range(50)]
+    for u in uids:
+        p.update(u, [200])
+    first, again = p.predict(uids), p.predict(uids)
+    np.testing.assert_array_equal(first[0], again[0])
+    assert np.std(np.log(first[0])) > 0.2
+
+
+def test_state_round_trips_through_a_file(tmp_path):
+    p = LengthPredictor(window=2)
+    p.update("a", [10, 20])
+    p.update("a", [40])
+    p.update("b", [7])
+    p.save(tmp_path / "predictor.json")
+    q = LengthPredictor(window=2)
+    q.load(tmp_path / "predictor.json")
+    for got, want in zip(q.predict(["a", "b"]), p.predict(["a", "b"]), strict=True):
+        np.testing.assert_allclose(got, want)
+
+
+def brute_tau_b(x, y):
+    pairs = list(itertools.combinations(range(len(x)), 2))
+    s = sum(np.sign(x[i] - x[j]) * np.sign(y[i] - y[j]) for i, j in pairs)
+    tx = sum(1 for i, j in pairs if x[i] != x[j])
+    ty = sum(1 for i, j in pairs if y[i] != y[j])
+    return s / np.sqrt(tx * ty) if tx and ty else float("nan")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=2, max_size=40))
+def test_kendall_tau_matches_the_pairwise_definition(points):
+    x, y = [p[0] for p in points], [p[1] for p in points]
+    np.testing.assert_allclose(kendall_tau(x, y), brute_tau_b(x, y), equal_nan=True)
+
+
+def test_quality_stats():
+    stats = prediction_quality([100, 200, 300, 400], [100, 260, 420, 390])
+    assert stats["mae"] == pytest.approx((0 + 60 + 120 + 10) / 4)
+    assert stats["within_50"] == 0.5 and stats["within_100"] == 0.75
+    assert stats["kendall_tau"] == pytest.approx(brute_tau_b([100, 200, 300, 400], [100, 260, 420, 390]))

@@ -1,0 +1,54 @@
+"""T(X, G): continuous batching estimate against hand-computed cases."""
+
+import numpy as np
+import pytest
+from planner_support import make_profile
+
+from rlhfless.planner.timemodel import RangeModel, Workload
+
+
+def workload(gmax, gmean=None, g=1, prompt=10):
+    gmax = np.asarray(gmax, dtype=float)
+    gmean = gmax if gmean is None else np.asarray(gmean, dtype=float)
+    n = gmax.size
+    zeros = np.zeros(n, dtype=np.int64)
+    return Workload(gmax, gmean, np.full(n, prompt), zeros, zeros, g)
+
+
+def decode_time(w, profile, segments=8):
+    model = RangeModel(w, np.arange(w.size), profile, segments)
+    return float(model.times(np.array([0]), np.array([w.size]))["decode"][0])
+
+
+def test_one_sequence_takes_its_length_in_steps():
+    assert decode_time(workload([100]), make_profile(step_ms=10)) == pytest.approx(1.0)
+
+
+def test_batch_shrinks_as_sequences_finish():
+    # step = 10 ms + 1 ms per running sequence; lengths 100, 200, 300 run together:
+    # 100 steps at batch 3, 100 at batch 2, 100 at batch 1.
+    expected = (100 * 13 + 100 * 12 + 100 * 11) / 1e3
+    got = decode_time(workload([100, 200, 300]), make_profile(step_ms=10, per_seq_ms=1), segments=3)
+    assert got == pytest.approx(expected)
+
+
+def test_group_samples_keep_the_predicted_mean():
+    # G = 4, max 400, mean 250 -> one sample of 400 and three of 200: 200 steps at batch 4, 200 at 1.
+    expected = (200 * 14 + 200 * 11) / 1e3
+    got = decode_time(workload([400], [250], g=4), make_profile(step_ms=10, per_seq_ms=1))
+    assert got == pytest.approx(expected)
+
+
+def test_kv_cap_queues_sequences_and_costs_time():
+    lengths = [100] * 8
+    free = decode_time(workload(lengths), make_profile(step_ms=10))
+    capped = decode_time(workload(lengths), make_profile(step_ms=10, max_kv_tokens=2 * 110))
+    assert free == pytest.approx(1.0)
+    assert capped == pytest.approx(4.0)  # two at a time: 8 * 100 tokens / 2 per step
+
+
+def test_ranges_are_timed_independently():
+    w = workload([50, 100, 400, 800])
+    model = RangeModel(w, np.arange(4), make_profile(step_ms=10), 8)
+    times = model.times(np.array([0, 2, 0]), np.array([2, 4, 4]))["decode"]
+    np.testing.assert_allclose(times, [1.0, 8.0, 8.0])
