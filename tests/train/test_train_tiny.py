@@ -1,0 +1,77 @@
+"""A `tiny` run writes every documented file, and a killed run resumes to the same numbers."""
+
+import json
+import math
+
+import pytest
+
+from rlhfless.cli import main
+from rlhfless.config import load_config
+from rlhfless.runtime.checkpoint import list_checkpoints
+from rlhfless.runtime.trainer import train
+
+REQUIRED = (
+    "step", "reward/mean", "reward/std", "response_length/mean", "response_length/max", "kl/mean",
+    "loss/policy", "grad_norm", "time/step", "time/generation", "time/preparation", "time/learning",
+    "prefill/tokens_computed", "prefill/tokens_naive", "time/prefill", "time/decode",
+)
+# Deterministic training quantities (timings are not).
+COMPARED = ("reward/mean", "response_length/mean", "kl/mean", "loss/policy", "grad_norm")
+
+
+def tiny(tmp_path, *overrides):
+    return load_config(preset="tiny", overrides=(f"output_dir={tmp_path / 'run'}", "trainer.progress=false", *overrides))
+
+
+def read_metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_step_tiny_run_writes_the_run_directory(tmp_path):
+    code = main(["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "trainer.progress=false"])
+    assert code == 0
+    run = tmp_path / "run"
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in REQUIRED:
+            assert isinstance(row[key], int | float) and math.isfinite(row[key]), key
+        assert row["prefill/tokens_computed"] < row["prefill/tokens_naive"]
+    assert (run / "config.yaml").exists()
+    rollouts = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 4 * 4
+    assert {(r["uid"], r["sample"]) for r in rollouts} == {(r["uid"], s) for r in rollouts for s in range(4)}
+    assert all(set(r) >= {"uid", "sample", "prompt", "response", "response_tokens", "reward"} for r in rollouts)
+    assert (run / "plans" / "step_000002.json").exists()
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000001", "step_000002"]
+    ckpt = run / "checkpoints" / "step_000002"
+    assert {"model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json"} <= {p.name for p in ckpt.iterdir()}
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_to_the_same_step_3_metrics(tmp_path):
+    straight = train(tiny(tmp_path / "a", "trainer.steps=3", "trainer.save_every=1"))
+    want = straight.history[2]
+
+    def die_in_step_3(kind, info):
+        if kind == "phase" and info["step"] == 3 and info["phase"] == "learn":
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(tiny(tmp_path / "b", "trainer.steps=3", "trainer.save_every=1"), die_in_step_3)
+    resumed = train(tiny(tmp_path / "b", "trainer.steps=3", "trainer.save_every=1", "resume=true"))
+    assert [h["step"] for h in resumed.history] == [3]
+    got = resumed.history[0]
+    for key in COMPARED:
+        assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+    assert [r["step"] for r in read_metrics(tmp_path / "b" / "run")] == [1, 2, 3]
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):
+    code = main(["train", "--preset", "tiny", f"output_dir={tmp_path / 'none'}", "--resume"])
+    assert code == 2
+    assert "no checkpoint under" in capsys.readouterr().err
