@@ -137,3 +137,13 @@ def test_report_library_imports_neither_torch_nor_ray() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_runs_with_different_steps_and_odd_names(tmp_path: Path) -> None:
+    short = write_fake_run(tmp_path / "cost $^$ <fast>", steps=1, prompts=2, samples=2)
+    long = write_fake_run(tmp_path / "cost $6_x", steps=2, prompts=2, samples=2)
+    page = write_report([short, long])
+    parts = _parts(page)
+    assert "the runs recorded different steps: each mean is over that run's own steps" in parts.notes
+    assert "RLHFless report: cost $^$ &lt;fast&gt; vs cost $6_x" in page.read_text(encoding="utf-8")
+    assert len(parts.images) == 8

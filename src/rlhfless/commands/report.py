@@ -24,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the dispatcher imports every command, and matplotlib is slow to load.
     from rlhfless.report import write_report
 
     missing = [str(p) for p in args.run_dirs if not p.is_dir()]

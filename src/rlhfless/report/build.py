@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 
 from rlhfless.report import figures
@@ -65,6 +66,8 @@ def _comparison_section(runs: list[Run]) -> Section:
         f"Means over recorded steps; speedup and cost reduction are relative to the first run "
         f"({runs[0].name}); samples compare response text per (step, uid, sample).",
     )
+    if len({tuple(run.steps) for run in runs}) > 1:
+        section.notes.append("the runs recorded different steps: each mean is over that run's own steps")
     for run in runs:
         for key in ("time/step", "cost/step"):
             if not run.has(key):
@@ -261,16 +264,18 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
     out = Path(out) if out is not None else run_dirs[0] / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = [load_run(path, name) for path, name in zip(run_dirs, run_names(run_dirs), strict=True)]
-    sections = [
-        _runs_section(runs),
-        _comparison_section(runs),
-        _curves_section(runs, out),
-        _cost_time_section(runs, out),
-        _timeline_section(runs, out),
-        _phase_section(runs, out),
-        _lengths_section(runs, out),
-        _scaling_section(runs, out),
-    ]
+    # Run names are directory names: a `$` in one must print as is, not start TeX math.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        sections = [
+            _runs_section(runs),
+            _comparison_section(runs),
+            _curves_section(runs, out),
+            _cost_time_section(runs, out),
+            _timeline_section(runs, out),
+            _phase_section(runs, out),
+            _lengths_section(runs, out),
+            _scaling_section(runs, out),
+        ]
     for section in sections:
         for image in section.images:
             (out.parent / f"{image.name}.png").write_bytes(image.png)
