@@ -17,11 +17,17 @@ def sorted_order(group_max: np.ndarray, group_mean: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(group_max.size), group_mean, group_max))
 
 
-def _strictly_increasing(cuts: np.ndarray, ns: np.ndarray, total: int) -> np.ndarray:
-    """Make each N's interior cuts 1 <= c_1 < ... < c_{N-1} <= total - 1 (no empty actor)."""
-    j = np.concatenate([np.arange(1, n) for n in ns]) if ns.size else np.zeros(0, dtype=np.int64)
+def _interior(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every N in ns, its interior cut numbers j = 1..N-1, with N and the group index of each."""
     n_of = np.repeat(ns, ns - 1)
     group = np.repeat(np.arange(ns.size), ns - 1)
+    first = np.repeat(np.cumsum(ns - 1) - (ns - 1), ns - 1)
+    return np.arange(n_of.size) - first + 1, n_of, group
+
+
+def _strictly_increasing(cuts: np.ndarray, ns: np.ndarray, total: int) -> np.ndarray:
+    """Make each N's interior cuts 1 <= c_1 < ... < c_{N-1} <= total - 1 (no empty actor)."""
+    j, n_of, group = _interior(ns)
     slack = np.clip(cuts, j, total - n_of + j) - j  # in [0, total - N]
     slack = np.maximum.accumulate(slack + group * total) - group * total
     return slack + j
@@ -29,15 +35,9 @@ def _strictly_increasing(cuts: np.ndarray, ns: np.ndarray, total: int) -> np.nda
 
 def _with_ends(cuts: np.ndarray, ns: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(starts, ends, n of each range) for all N, ranges of one N consecutive."""
-    parts_s, parts_e = [], []
-    pos = 0
-    for n in ns:
-        inner = cuts[pos : pos + n - 1]
-        pos += n - 1
-        parts_s.append(np.concatenate(([0], inner)))
-        parts_e.append(np.concatenate((inner, [total])))
-    starts = np.concatenate(parts_s).astype(np.int64)
-    ends = np.concatenate(parts_e).astype(np.int64)
+    after = np.cumsum(ns - 1)
+    ends = np.insert(cuts, after, total).astype(np.int64)
+    starts = np.insert(cuts, after - (ns - 1), 0).astype(np.int64)
     return starts, ends, np.repeat(ns, ns)
 
 
@@ -45,14 +45,15 @@ def balanced_ranges(work_in_order: np.ndarray, ns: np.ndarray) -> tuple[np.ndarr
     """Contiguous split of an ordered list into N ranges of about equal work, for every N in ns."""
     total = work_in_order.size
     cum = np.cumsum(work_in_order)
-    targets = np.concatenate([cum[-1] * np.arange(1, n) / n for n in ns]) if total else np.zeros(0)
-    cuts = np.searchsorted(cum, targets, side="left") + 1
+    j, n_of, _ = _interior(ns)
+    cuts = np.searchsorted(cum, cum[-1] * j / n_of, side="left") + 1
     return _with_ends(_strictly_increasing(cuts, ns, total), ns, total)
 
 
 def even_ranges(total: int, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Equal prompt counts in input order (VERL), for every N in ns."""
-    cuts = np.concatenate([np.round(total * np.arange(1, n) / n) for n in ns]).astype(np.int64)
+    j, n_of, _ = _interior(ns)
+    cuts = np.round(total * j / n_of).astype(np.int64)
     return _with_ends(_strictly_increasing(cuts, ns, total), ns, total)
 
 

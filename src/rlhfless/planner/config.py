@@ -75,7 +75,7 @@ class SchedulerConfig:
         default=1.0, metadata={"help": "first epoch: predicted length = answer tokens x this factor"}
     )
     segments: int = field(
-        default=32, metadata={"help": "time model resolution: length segments for the batch-shrink estimate"}
+        default=16, metadata={"help": "time model resolution: length segments for the batch-shrink estimate"}
     )
 
     def __post_init__(self) -> None:

@@ -225,6 +225,7 @@ def _chosen_actors(
     profile: Profile,
 ) -> list[ActorPlan]:
     rows = np.flatnonzero(actors.n_of == table.n[pick])
+    names = np.array(uids, dtype=object)
     out = []
     for i, r in enumerate(rows):
         slot = int(actors.slot[r])
@@ -232,7 +233,7 @@ def _chosen_actors(
         out.append(
             ActorPlan(
                 actor=i,
-                uids=[uids[j] for j in order[actors.starts[r] : actors.ends[r]]],
+                uids=names[order[actors.starts[r] : actors.ends[r]]].tolist(),
                 gpus=profile.gpus,
                 gpu_ids=gpu_ids,
                 node=node,

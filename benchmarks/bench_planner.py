@@ -1,0 +1,118 @@
+"""Time a full RLHFless plan: 16,384 prompts x 8 samples, every N in [1, 160].
+
+Workload: a 60-token shared system prompt plus 20-120 unique tokens per prompt, half the prompts
+with a history (log-normal lengths) and half with only an answer length; Llama-2-7B roofline
+profile on H100, 20 nodes x 8 GPUs, one GPU per actor. Prints the best of `--repeat` runs of each
+phase and of the whole plan, next to the 50 ms goal.
+
+    .venv/bin/python benchmarks/bench_planner.py [--prompts 16384] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.dedup import PackedPrompts, deduplicate
+from rlhfless.planner.hardware import ModelShape, roofline_profile
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.predictor import LengthPredictor
+
+GOAL_MS = 50.0
+
+
+def best_ms(fn: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16384)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    system = rng.integers(0, 32000, 60).tolist()
+    prompts = [
+        PromptSpec(
+            f"p{i}",
+            system + rng.integers(0, 32000, int(rng.integers(20, 121))).tolist(),
+            int(rng.integers(50, 400)),
+        )
+        for i in range(args.prompts)
+    ]
+    predictor = LengthPredictor()
+    lengths = np.minimum(rng.lognormal(5.5, 0.8, (args.prompts, args.group_size)), 2048).astype(int)
+    for p, row in zip(prompts[::2], lengths[::2], strict=False):
+        predictor.update(p.uid, row.tolist())
+    shape = ModelShape.resolve("llama-2-7b")
+    profile = roofline_profile(shape, "h100", 1)
+    cluster = ClusterSpec(
+        nodes=20,
+        gpus_per_node=8,
+        intra_node_bandwidth=311e9,
+        inter_node_bandwidth=36e9,
+        model_bytes=shape.weight_bytes,
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+    )
+    config = SchedulerConfig()
+    g = args.group_size
+    uids = [p.uid for p in prompts]
+    answers = [p.answer_tokens for p in prompts]
+    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts])
+    plan = plan_step(prompts, predictor, profile, cluster, config, g, packed=packed)
+
+    rows = [
+        ("predict (group max/mean)", best_ms(lambda: predictor.predict(uids, answers), args.repeat)),
+        (
+            "pack token lists -> bytes",
+            best_ms(lambda: PackedPrompts.pack([p.prompt_tokens for p in prompts]), args.repeat),
+        ),
+        (
+            "dedup (sort + LCP + D(L))",
+            best_ms(lambda: deduplicate(packed, config.prefill_capacity), args.repeat),
+        ),
+        (
+            "full plan, tokens pre-packed",
+            best_ms(
+                lambda: plan_step(prompts, predictor, profile, cluster, config, g, packed=packed), args.repeat
+            ),
+        ),
+        (
+            "full plan from token lists",
+            best_ms(lambda: plan_step(prompts, predictor, profile, cluster, config, g), args.repeat),
+        ),
+        (
+            "verl policy (no dedup, N fixed)",
+            best_ms(
+                lambda: plan_step(prompts, predictor, profile, cluster, SchedulerConfig(policy="verl"), g),
+                args.repeat,
+            ),
+        ),
+    ]
+    tokens = sum(len(p.prompt_tokens) for p in prompts)
+    print(f"{args.prompts} prompts x {g} samples, {tokens} prompt tokens, N in [1, {len(plan.candidates)}]")
+    print(
+        f"chosen N = {plan.n_actors}, prefix length {plan.prefix_length}, predicted step {plan.predicted_time:.1f} s"
+    )
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (timings scale with contention)")
+    print(f"{'phase':34s} {'best ms':>9s} {'/ goal':>7s}")
+    for name, ms in rows:
+        print(f"{name:34s} {ms:9.1f} {ms / GOAL_MS:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
