@@ -1,0 +1,60 @@
+"""`rlhfless simulate`: the planner on a modelled cluster; the paper's experiments as presets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("simulate", help="simulate training steps on a modelled cluster")
+    parser.add_argument(
+        "config", nargs="?", help="YAML/JSON file with cluster/model/workload/training/scheduler"
+    )
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="e.g. cluster.nodes=4")
+    parser.add_argument("--preset", help="paper-physical or paper-sim")
+    parser.add_argument("--output", type=Path, help="output directory (default sim_out/<preset or config>)")
+    parser.add_argument(
+        "--no-sweeps", action="store_true", help="skip the sensitivity sweeps and scalability"
+    )
+
+
+def _read_tree(path: str) -> dict[str, Any]:
+    import yaml
+
+    text = Path(path).read_text()
+    return json.loads(text) if path.endswith(".json") else (yaml.safe_load(text) or {})
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlhfless.sim.report import simulate
+
+    items = list(args.overrides)
+    config = args.config
+    if config and "=" in config:  # `rlhfless simulate key=value ...` without a config file
+        items.insert(0, config)
+        config = None
+    try:
+        if args.preset and config:
+            raise ValueError(f"config: got {config!r} with --preset {args.preset}, expected one of them")
+        if args.preset:
+            from rlhfless.sim.presets import preset
+
+            scenarios = preset(args.preset)
+            name = args.preset
+        elif config:
+            scenarios = [(Path(config).stem, _read_tree(config))]
+            name = Path(config).stem
+        else:
+            scenarios = [("default", {})]
+            name = "default"
+        output = args.output or Path("sim_out") / name
+        table = simulate(name, scenarios, items, output, sweeps=not args.no_sweeps)
+    except (ValueError, OSError) as err:
+        print(f"rlhfless simulate: {err}")
+        return 2
+    print(table)
+    print(f"\nwrote {output}/summary.json, steps.jsonl and figures")
+    return 0

@@ -1,0 +1,203 @@
+"""Simulator config sections: cluster, model, workload, training; the planner's `scheduler.` as is."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.hardware import GpuSpec, ModelShape
+from rlhfless.planner.placement import ClusterSpec
+
+ALGORITHMS = ("grpo", "ppo")
+
+
+def _check(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: got {value!r}, expected {expected}")
+
+
+@dataclass
+class ClusterConfig:
+    """The modelled cluster: nodes of identical GPUs, links, price, function start-up."""
+
+    nodes: int = field(default=2, metadata={"help": "nodes in the cluster"})
+    gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node"})
+    gpu: str = field(
+        default="l40s", metadata={"help": "h100, h200, a100, l40s, or a JSON file holding a GpuSpec dict"}
+    )
+    intra_node_gbps: float = field(
+        default=0.0, metadata={"help": "GPU-GPU bandwidth inside a node, GB/s; 0 = the GPU's link"}
+    )
+    inter_node_gbps: float = field(
+        default=0.0, metadata={"help": "bandwidth between nodes, GB/s; 0 = the GPU spec's figure"}
+    )
+    price_per_gpu_hour: float = field(default=0.0, metadata={"help": "USD per GPU-hour; 0 = the GPU's price"})
+    cold_start_s: float = field(
+        default=2.0, metadata={"help": "seconds from requesting a serverless actor to its container running"}
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.nodes >= 1, "nodes", self.nodes, "an integer >= 1")
+        _check(self.gpus_per_node >= 1, "gpus_per_node", self.gpus_per_node, "an integer >= 1")
+        for name in ("intra_node_gbps", "inter_node_gbps", "price_per_gpu_hour", "cold_start_s"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "a number >= 0")
+        self.spec  # noqa: B018 - validates the GPU name now rather than mid-run
+
+    @property
+    def spec(self) -> GpuSpec:
+        is_file = self.gpu.endswith(".json") and Path(self.gpu).is_file()
+        return GpuSpec.resolve(json.loads(Path(self.gpu).read_text()) if is_file else self.gpu)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def price(self) -> float:
+        return self.price_per_gpu_hour or self.spec.price_per_hour
+
+    def bandwidths(self) -> tuple[float, float]:
+        """(intra-node, inter-node) bytes/s."""
+        spec = self.spec
+        return (self.intra_node_gbps or spec.link_gbps) * 1e9, (
+            self.inter_node_gbps or spec.inter_node_gbps
+        ) * 1e9
+
+    def planner_spec(self, model: ModelShape) -> ClusterSpec:
+        intra, inter = self.bandwidths()
+        return ClusterSpec(
+            self.nodes, self.gpus_per_node, intra, inter, model.weight_bytes, model.kv_bytes_per_token
+        )
+
+
+@dataclass
+class SimModelConfig:
+    """The policy model and how its actors are timed."""
+
+    name: str = field(
+        default="qwen2.5-3b",
+        metadata={
+            "help": "qwen2.5-3b, qwen2.5-7b, llama-2-7b, llama-2-70b, smollm2-135m, or a config.json path"
+        },
+    )
+    tp: int = field(
+        default=1, metadata={"help": "tensor-parallel GPUs per actor (decode, prefill, learner shard)"}
+    )
+    profile: str = field(
+        default="", metadata={"help": "measured profile JSON (rlhfless profile --output); empty = roofline"}
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.tp >= 1, "tp", self.tp, "an integer >= 1")
+        self.shape  # noqa: B018 - validates the name now
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape.resolve(self.name)
+
+
+@dataclass
+class WorkloadConfig:
+    """Prompts and true response lengths: a synthetic dataset shape or a recorded run."""
+
+    dataset: str = field(default="gsm8k", metadata={"help": "synthetic shape: gsm8k, gpqa or lcb"})
+    trace: str = field(default="", metadata={"help": "run directory whose rollouts/*.jsonl are replayed"})
+    prompts_per_step: int = field(default=256, metadata={"help": "prompts per training step"})
+    samples: int = field(default=4, metadata={"help": "responses per prompt (GRPO group size; 1 for PPO)"})
+    max_response: int = field(default=2048, metadata={"help": "response length cap, tokens"})
+    max_prompt: int = field(default=1024, metadata={"help": "prompt length cap, tokens"})
+    dataset_size: int = field(
+        default=0, metadata={"help": "prompts in the dataset; 0 = 4 x prompts_per_step"}
+    )
+    seed: int = field(default=0, metadata={"help": "synthetic lengths seed"})
+
+    def __post_init__(self) -> None:
+        from rlhfless.sim.workload import DATASETS
+
+        _check(self.dataset in DATASETS, "dataset", self.dataset, f"one of {', '.join(DATASETS)}")
+        for name in ("prompts_per_step", "samples", "max_response", "max_prompt"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+        _check(self.dataset_size >= 0, "dataset_size", self.dataset_size, "an integer >= 0")
+
+
+@dataclass
+class TrainingConfig:
+    """What happens around generation, and how long the simulation runs."""
+
+    algorithm: str = field(default="grpo", metadata={"help": "grpo or ppo (adds a critic)"})
+    steps: int = field(default=20, metadata={"help": "training steps simulated per policy"})
+    learner_mfu: float = field(default=0.45, metadata={"help": "achieved/peak FLOP/s of the training engine"})
+    inference_mfu: float = field(
+        default=0.6, metadata={"help": "achieved/peak FLOP/s of reference/critic forward"}
+    )
+    sweep_steps: int = field(default=8, metadata={"help": "steps per point of each sensitivity sweep"})
+
+    def __post_init__(self) -> None:
+        _check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, "grpo or ppo")
+        _check(self.steps >= 1, "steps", self.steps, "an integer >= 1")
+        _check(self.sweep_steps >= 1, "sweep_steps", self.sweep_steps, "an integer >= 1")
+        for name in ("learner_mfu", "inference_mfu"):
+            _check(0 < getattr(self, name) <= 1, name, getattr(self, name), "a number in (0, 1]")
+
+
+@dataclass
+class SimConfig:
+    """One simulated scenario."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, metadata={"help": "the cluster"})
+    model: SimModelConfig = field(default_factory=SimModelConfig, metadata={"help": "the policy model"})
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig, metadata={"help": "prompts and lengths"})
+    training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"help": "stages and steps"})
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata={"help": "the planner"})
+
+    def __post_init__(self) -> None:
+        per_actor = self.model.tp
+        _check(
+            self.cluster.gpus_per_node % per_actor == 0,
+            "model.tp",
+            per_actor,
+            f"a divisor of cluster.gpus_per_node ({self.cluster.gpus_per_node})",
+        )
+
+
+def build(tree: dict[str, Any]) -> SimConfig:
+    """A SimConfig from nested dicts; unknown keys are errors that name the key."""
+    sections = {f.name: f.type for f in fields(SimConfig)}
+    classes = {
+        "cluster": ClusterConfig,
+        "model": SimModelConfig,
+        "workload": WorkloadConfig,
+        "training": TrainingConfig,
+        "scheduler": SchedulerConfig,
+    }
+    unknown = set(tree) - set(sections)
+    _check(not unknown, "config", sorted(unknown), f"sections among {sorted(sections)}")
+    kwargs = {}
+    for name, cls in classes.items():
+        values = dict(tree.get(name) or {})
+        known = {f.name for f in fields(cls)}
+        bad = set(values) - known
+        _check(not bad, name, sorted(bad), f"keys among {sorted(known)}")
+        kwargs[name] = cls(**values)
+    return SimConfig(**kwargs)
+
+
+def to_dict(cfg: Any) -> Any:
+    if is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
+    return cfg
+
+
+def set_dotted(tree: dict[str, Any], item: str) -> None:
+    """Apply one `section.key=value` override (value parsed as JSON when it can be)."""
+    key, sep, raw = item.partition("=")
+    parts = key.split(".")
+    _check(bool(sep) and len(parts) == 2, "override", item, "section.key=value")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    tree.setdefault(parts[0], {})[parts[1]] = value

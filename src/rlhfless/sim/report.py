@@ -1,0 +1,127 @@
+"""Run a preset or config end to end: summary.json, steps.jsonl, figures, and the printed table."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlhfless.sim import experiments, figures
+from rlhfless.sim.config import build, set_dotted, to_dict
+from rlhfless.sim.presets import PAPER
+
+MAIN = ("verl", "rlhfless")
+FIRST = (*experiments.ABLATION, "rlhfuse")
+
+
+def simulate(
+    name: str,
+    scenarios: list[tuple[str, dict[str, Any]]],
+    overrides: list[str],
+    output: Path,
+    sweeps: bool = True,
+) -> str:
+    """Everything the `simulate` command writes; returns the table it prints."""
+    output.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, dict[str, dict[str, float]]] = {}
+    configs = {}
+    with (output / "steps.jsonl").open("w") as steps_file:
+        for index, (scenario, tree) in enumerate(scenarios):
+            tree = copy.deepcopy(tree)
+            for item in overrides:
+                set_dotted(tree, item)
+            cfg = build(tree)
+            configs[scenario] = to_dict(cfg)
+            variants = FIRST if index == 0 else MAIN
+            results = experiments.compare(cfg, variants, cfg.training.steps)
+            for variant, steps in results.items():
+                for r in steps:
+                    steps_file.write(json.dumps({"scenario": scenario, "variant": variant, **r.row()}) + "\n")
+            summaries[scenario] = experiments.summarize(results)
+            if index == 0:
+                first_cfg = cfg
+                figures.ablation_scatter(
+                    {k: results[k] for k in experiments.ABLATION}, output / "ablation.png"
+                )
+                figures.bars(
+                    summaries[scenario],
+                    ("+assignment", "rlhfuse"),
+                    output / "assignment_vs_rlhfuse.png",
+                    "Per-actor cut (RLHFless) vs global cut (RLHFuse)",
+                )
+    swept = _sweeps(first_cfg, output) if sweeps else {}
+    headline = _headline(name, summaries)
+    summary = {
+        "preset": name,
+        "scenarios": summaries,
+        "headline": headline,
+        "paper": PAPER.get(name),
+        "sweeps": swept,
+        "configs": configs,
+    }
+    (output / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return _table(name, summaries, headline)
+
+
+def _sweeps(cfg: Any, output: Path) -> dict[str, Any]:
+    n = cfg.training.sweep_steps
+    out = {
+        "tau": experiments.sweep(cfg, "rlhfless", "tau", experiments.TAUS, n),
+        "lam": experiments.sweep(cfg, "rlhfless", "lam", experiments.LAMS, n),
+        "ewma_window": experiments.sweep(cfg, "rlhfless", "ewma_window", experiments.WINDOWS, n),
+        "noise": experiments.sweep(cfg, "rlhfless", "noise", experiments.NOISES, n),
+        "actors": experiments.actor_sweep(cfg, n),
+    }
+    nodes = tuple(k for k in experiments.NODES if k <= cfg.cluster.nodes) or (cfg.cluster.nodes,)
+    out["scalability"] = experiments.scalability(cfg, n, nodes)
+    labels = {
+        "tau": "tau (cut threshold)",
+        "lam": "lambda (time weight)",
+        "ewma_window": "EWMA window",
+        "noise": "predictor noise (sigma of log factor)",
+        "actors": "decode actors (fixed N)",
+    }
+    for key, label in labels.items():
+        figures.sweep_plot(out[key], label, output / f"sweep_{key}.png", f"{label} sweep")
+    figures.scalability_plot(out["scalability"], output / "scalability.png")
+    return out
+
+
+def _headline(name: str, summaries: dict[str, dict[str, dict[str, float]]]) -> dict[str, float | str]:
+    speedups = [s["rlhfless"]["speedup"] for s in summaries.values()]
+    reductions = [s["rlhfless"]["cost_reduction"] for s in summaries.values()]
+    if name == "paper-physical":
+        return {"label": "best case", "speedup": max(speedups), "cost_reduction": max(reductions)}
+    return {
+        "label": "average",
+        "speedup": float(np.mean(speedups)),
+        "cost_reduction": float(np.mean(reductions)),
+    }
+
+
+def _table(name: str, summaries: dict[str, dict[str, dict[str, float]]], headline: dict[str, Any]) -> str:
+    lines = [
+        f"{'scenario (simulated)':34s} {'variant':12s} {'step s':>9s} {'cost $':>9s} {'speedup':>8s} {'cost -%':>8s}"
+    ]
+    for scenario, rows in summaries.items():
+        for variant, row in rows.items():
+            lines.append(
+                f"{scenario:34s} {variant:12s} {row['mean_step_time']:9.1f} {row['mean_cost']:9.3f} "
+                f"{row.get('speedup', 1.0):8.2f}x {100 * row.get('cost_reduction', 0.0):7.1f}%"
+            )
+    lines.append("")
+    lines.append(f"{'RLHFless vs verl':34s} {'speedup':>9s} {'cost reduction':>15s}")
+    paper = PAPER.get(name)
+    if paper:
+        lines.append(
+            f"{'paper, ' + paper['label'] + ' (reported)':34s} {paper['speedup']:8.2f}x "
+            f"{100 * paper['cost_reduction']:14.1f}%"
+        )
+    lines.append(
+        f"{'this run, ' + str(headline['label']) + ' (simulated)':34s} {headline['speedup']:8.2f}x "
+        f"{100 * headline['cost_reduction']:14.1f}%"
+    )
+    return "\n".join(lines)

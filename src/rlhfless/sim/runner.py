@@ -1,0 +1,97 @@
+"""Build the simulated setup from a SimConfig and run a policy (or an ablation variant) for N steps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.hardware import roofline_profile
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.profile import Profile
+from rlhfless.sim.config import SimConfig
+from rlhfless.sim.step import Simulator, Stage, StepResult
+from rlhfless.sim.workload import SyntheticWorkload, TraceWorkload
+
+# Ablation and baseline variants: scheduler overrides on top of the scenario's scheduler section.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "verl": {"policy": "verl"},
+    "+dedup": {
+        "policy": "rlhfless",
+        "dedup_prefill": True,
+        "sorted_assignment": False,
+        "actor_scaling": False,
+        "cut_and_migrate": False,
+    },
+    "+assignment": {
+        "policy": "rlhfless",
+        "dedup_prefill": True,
+        "sorted_assignment": True,
+        "actor_scaling": False,
+        "cut_and_migrate": True,
+    },
+    "rlhfless": {"policy": "rlhfless"},  # +scaling: everything on
+    "rlhfuse": {"policy": "rlhfuse"},
+    "oracle": {"policy": "rlhfless", "predictor": "oracle"},
+}
+
+
+def make_stage(cfg: SimConfig) -> Stage:
+    shape, spec = cfg.model.shape, cfg.cluster.spec
+    if cfg.model.profile:
+        profile = Profile.load(cfg.model.profile)
+        if profile.gpus != cfg.model.tp:
+            raise ValueError(
+                f"model.tp: got {cfg.model.tp}, expected the measured profile's gpus ({profile.gpus})"
+            )
+    else:
+        profile = roofline_profile(shape, spec, cfg.model.tp)
+    return Stage(
+        model=shape,
+        profile=profile,
+        cluster=cfg.cluster.planner_spec(shape),
+        total_gpus=cfg.cluster.total_gpus,
+        price_per_gpu_hour=cfg.cluster.price,
+        cold_start_s=cfg.cluster.cold_start_s,
+        tflops=spec.bf16_tflops,
+        learner_mfu=cfg.training.learner_mfu,
+        inference_mfu=cfg.training.inference_mfu,
+        ppo=cfg.training.algorithm == "ppo",
+    )
+
+
+def make_workload(cfg: SimConfig) -> SyntheticWorkload | TraceWorkload:
+    w = cfg.workload
+    if w.trace:
+        return TraceWorkload(w.trace)
+    samples = 1 if cfg.training.algorithm == "ppo" else w.samples
+    return SyntheticWorkload(
+        w.dataset, w.prompts_per_step, samples, w.max_response, w.max_prompt, w.dataset_size, w.seed
+    )
+
+
+def scheduler_for(cfg: SimConfig, overrides: dict[str, Any]) -> SchedulerConfig:
+    """The scenario's scheduler with the actor size and price taken from the modelled cluster."""
+    base = replace(cfg.scheduler, gpus_per_actor=cfg.model.tp, price_per_gpu_hour=cfg.cluster.price)
+    return replace(base, **overrides)
+
+
+def run_policy(
+    cfg: SimConfig,
+    overrides: dict[str, Any],
+    steps: int,
+    stage: Stage | None = None,
+    workload: SyntheticWorkload | TraceWorkload | None = None,
+) -> list[StepResult]:
+    """Simulate `steps` steps of one policy from a fresh predictor."""
+    stage = stage or make_stage(cfg)
+    workload = workload or make_workload(cfg)
+    config = scheduler_for(cfg, overrides)
+    sim = Simulator(stage, config, LengthPredictor.from_config(config))
+    return [sim.run_step(k, workload.step(k)) for k in range(steps)]
+
+
+def mean_of(results: list[StepResult], key: str) -> float:
+    return float(np.mean([getattr(r, key) for r in results]))

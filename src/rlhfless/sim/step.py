@@ -1,0 +1,383 @@
+"""One simulated training step: the planner's plan executed on the modelled cluster.
+
+Generation: the prefill actor (on the learner's GPUs) computes the deduplicated prefixes; each
+decode actor waits for its cold start, the new weights and its prefix KV (the actor on the
+learner's GPUs needs neither), prefills what is left of its prompts, then decodes with continuous
+batching (`execution.schedule`). Cut-and-migrate events are found analytically from the schedules;
+at each one the planner's `migration.decide` is asked what moves, and the receiving actors are
+rescheduled from that moment (migrated sequences are resumed by re-prefilling prompt + partial
+response, or by receiving their KV when that is cheaper). Then preparation (reference and, for
+PPO, critic forward) and learning run on all GPUs. Billing: `verl` holds every GPU for the whole
+step (serverful); other policies pay each function from its request to its release.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.dedup import PackedPrompts
+from rlhfless.planner.hardware import ModelShape
+from rlhfless.planner.migration import ActorProgress, decide
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.profile import Profile
+from rlhfless.sim.execution import Schedule, prefill_seconds, schedule, slot_cap
+from rlhfless.sim.workload import StepPrompts
+
+
+class _Remaining(Mapping[str, float]):
+    """Unfinished sequences of one actor -> remaining predicted tokens, backed by arrays."""
+
+    def __init__(self, names: list[str], idx: np.ndarray, work: np.ndarray) -> None:
+        self._names, self._idx, self._work = names, idx, work
+
+    def __len__(self) -> int:
+        return int(self._idx.size)
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._names[i] for i in self._idx.tolist())
+
+    def __getitem__(self, key: str) -> float:
+        return dict(zip(self, self._work.tolist(), strict=True))[key]
+
+    def values(self) -> list[float]:  # type: ignore[override]
+        return self._work.tolist()
+
+    def items(self) -> Iterator[tuple[str, float]]:  # type: ignore[override]
+        return zip(self, self._work.tolist(), strict=True)
+
+
+@dataclass
+class Stage:
+    """Fixed facts of the simulated setup that every step uses."""
+
+    model: ModelShape
+    profile: Profile  # one decode actor (tp GPUs), the truth the simulator executes
+    cluster: ClusterSpec
+    total_gpus: int
+    price_per_gpu_hour: float
+    cold_start_s: float
+    tflops: float  # peak BF16 per GPU
+    learner_mfu: float
+    inference_mfu: float
+    ppo: bool
+
+
+@dataclass
+class ActorRun:
+    """One decode actor's life in this step; `sched` holds only what is unfinished since `since`."""
+
+    gpus: int
+    node: int
+    colocated: bool
+    requested: float
+    ready: float
+    slots: int
+    sched: Schedule
+    finished_before: int = 0
+    released: float = math.inf
+    cut_checked: bool = False
+    migrated_in: int = 0
+    migrated_out: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.finished_before + int(self.sched.ids.size)
+
+    def finished_at(self, t: float) -> int:
+        return self.finished_before + int(np.count_nonzero(self.sched.end <= self.sched.step_at(t) + 1e-9))
+
+
+@dataclass
+class StepResult:
+    """What one simulated step cost and how long each part took."""
+
+    step: int
+    time: float
+    generation: float
+    preparation: float
+    learning: float
+    cost: float
+    cost_generation: float
+    n_actors: int
+    migrations: int
+    prefill_tokens: int
+    plan_seconds: float
+    predicted_time: float
+    predicted_cost: float
+    mean_response: float
+    actors: list[dict[str, float]]
+
+    def row(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Simulator:
+    """Runs the steps of one policy: plan with the planner, execute, bill, feed the predictor."""
+
+    def __init__(self, stage: Stage, config: SchedulerConfig, predictor: LengthPredictor) -> None:
+        self.stage, self.config, self.predictor = stage, config, predictor
+        self.serverful = config.policy == "verl"
+        cold = 0.0 if self.serverful else stage.cold_start_s
+        self.planner_profile = replace(stage.profile, cold_start_s=cold)
+
+    def plan(self, prompts: StepPrompts) -> StepPlan:
+        specs = [
+            PromptSpec(uid, tokens, int(answer) or None)
+            for uid, tokens, answer in zip(
+                prompts.uids, prompts.prompt_tokens, prompts.answer_tokens, strict=True
+            )
+        ]
+        if self.config.predictor == "oracle":
+            for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
+                self.predictor.reveal(uid, lengths)
+        packed = PackedPrompts.pack(prompts.prompt_tokens)
+        g = prompts.lengths.shape[1]
+        return plan_step(
+            specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g, packed
+        )
+
+    def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
+        plan = self.plan(prompts)
+        result = self.execute(step, prompts, plan)
+        for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
+            self.predictor.update(uid, lengths)
+        return result
+
+    def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
+        st = self.stage
+        gen = _Generation(st, self.config, prompts, plan, self.serverful)
+        gen.run()
+        generation = max(r.released for r in gen.runs)
+        tokens = float(gen.true.sum() + gen.prompt_len.sum())
+        passes = 2.0 if st.ppo else 1.0  # PPO: the critic is a second model of the same size
+        flops_per_s = st.total_gpus * st.tflops * 1e12
+        preparation = 2.0 * st.model.params * tokens * passes / (flops_per_s * st.inference_mfu)
+        learning = 6.0 * st.model.params * tokens * passes / (flops_per_s * st.learner_mfu)
+        total = generation + preparation + learning
+        rate = st.price_per_gpu_hour / 3600.0
+        if self.serverful:
+            cost_generation = rate * st.total_gpus * generation
+            cost = rate * st.total_gpus * total
+        else:
+            decode = sum(r.gpus * (r.released - r.requested) for r in gen.runs)
+            cost_generation = rate * (decode + st.profile.gpus * gen.prefill_s)
+            cost = cost_generation + rate * st.total_gpus * (preparation + learning)
+        return StepResult(
+            step=step,
+            time=total,
+            generation=generation,
+            preparation=preparation,
+            learning=learning,
+            cost=cost,
+            cost_generation=cost_generation,
+            n_actors=len(gen.runs),
+            migrations=gen.migrations,
+            prefill_tokens=int(plan.prefill["tokens_computed"]),
+            plan_seconds=plan.plan_seconds,
+            predicted_time=plan.predicted_time,
+            predicted_cost=plan.predicted_cost,
+            mean_response=float(gen.true.mean()),
+            actors=[
+                {
+                    "gpus": r.gpus,
+                    "node": r.node,
+                    "requested": r.requested,
+                    "ready": r.ready,
+                    "released": r.released,
+                    "migrated_in": r.migrated_in,
+                    "migrated_out": r.migrated_out,
+                }
+                for r in gen.runs
+            ],
+        )
+
+
+class _Generation:
+    """The generation phase of one step: actors, their schedules, and the cut events."""
+
+    def __init__(
+        self, stage: Stage, config: SchedulerConfig, prompts: StepPrompts, plan: StepPlan, serverful: bool
+    ) -> None:
+        self.stage, self.config, self.plan = stage, config, plan
+        g = prompts.lengths.shape[1]
+        self.uids = prompts.uids
+        self.group = g
+        plen = prompts.prompt_lengths
+        self.prompt_len = np.repeat(plen, g).astype(float)
+        self.true = prompts.lengths.ravel().astype(float)
+        gmax = np.array([plan.predicted_length[u] for u in prompts.uids], dtype=float)
+        self.predicted = np.repeat(gmax, g)
+        self.gen_before = np.zeros(self.true.size)
+        self._names: list[str] | None = None
+        self.migrations = 0
+        profile = stage.profile
+        dedup = bool(plan.features.get("dedup_prefill"))
+        prefix = np.minimum(plen, plan.prefix_length) if dedup else np.zeros_like(plen)
+        local = (plen - prefix) if dedup else plen * g
+        self.prefill_s = prefill_seconds(profile, plan.prefill["tokens"]) if dedup else 0.0
+        index = {u: i for i, u in enumerate(prompts.uids)}
+        intra, inter = stage.cluster.intra_node_bandwidth, stage.cluster.inter_node_bandwidth
+        self.runs: list[ActorRun] = []
+        for actor in plan.actors:
+            p = np.fromiter((index[u] for u in actor.uids), dtype=np.int64, count=len(actor.uids))
+            seqs = (p[:, None] * g + np.arange(g)).ravel()
+            colocated = bool(actor.gpu_ids) and actor.gpu_ids[0] == 0
+            bandwidth = intra if actor.node == 0 else inter
+            if serverful:
+                requested = ready = 0.0
+            elif colocated:
+                requested, ready = 0.0, self.prefill_s
+            else:
+                # The plan is known before learning ends, so the container starts during learning
+                # (billed from its request); weights stream as soon as learning ends (t = 0).
+                weights = stage.model.weight_bytes / bandwidth
+                kv = self.prefill_s + stage.model.kv_bytes_per_token * float(prefix[p].sum()) / bandwidth
+                ready = max(weights, kv)
+                requested = -stage.cold_start_s
+            t0 = ready + prefill_seconds(profile, float(local[p].sum()))
+            context, remaining = self.prompt_len[seqs], self.true[seqs]
+            cap = slot_cap(profile, context, remaining)
+            sched = schedule(profile, t0, seqs, context, remaining, cap)
+            slots = min(cap, seqs.size)
+            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = [f"{u}#{k}" for u in self.uids for k in range(self.group)]
+            self._index = {n: i for i, n in enumerate(self._names)}
+        return self._names
+
+    def run(self) -> None:
+        mode = self.plan.cut
+        fired_global = False
+        while mode in ("actor", "global"):
+            if mode == "actor":
+                t = self._next_actor_cut()
+            else:
+                t = math.inf if fired_global else self._global_cut()
+                fired_global = True
+            if not math.isfinite(t):
+                break
+            moves = decide(self._progress(t), self.config)
+            if mode == "actor":
+                for run in self.runs:
+                    if not run.cut_checked and self._cut_time(run) <= t + 1e-12:
+                        run.cut_checked = True
+            if moves:
+                self._apply(moves, t)
+        for run in self.runs:
+            if not math.isfinite(run.released):
+                run.released = run.sched.end_time
+
+    def _alive(self, run: ActorRun) -> bool:
+        return not math.isfinite(run.released) and run.sched.ids.size > 0
+
+    def _cut_time(self, run: ActorRun) -> float:
+        """When this actor's finished share reaches tau with work left (inf: never)."""
+        need = math.ceil(self.config.tau * run.total - 1e-9) - run.finished_before
+        n = run.sched.ids.size
+        if need >= n:
+            return math.inf
+        if need <= 0:
+            return run.sched.t0
+        return float(
+            np.interp(
+                np.partition(run.sched.end, need - 1)[need - 1], run.sched.grid_steps, run.sched.grid_time
+            )
+        )
+
+    def _next_actor_cut(self) -> float:
+        times = [self._cut_time(r) for r in self.runs if self._alive(r) and not r.cut_checked]
+        return min(times, default=math.inf)
+
+    def _global_cut(self) -> float:
+        total = sum(r.total for r in self.runs)
+        need = math.ceil(self.config.tau * total - 1e-9) - sum(r.finished_before for r in self.runs)
+        finish = np.concatenate([r.sched.finish for r in self.runs])
+        if need >= finish.size:
+            return math.inf
+        return float(np.partition(finish, max(need, 1) - 1)[max(need, 1) - 1])
+
+    def _progress(self, t: float) -> list[ActorProgress]:
+        names = self.names
+        out = []
+        for i, run in enumerate(self.runs):
+            s = run.sched
+            if not self._alive(run):
+                out.append(ActorProgress(i, run.total, run.total, 0, False, {}))
+                continue
+            step = s.step_at(t)
+            unfinished = s.end > step + 1e-9
+            idx = s.ids[unfinished]
+            generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
+            work = np.maximum(self.predicted[idx] - generated, 1.0)
+            waiting = int(np.count_nonzero(s.start > step + 1e-9))
+            active = idx.size - waiting
+            free = max(0, run.slots - active) if waiting == 0 else 0
+            out.append(
+                ActorProgress(i, run.total - idx.size, run.total, free, True, _Remaining(names, idx, work))
+            )
+        return out
+
+    def _apply(self, moves: list, t: float) -> None:
+        leaving: dict[int, list[int]] = {}
+        arriving: dict[int, list[int]] = {}
+        for m in moves:
+            seq = self._index[m.sequence]
+            leaving.setdefault(m.source, []).append(seq)
+            arriving.setdefault(m.target, []).append(seq)
+        self.migrations += len(moves)
+        affected = sorted(set(leaving) | set(arriving))
+        # Freeze every affected actor at t first: a migrant's progress must be known before it lands.
+        held = {i: self._freeze(i, t) for i in affected}
+        for i in affected:
+            out = np.array(leaving.get(i, []), dtype=np.int64)
+            incoming = np.array(arriving.get(i, []), dtype=np.int64)
+            self._restart(i, t, held[i], out, incoming)
+
+    def _freeze(self, i: int, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """Book actor i's progress up to t; return its unfinished ids, running ones first."""
+        run = self.runs[i]
+        s = run.sched
+        step = s.step_at(t)
+        unfinished = s.end > step + 1e-9
+        run.finished_before += int(np.count_nonzero(~unfinished))
+        generated = np.clip(step - s.start, 0, s.remaining)
+        self.gen_before[s.ids[unfinished]] += generated[unfinished]
+        started = s.start <= step + 1e-9
+        return s.ids[unfinished & started], s.ids[unfinished & ~started]
+
+    def _restart(
+        self, i: int, t: float, held: tuple[np.ndarray, np.ndarray], out: np.ndarray, incoming: np.ndarray
+    ) -> None:
+        """Actor i's new schedule from t: its running sequences, then migrants, then its queue."""
+        run = self.runs[i]
+        running, waiting = (ids[~np.isin(ids, out)] for ids in held)
+        ids = np.concatenate([running, incoming, waiting])
+        run.migrated_out += int(out.size)
+        run.migrated_in += int(incoming.size)
+        if ids.size == 0:
+            run.released = t
+            run.sched = schedule(
+                self.stage.profile, t, ids, ids.astype(float), ids.astype(float), run.sched.cap
+            )
+            return
+        context = self.prompt_len[ids] + self.gen_before[ids]
+        remaining = self.true[ids] - self.gen_before[ids]
+        resume = 0.0
+        if incoming.size:
+            tokens = float((self.prompt_len[incoming] + self.gen_before[incoming]).sum())
+            cluster = self.stage.cluster
+            bandwidth = cluster.intra_node_bandwidth if run.node == 0 else cluster.inter_node_bandwidth
+            transfer = self.stage.model.kv_bytes_per_token * tokens / bandwidth
+            resume = min(prefill_seconds(self.stage.profile, tokens), transfer)
+        run.sched = schedule(self.stage.profile, t + resume, ids, context, remaining, run.sched.cap)
