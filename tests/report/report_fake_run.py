@@ -31,7 +31,7 @@ def _candidates(loads: list[float], lam: float = 0.7) -> list[dict]:
     for n in range(1, 5):
         groups = [order[i::n] for i in range(n)]
         times = [1.0 + TPOT * max(g) * (1 + 0.15 * len(g)) for g in groups if g]
-        rows.append({"n": n, "time": max(times), "cost": RHO * (sum(times) + 4.0 * n)})
+        rows.append({"n": n, "time": max(times), "cost": RHO * (sum(times) + 4.0 * n), "hidden": n < 4})
     t = np.array([r["time"] for r in rows])
     c = np.array([r["cost"] for r in rows])
     tn = (t - t.min()) / (t.max() - t.min()) if t.max() > t.min() else 0 * t
@@ -222,6 +222,8 @@ def write_fake_run(
             "time/generation": gen_end,
             "time/preparation": prep_end - gen_end,
             "time/learning": learn_end - prep_end,
+            "time/reward": 0.4,
+            "time/reference": prep_end - gen_end - 0.4,
         }
         if engine:
             m |= {
@@ -243,11 +245,16 @@ def write_fake_run(
                 "time/kv_transfer": 0.1 if planner else 0.0,
                 "bytes/weight_sync": 2.7e8,
                 "bytes/kv_transfer": 1.0e6,
+                # Function-seconds summed over invocations, not wall time: never a phase.
+                "time/cold_start": sum(f["ready"] - f["started"] for f in functions),
+                "time/idle": 50.0,
+                "time/billed": 120.0,
             }
         if planner:
             chosen = next(c for c in candidates if c["n"] == n)
             m |= {
                 "plan/n_actors": float(n),
+                "time/plan": 0.004 + 0.001 * step,
                 "plan/predicted_time": chosen["time"],
                 "plan/predicted_cost": chosen["cost"],
                 "predictor/mae": 20.0,

@@ -65,7 +65,10 @@ def test_page_shows_candidate_table_with_chosen_row_and_predictor_figures(tiny_p
     text = tiny_page.read_text(encoding="utf-8")
     assert '<tr class="chosen">' in text
     assert "predicted within 50 tokens of the actual group max; Kendall tau" in text
-    assert "learning" in text and "planner" in text  # phase table rows
+    for row in ("<td>planner</td>", "<td>KV transfer</td>", "<td>generation: decode</td>"):
+        assert row in text  # phase table
+    assert "<td>idle</td>" not in text and "<td>billed</td>" not in text
+    assert "<th>transfer hidden</th>" in text
 
 
 def test_two_run_comparison(pair_page: Path) -> None:
@@ -90,6 +93,10 @@ def test_in_process_executor_run_says_what_is_missing(tmp_path: Path) -> None:
     assert "local: no `cost/step` in metrics.jsonl (cost is billed only by the serverless runtime)" in notes
     assert "local: no timeline/step_*.json files (the in-process executor records no timeline)" in notes
     assert "local: no plans/step_*.json files (no planner in this run)" in notes
+    assert (
+        "local: not recorded: planner time (`time/plan` or plan files), `time/weight_sync`, `time/kv_transfer`"
+        in notes
+    )
     assert _figure_names(page) == [f"report-{n}.png" for n in ["cost-time", "curves", "lengths", "phases"]]
 
 

@@ -7,8 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhfless.report.rundir import Run, Sample
-from rlhfless.report.stats import compare_runs, group_lengths, predictor_score, samples_verdict
+from rlhfless.report.rundir import Plan, Run, Sample
+from rlhfless.report.stats import (
+    compare_runs,
+    group_lengths,
+    phase_parts,
+    predictor_score,
+    samples_verdict,
+    subphase_parts,
+)
 
 
 def _sample(uid: str, k: int, tokens: int | None, predicted: float | None, text: str = "x") -> Sample:
@@ -79,3 +86,31 @@ def test_samples_verdict_compares_text_over_common_samples_only() -> None:
     c = _run("c", [1.0], [1.0], {(3, "v", 0): "yes"})
     assert samples_verdict(a, b) == "differ in 1 of 2 samples"
     assert samples_verdict(a, c) == "no common (step, uid, sample)"
+
+
+def _phased_run(**metrics: float) -> Run:
+    run = Run(path=Path("r"), name="r")
+    run.metrics = {1: {"time/generation": 5.0, "time/learning": 2.0, **metrics}, 2: {"time/generation": 4.0}}
+    return run
+
+
+def test_phases_stack_wall_clock_overheads_but_not_summed_function_seconds() -> None:
+    run = _phased_run(**{"time/dedup": 0.2, "time/idle": 40.0, "time/cold_start": 9.0, "time/billed": 80.0})
+    parts = phase_parts(run)
+    assert list(parts) == ["preparation", "generation", "learning", "dedup"]
+    assert parts["generation"] == [5.0, 4.0]
+    assert parts["preparation"] == [0.0, 0.0] and parts["dedup"] == [0.2, 0.0]
+
+
+def test_planner_time_prefers_the_metric_over_plan_files() -> None:
+    run = _phased_run()
+    run.plans[1] = Plan(step=1, n_actors=2, candidates=[], plan_seconds=0.5, policy="rlhfless")
+    assert phase_parts(run)["planner"] == [0.5, 0.0]
+    run.metrics[2]["time/plan"] = 0.03
+    assert phase_parts(run)["planner"] == [0.0, 0.03]
+
+
+def test_parts_of_a_phase_are_listed_apart_from_the_stack() -> None:
+    run = _phased_run(**{"time/prefill": 1.0, "time/reward": 0.1})
+    assert "generation: prefill" not in phase_parts(run)
+    assert subphase_parts(run) == {"generation: prefill": [1.0, 0.0], "preparation: reward": [0.1, 0.0]}

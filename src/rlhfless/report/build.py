@@ -11,7 +11,16 @@ import numpy as np
 from rlhfless.report import figures
 from rlhfless.report.page import Image, Section, render, table
 from rlhfless.report.rundir import Run, load_run, run_names
-from rlhfless.report.stats import WITHIN_TOKENS, compare_runs, group_lengths, predictor_score
+from rlhfless.report.stats import (
+    PHASES,
+    WITHIN_TOKENS,
+    compare_runs,
+    group_lengths,
+    phase_parts,
+    planner_seconds,
+    predictor_score,
+    subphase_parts,
+)
 
 CURVE_KEYS = ("reward/mean", "kl/mean", "response_length/mean", "loss/policy")
 TABLE_STEPS = 30
@@ -145,18 +154,19 @@ def _phase_section(runs: list[Run], out: Path) -> Section:
     section = Section(
         "phases",
         "Phase breakdown per step",
-        "Stacked seconds of preparation, generation and learning, then overheads: planner (plan files) and "
-        "every other recorded `time/*` key (weight sync, KV transfer, dedup, I/O ...). Overheads may overlap "
+        "Stacked seconds of preparation, generation and learning, then the overheads the run recorded: "
+        "planner, dedup (`time/dedup`), weight sync, KV transfer, I/O (`time/io`). Overheads may overlap "
         "the phases; the black mark is the measured step time.",
     )
     drawn = []
     for run in runs:
-        missing = [k for k, _ in figures.PHASES if not run.has(k)]
+        missing = [f"`{k}`" for k, _ in PHASES if not run.has(k)]
+        if planner_seconds(run) is None:
+            missing.append("planner time (`time/plan` or plan files)")
+        missing += [f"`{k}`" for k in ("time/weight_sync", "time/kv_transfer") if not run.has(k)]
         if missing:
-            section.notes.append(f"{run.name}: not recorded: {', '.join(f'`{k}`' for k in missing)}")
-        if not run.plans:
-            section.notes.append(f"{run.name}: no plan files, so no planner overhead")
-        if len(missing) < len(figures.PHASES):
+            section.notes.append(f"{run.name}: not recorded: {', '.join(missing)}")
+        if any(run.has(k) for k, _ in PHASES):
             drawn.append(run)
     if not drawn:
         return section
@@ -164,7 +174,7 @@ def _phase_section(runs: list[Run], out: Path) -> Section:
     for run in drawn:
         step_time = np.mean(run.series("time/step")[1]) if run.has("time/step") else None
         rows = []
-        for label, values in figures.phase_parts(run).items():
+        for label, values in (phase_parts(run) | subphase_parts(run)).items():
             mean = float(np.mean(values))
             share = None if not step_time else 100 * mean / step_time
             rows.append(
@@ -212,7 +222,12 @@ def _lengths_section(runs: list[Run], out: Path) -> Section:
 
 def _candidate_table(run: Run, step: int) -> str:
     plan = run.plans[step]
+    header = ["N", "predicted time (s)", "predicted cost", "score"]
     rows = [[str(c.n), f"{c.time:.4g}", f"{c.cost:.4g}", f"{c.score:.3g}"] for c in plan.candidates]
+    if any(c.hidden is not None for c in plan.candidates):
+        header.append("transfer hidden")
+        for row, c in zip(rows, plan.candidates, strict=True):
+            row.append({True: "yes", False: "no", None: "n/a"}[c.hidden])
     classes = ["chosen" if c.n == plan.n_actors else "" for c in plan.candidates]
     metrics = run.metrics.get(step, {})
     actual = (
@@ -226,7 +241,7 @@ def _candidate_table(run: Run, step: int) -> str:
     )
     if not plan.candidates:
         return head + '<p class="missing">no candidate table in this plan</p>'
-    return head + table(["N", "predicted time (s)", "predicted cost", "score"], rows, classes)
+    return head + table(header, rows, classes)
 
 
 def _scaling_section(runs: list[Run], out: Path) -> Section:

@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from rlhfless.report.rundir import Run, Timeline
-from rlhfless.report.stats import WITHIN_TOKENS, group_lengths, predictor_score
+from rlhfless.report.stats import WITHIN_TOKENS, group_lengths, phase_parts, predictor_score
 
 WIDTH = 13.0
 DPI = 100
@@ -225,28 +225,7 @@ def timeline(run_name: str, timelines: list[Timeline]) -> Figure:
     return fig
 
 
-PHASES = (
-    ("time/preparation", "preparation"),
-    ("time/generation", "generation"),
-    ("time/learning", "learning"),
-)
 PHASE_COLORS = {"preparation": "#9467bd", "generation": "#2ca02c", "learning": "#1f77b4"}
-KNOWN_TIME_KEYS = {"time/step", "time/prefill", "time/decode"} | {k for k, _ in PHASES}
-
-
-def phase_parts(run: Run) -> dict[str, list[float]]:
-    """Seconds per step of each phase and overhead, aligned with `run.steps` (0 where not recorded).
-
-    Main phases come first; then the planner (from the plan files) and every other `time/*` key the
-    run recorded (weight sync, KV transfer, dedup, I/O ...), which overlap or add to the phases.
-    """
-    extra = sorted({k for m in run.metrics.values() for k in m} - KNOWN_TIME_KEYS)
-    parts = {label: [run.metrics[s].get(key, 0.0) for s in run.steps] for key, label in PHASES}
-    if any(p.plan_seconds is not None for p in run.plans.values()):
-        parts["planner"] = [(run.plans[s].plan_seconds or 0.0) if s in run.plans else 0.0 for s in run.steps]
-    for key in (k for k in extra if k.startswith("time/")):
-        parts[key.removeprefix("time/").replace("_", " ")] = [run.metrics[s].get(key, 0.0) for s in run.steps]
-    return parts
 
 
 def phases(runs: list[Run]) -> Figure:

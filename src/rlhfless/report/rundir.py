@@ -56,6 +56,7 @@ class Candidate:
     time: float
     cost: float
     score: float
+    hidden: bool | None = None  # whether weight/KV transfer hides behind the first actor's work
 
 
 @dataclass(frozen=True)
@@ -199,8 +200,9 @@ def _read_plan(step: int, obj: dict) -> Plan:
         if not isinstance(row, dict):
             continue
         n, values = _int(row.get("n")), [_number(row.get(k)) for k in ("time", "cost", "score")]
+        hidden = row.get("hidden")
         if n is not None and None not in values:
-            candidates.append(Candidate(n, *values))
+            candidates.append(Candidate(n, *values, hidden=hidden if isinstance(hidden, bool) else None))
     policy = obj.get("policy")
     return Plan(
         step=step,

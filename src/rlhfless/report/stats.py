@@ -10,6 +10,26 @@ from rlhfless.planner.predictor import prediction_quality
 from rlhfless.report.rundir import Run, Sample
 
 WITHIN_TOKENS = 50
+PHASES = (
+    ("time/preparation", "preparation"),
+    ("time/generation", "generation"),
+    ("time/learning", "learning"),
+)
+# Wall-clock overheads around the phases; dedup and I/O are drawn once a run records them.
+OVERHEADS = (
+    ("time/plan", "planner"),
+    ("time/dedup", "dedup"),
+    ("time/weight_sync", "weight sync"),
+    ("time/kv_transfer", "KV transfer"),
+    ("time/io", "I/O"),
+)
+# Parts of a phase (already inside its bar), listed in the table only.
+SUBPHASES = (
+    ("time/prefill", "generation: prefill"),
+    ("time/decode", "generation: decode"),
+    ("time/reference", "preparation: reference"),
+    ("time/reward", "preparation: reward"),
+)
 
 
 def group_lengths(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
@@ -98,3 +118,34 @@ def compare_runs(runs: list[Run]) -> list[Comparison]:
             )
         )
     return rows
+
+
+def _per_step(run: Run, key: str) -> list[float]:
+    return [run.metrics[s].get(key, 0.0) for s in run.steps]
+
+
+def planner_seconds(run: Run) -> list[float] | None:
+    """Planning time per step: the logged `time/plan`, else the plan files' `plan_seconds`."""
+    if run.has("time/plan"):
+        return _per_step(run, "time/plan")
+    if any(p.plan_seconds is not None for p in run.plans.values()):
+        return [(run.plans[s].plan_seconds or 0.0) if s in run.plans else 0.0 for s in run.steps]
+    return None
+
+
+def phase_parts(run: Run) -> dict[str, list[float]]:
+    """Seconds per step (aligned with `run.steps`, 0 where a step lacks it) of the stacked bars.
+
+    The three phases always; then each overhead the run recorded. Overheads may overlap the phases
+    (weight sync runs during learning's tail), so the stack can exceed the measured step time.
+    """
+    parts = {label: _per_step(run, key) for key, label in PHASES}
+    for key, label in OVERHEADS:
+        values = planner_seconds(run) if key == "time/plan" else _per_step(run, key) if run.has(key) else None
+        if values is not None:
+            parts[label] = values
+    return parts
+
+
+def subphase_parts(run: Run) -> dict[str, list[float]]:
+    return {label: _per_step(run, key) for key, label in SUBPHASES if run.has(key)}
