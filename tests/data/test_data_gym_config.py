@@ -7,6 +7,7 @@ import pytest
 
 from rlhfless.data import DataConfig, load_prompts
 from rlhfless.data.gym import GYM_KEY, task_counts
+from rlhfless.data.prompts import make_uid
 
 TASKS = {"spell_backward": 3.0, "chain_sum": 1.0}
 
@@ -74,3 +75,9 @@ def test_default_config_loads_a_mix_of_tasks():
 def test_invalid_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("{", r"\{").replace("}", r"\}")):
         DataConfig(**kwargs)
+
+
+def test_uid_scheme_is_pinned_so_saved_histories_stay_valid():
+    # uids key the length predictor's history in checkpoints: a changed scheme orphans it.
+    assert make_uid("src", 0, [{"role": "user", "content": "q"}]) == "a4e123b4eb2a1348"
+    assert make_uid("src", 1, [{"role": "user", "content": "q"}]) != "a4e123b4eb2a1348"

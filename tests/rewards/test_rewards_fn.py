@@ -44,7 +44,7 @@ def test_reasoning_gym_entry_is_regenerated_when_not_stored(spell_prompt):
         spell_prompt.uid, spell_prompt.messages, None, spell_prompt.data_source, {"reasoning_gym": info}
     )
     fn = build_reward_fn(RewardConfig(format_weight=0.0))
-    assert fn(bare, f"<answer>{spell_prompt.ground_truth}</answer>").components == {"correct": 1.0}
+    assert fn(bare, f"<answer>{spell_prompt.ground_truth}</answer>").score == 1.0
 
 
 def test_file_prompt_numeric_match_and_format_weight():
@@ -52,7 +52,9 @@ def test_file_prompt_numeric_match_and_format_weight():
     assert fn(file_prompt(), "<answer>1,000</answer>").score == pytest.approx(1.1)
     assert fn(file_prompt(), "<answer>999</answer>").score == pytest.approx(0.1)
     assert fn(file_prompt(), "<answer>1000").components == {"correct": 1.0, "format": 0.5}
-    assert build_reward_fn(RewardConfig(format_weight=0.0))(file_prompt(), "1000").score == 0.0
+    unweighted = build_reward_fn(RewardConfig(format_weight=0.0))(file_prompt(), "<answer>5</answer>")
+    assert unweighted.score == 0.0
+    assert unweighted.components == {"correct": 0.0, "format": 1.0}
 
 
 def test_boxed_format():
@@ -77,7 +79,9 @@ def test_user_function_replaces_correctness_and_survives_pickling(monkeypatch):
     monkeypatch.setitem(sys.modules, "my_rewards", sys.modules[__name__])
     fn = build_reward_fn(RewardConfig(function="my_rewards:length_reward", format_weight=0.0))
     clone = pickle.loads(pickle.dumps(fn))
-    assert clone(file_prompt(None), "x" * 5).components == {"correct": 0.5}
+    out = clone(file_prompt(None), "x" * 5)
+    assert out.score == 0.5
+    assert out.components == {"correct": 0.5, "format": 0.0}
 
 
 def test_user_function_must_return_a_finite_number(monkeypatch):

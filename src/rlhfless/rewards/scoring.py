@@ -21,6 +21,8 @@ class RewardError(Exception):
 
 @dataclass
 class RewardOutput:
+    """The scalar reward and its unweighted parts (`correct`, `format`), for metrics."""
+
     score: float
     components: dict[str, float]
 
@@ -60,12 +62,9 @@ class RewardFn:
 
     def __call__(self, prompt: Prompt, response: str) -> RewardOutput:
         correct = self.correctness(prompt, response)
-        components = {"correct": correct}
-        score = self.cfg.correct_weight * correct
-        if self.cfg.format_weight:
-            components["format"] = format_score(response, self.cfg.answer_format)
-            score += self.cfg.format_weight * components["format"]
-        return RewardOutput(score=score, components=components)
+        form = format_score(response, self.cfg.answer_format)
+        score = self.cfg.correct_weight * correct + self.cfg.format_weight * form
+        return RewardOutput(score=score, components={"correct": correct, "format": form})
 
     def correctness(self, prompt: Prompt, response: str) -> float:
         """User function if configured; else reasoning-gym's own scorer or a match against ground_truth."""
