@@ -1,0 +1,60 @@
+"""The paper's qualitative findings, reproduced on a small simulated cluster (2 x 8 L40S, Qwen2.5-3B)."""
+
+import numpy as np
+import pytest
+
+from rlhfless.sim import experiments
+from rlhfless.sim.config import build
+from rlhfless.sim.runner import VARIANTS, run_policy
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return build(
+        {
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "l40s"},
+            "model": {"name": "qwen2.5-3b"},
+            "workload": {"dataset": "gsm8k", "prompts_per_step": 128, "samples": 4, "dataset_size": 256},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def summary(cfg):
+    return experiments.summarize(experiments.compare(cfg, (*experiments.ABLATION, "rlhfuse"), STEPS))
+
+
+def test_each_ablation_step_lowers_cost(summary):
+    costs = [summary[name]["mean_cost"] for name in experiments.ABLATION]
+    assert all(later < earlier for earlier, later in zip(costs, costs[1:], strict=False)), costs
+
+
+def test_per_actor_cut_is_cheaper_than_rlhfuse_global_cut(summary):
+    assert summary["+assignment"]["mean_cost"] < summary["rlhfuse"]["mean_cost"]
+
+
+def test_tau_optimum_lies_strictly_between_half_and_one(cfg):
+    rows = experiments.sweep(cfg, "+assignment", "tau", experiments.TAUS, STEPS)
+    best = min(rows, key=lambda r: r["cost"])["value"]
+    assert 0.5 < best < 1.0, rows
+
+
+def test_lambda_one_is_fastest_and_lambda_zero_cheapest(cfg):
+    rows = experiments.sweep(cfg, "rlhfless", "lam", experiments.LAMS, STEPS)
+    times, costs = [r["time"] for r in rows], [r["cost"] for r in rows]
+    assert int(np.argmin(times)) == len(rows) - 1 and int(np.argmin(costs)) == 0, rows
+
+
+def test_without_a_cut_nothing_migrates_and_with_one_stragglers_move(cfg):
+    no_cut = run_policy(cfg, {**VARIANTS["+assignment"], "tau": 1.0}, 2)
+    cut = run_policy(cfg, VARIANTS["+assignment"], 2)
+    assert sum(r.migrations for r in no_cut) == 0 < sum(r.migrations for r in cut)
+    for r in cut:
+        assert all(a["released"] >= a["ready"] >= a["requested"] for a in r.actors)
+
+
+def test_serverful_verl_pays_every_gpu_for_the_whole_step(cfg):
+    (step,) = run_policy(cfg, VARIANTS["verl"], 1)
+    assert step.cost == pytest.approx(cfg.cluster.total_gpus * step.time * cfg.cluster.price / 3600)
