@@ -1,0 +1,481 @@
+"""Continuous-batching generation on a Hugging Face causal LM, with shared-prefix prefill.
+
+One `step()` admits queued sequences (prefilling only the prompt tokens after their shared prefix,
+once per prompt, and copying that KV to the prompt's samples), then runs one decode forward over
+every running sequence. Finished sequences leave at once; their slots take the next queued or
+resumed sequences. Sampling is counter-based (see `sampling.py`), so which batch a sequence runs
+in, or on which engine it resumes after `cut()`, does not change its tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from rlhfless.engine.kv import PrefillCache, PrefixKV, SlotCache, StaleCacheError
+from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, uniforms
+from rlhfless.engine.sequences import (
+    EngineStats,
+    Progress,
+    Request,
+    SequenceResult,
+    SequenceState,
+)
+
+
+@dataclass(eq=False)
+class _Seq:
+    uid: str
+    sample: int
+    prompt_ids: list[int]
+    generated: list[int]
+    logprobs: list[float]
+    params: SamplingParams
+    key: int
+    length: int = 0  # tokens stored in this sequence's slot (the last sampled one is not yet fed)
+    slot: int = -1
+    finish: str | None = None
+
+    @property
+    def reserve(self) -> int:
+        """KV tokens this sequence can come to hold."""
+        return len(self.prompt_ids) + self.params.max_new_tokens
+
+
+@dataclass(eq=False)
+class _Row:
+    """Tokens to prefill once for `seqs` (samples of one prompt), after an optional cached prefix."""
+
+    tokens: list[int]
+    prefix: PrefixKV | None
+    seqs: list[_Seq]
+
+
+def attention_mask_kind(model: torch.nn.Module) -> str:
+    """The engine passes ready 4-D masks: boolean for SDPA, additive float for eager attention."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(
+            f"model attention: got {impl!r}, expected 'sdpa' or 'eager' (the engine passes 4-D masks)"
+        )
+    return impl
+
+
+def _as_model_mask(mask: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    if kind == "sdpa":
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min
+    )
+
+
+def prefill_forward(
+    model: torch.nn.Module, rows: Sequence[tuple[list[int], PrefixKV | None]], pad_token_id: int, kind: str
+) -> tuple[torch.Tensor, PrefillCache, list[int]]:
+    """One forward over rows (tokens, prefix): only the tokens after each prefix are computed.
+
+    Suffixes are left-padded to a common length S and the prefixes right-padded to P; the cache
+    returns [prefix block | new tokens] per layer and the mask hides both paddings. Returns the
+    last-position logits [R, V], the cache holding the new keys/values [R, H, S, D], and S.
+    """
+    param = next(model.parameters())
+    device = param.device
+    prefix_lens = [len(prefix) if prefix is not None else 0 for _, prefix in rows]
+    suffix_lens = [len(tokens) - p for (tokens, _), p in zip(rows, prefix_lens, strict=True)]
+    n_rows, span, width = len(rows), max(suffix_lens), max(prefix_lens)
+    ids = torch.full((n_rows, span), pad_token_id, dtype=torch.long)
+    positions = torch.zeros((n_rows, span), dtype=torch.long)
+    for r, ((tokens, _), p, s) in enumerate(zip(rows, prefix_lens, suffix_lens, strict=True)):
+        ids[r, span - s :] = torch.tensor(tokens[p:])
+        positions[r, span - s :] = torch.arange(p, p + s)
+    p_t = torch.tensor(prefix_lens)[:, None, None]
+    s_t = torch.tensor(suffix_lens)[:, None, None]
+    q = torch.arange(span)[None, :, None]
+    k_new = torch.arange(span)[None, None, :]
+    new_part = ((k_new >= span - s_t) & (k_new <= q)) | (k_new == q)
+    if width:
+        old_part = torch.arange(width)[None, None, :] < p_t
+        mask = torch.cat((old_part.expand(n_rows, span, width), new_part.expand(n_rows, span, span)), dim=2)
+        keys, values = [], []
+        for layer in range(model.config.num_hidden_layers):
+            k_block = v_block = None
+            for r, (_, prefix) in enumerate(rows):
+                if prefix is None or not len(prefix):
+                    continue
+                if k_block is None:
+                    shape = (n_rows, prefix.keys[layer].shape[0], width, prefix.keys[layer].shape[2])
+                    k_block = torch.zeros(shape, dtype=param.dtype, device=device)
+                    v_block = torch.zeros(shape, dtype=param.dtype, device=device)
+                k_block[r, :, : len(prefix)] = prefix.keys[layer]
+                v_block[r, :, : len(prefix)] = prefix.values[layer]
+            keys.append(k_block)
+            values.append(v_block)
+        cache = PrefillCache(keys, values)
+    else:
+        mask = new_part.expand(n_rows, span, span)
+        cache = PrefillCache(None, None)
+    mask = _as_model_mask(mask[:, None].to(device), kind, param.dtype)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask,
+        position_ids=positions.to(device),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1], cache, span
+
+
+def decode_forward(
+    model: torch.nn.Module, slots: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, kind: str
+) -> torch.Tensor:
+    """One decode forward of slots 0..B-1: feed `tokens` [B] at `positions` [B]; logits [B, V]."""
+    mask = _as_model_mask(slots.begin_decode(positions), kind, slots.dtype)
+    out = model(
+        input_ids=tokens[:, None],
+        attention_mask=mask,
+        position_ids=positions[:, None],
+        past_key_values=slots,
+        use_cache=True,
+    )
+    return out.logits[:, -1]
+
+
+class Engine:
+    """Generation engine on one Hugging Face causal LM (Llama-style attention, SDPA or eager).
+
+    `max_running` bounds concurrent sequences (slots); `max_kv_tokens` bounds the KV tokens they
+    may come to hold (prompt + max_new_tokens each), so admission never has to preempt.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_ids: Iterable[int],
+        pad_token_id: int,
+        weight_version: int = 0,
+        max_running: int = 64,
+        max_kv_tokens: int = 1 << 16,
+        prefill_chunk_tokens: int = 4096,
+    ):
+        if max_running < 1:
+            raise ValueError(f"max_running: got {max_running}, expected >= 1")
+        if max_kv_tokens < 1:
+            raise ValueError(f"max_kv_tokens: got {max_kv_tokens}, expected >= 1")
+        self.model = model.eval()
+        self.mask_kind = attention_mask_kind(model)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        self.weight_version = weight_version
+        self.max_running = max_running
+        self.max_kv_tokens = max_kv_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        config = model.config
+        param = next(model.parameters())
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.device = param.device
+        self.slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+        self.stats = EngineStats()
+        self._queue: deque[_Row] = deque()
+        self._running: list[_Seq] = []
+        self._finished: list[SequenceResult] = []
+        self._n_finished = 0
+        self._n_added = 0
+
+    # ----- work in -------------------------------------------------------------------------
+
+    def _check(self, kv: PrefixKV | None) -> None:
+        if kv is not None and kv.weight_version != self.weight_version:
+            raise StaleCacheError(
+                f"prefix: got a KV cache of weight version {kv.weight_version}, "
+                f"expected the engine's version {self.weight_version}"
+            )
+
+    def add(self, requests: Iterable[Request], params: SamplingParams, step: int) -> None:
+        """Queue requests; their samples are keyed by (params.seed, step, uid, sample index)."""
+        for req in requests:
+            self._check(req.prefix)
+            seqs = [
+                _Seq(
+                    req.uid,
+                    s,
+                    list(req.prompt_ids),
+                    [],
+                    [],
+                    params,
+                    sequence_key(params.seed, step, req.uid, s),
+                )
+                for s in req.sample_indices
+            ]
+            self._queue.append(_Row(list(req.prompt_ids), req.prefix, seqs))
+            self._n_added += len(seqs)
+
+    def resume(self, states: Iterable[SequenceState], params: SamplingParams, step: int) -> None:
+        """Continue sequences cut elsewhere: re-prefill prompt + response, or start from `state.kv`."""
+        for st in states:
+            self._check(st.kv)
+            tokens = list(st.prompt_ids) + list(st.generated_ids)
+            if st.kv is not None and st.kv.token_ids != tokens[: len(st.kv)]:
+                raise ValueError(f"kv: its tokens are not a prefix of uid {st.uid!r} sample {st.sample}")
+            seq = _Seq(
+                st.uid,
+                st.sample,
+                list(st.prompt_ids),
+                list(st.generated_ids),
+                list(st.logprobs),
+                params,
+                sequence_key(params.seed, step, st.uid, st.sample),
+            )
+            self._n_added += 1
+            if self._finish_reason(seq) is not None:
+                self._finish(seq)
+            else:
+                self._queue.append(_Row(tokens, st.kv, [seq]))
+
+    def prefill(self, prefixes: Sequence[Sequence[int]]) -> list[PrefixKV]:
+        """KV caches of `prefixes`, each computed once, tagged with the current weight version."""
+        out: list[PrefixKV] = []
+        rows = [(list(p), None) for p in prefixes]
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for chunk in self._chunks(rows, lambda row: len(row[0])):
+                _, cache, span = prefill_forward(self.model, chunk, self.pad_token_id, self.mask_kind)
+                for r, (tokens, _) in enumerate(chunk):
+                    n = len(tokens)
+                    out.append(
+                        PrefixKV(
+                            tokens,
+                            [k[r, :, span - n :].clone() for k in cache.new_keys],
+                            [v[r, :, span - n :].clone() for v in cache.new_values],
+                            self.weight_version,
+                        )
+                    )
+                    self.stats.prompt_tokens_computed += n
+        self.stats.prefill_seconds += time.perf_counter() - start
+        return out
+
+    def set_weights(self, weights: dict[str, torch.Tensor] | torch.Tensor, version: int) -> None:
+        """Load new policy weights (a state dict or one flat vector); older caches become stale."""
+        if self._running or self._queue:
+            raise RuntimeError("set_weights: sequences are still running; their KV would mix weight versions")
+        with torch.no_grad():
+            if isinstance(weights, torch.Tensor):
+                torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
+            else:
+                self.model.load_state_dict(weights, strict=True)
+        self.weight_version = version
+
+    # ----- running -------------------------------------------------------------------------
+
+    def progress(self) -> Progress:
+        return Progress(
+            finished=self._n_finished,
+            total=self._n_added,
+            running=len(self._running),
+            queued=sum(len(row.seqs) for row in self._queue),
+            free_slots=self.max_running - len(self._running),
+        )
+
+    def step(self) -> None:
+        """Admit what fits, then one decode iteration of the running batch."""
+        with torch.inference_mode():
+            self._admit()
+            if self._running:
+                self._decode()
+
+    def run(self, until: Callable[[Progress], bool] | None = None) -> list[SequenceResult]:
+        """Step until all work is done or `until(progress)` holds; returns (and hands over) finished results."""
+        while self._running or self._queue:
+            if until is not None and until(self.progress()):
+                break
+            self.step()
+        return self.take_finished()
+
+    def take_finished(self) -> list[SequenceResult]:
+        done, self._finished = self._finished, []
+        return done
+
+    def generate(
+        self, requests: Sequence[Request], params: SamplingParams, step: int
+    ) -> list[SequenceResult]:
+        """Run `requests` to completion; results in request order, then sample order."""
+        self.add(requests, params, step)
+        pairs = [(req.uid, s) for req in requests for s in req.sample_indices]
+        order = {pair: i for i, pair in enumerate(pairs)}
+        done = self.run()
+        mine = [r for r in done if (r.uid, r.sample) in order]
+        self._finished = [r for r in done if (r.uid, r.sample) not in order]
+        return sorted(mine, key=lambda r: order[(r.uid, r.sample)])
+
+    def cut(self, with_kv: bool = False) -> list[SequenceState]:
+        """Remove and return every unfinished sequence (running and queued) for `resume` elsewhere."""
+        states = []
+        for seq in self._running:
+            kv = None
+            if with_kv:
+                keys, values = self.slots.read(seq.slot, seq.length)
+                tokens = (seq.prompt_ids + seq.generated)[: seq.length]
+                kv = PrefixKV(tokens, keys, values, self.weight_version)
+            states.append(SequenceState(seq.uid, seq.sample, seq.prompt_ids, seq.generated, seq.logprobs, kv))
+        for row in self._queue:
+            for seq in row.seqs:
+                states.append(
+                    SequenceState(
+                        seq.uid, seq.sample, seq.prompt_ids, seq.generated, seq.logprobs, row.prefix
+                    )
+                )
+        self._running, self._queue = [], deque()
+        return states
+
+    def snapshot_stats(self) -> EngineStats:
+        return replace(self.stats)
+
+    # ----- internals -----------------------------------------------------------------------
+
+    def _chunks(self, rows: list, length: Callable) -> Iterable[list]:
+        """Split rows into forwards of at most `prefill_chunk_tokens` padded tokens (at least one row)."""
+        chunk: list = []
+        longest = 0
+        for row in rows:
+            longest_with = max(longest, length(row))
+            if chunk and longest_with * (len(chunk) + 1) > self.prefill_chunk_tokens:
+                yield chunk
+                chunk, longest_with = [], length(row)
+            chunk.append(row)
+            longest = longest_with
+        if chunk:
+            yield chunk
+
+    def _admit(self) -> None:
+        free = self.max_running - len(self._running)
+        kv_used = sum(s.reserve for s in self._running)
+        admitted: list[_Row] = []
+        while self._queue and free > 0:
+            row = self._queue[0]
+            take = 0
+            for seq in row.seqs[:free]:
+                if kv_used + seq.reserve > self.max_kv_tokens and (self._running or admitted or take):
+                    break
+                kv_used += seq.reserve
+                take += 1
+            if take == 0:
+                break
+            if take < len(row.seqs):
+                admitted.append(_Row(row.tokens, row.prefix, row.seqs[:take]))
+                row.seqs = row.seqs[take:]
+            else:
+                admitted.append(self._queue.popleft())
+            free -= take
+        if not admitted:
+            return
+        start = time.perf_counter()
+        for row in admitted:
+            # At least the last prompt token is computed: its logits give the first response token.
+            if row.prefix is not None and len(row.prefix) >= len(row.tokens):
+                row.prefix = row.prefix.truncated(len(row.tokens) - 1)
+            if row.prefix is not None and not len(row.prefix):
+                row.prefix = None
+        for chunk in self._chunks(
+            admitted, lambda row: len(row.tokens) - (len(row.prefix) if row.prefix else 0)
+        ):
+            self._prefill_rows(chunk)
+        self.stats.prefill_seconds += time.perf_counter() - start
+
+    def _prefill_rows(self, rows: list[_Row]) -> None:
+        logits, cache, span = prefill_forward(
+            self.model, [(row.tokens, row.prefix) for row in rows], self.pad_token_id, self.mask_kind
+        )
+        n_new = len(self._running) + sum(len(row.seqs) for row in rows)
+        self.slots.reserve(n_new, max(len(row.tokens) for row in rows) + 1)
+        joined: list[_Seq] = []
+        row_of: list[int] = []
+        for r, row in enumerate(rows):
+            p = len(row.prefix) if row.prefix is not None else 0
+            s = len(row.tokens) - p
+            new_keys = [k[r, :, span - s :] for k in cache.new_keys]
+            new_values = [v[r, :, span - s :] for v in cache.new_values]
+            for seq in row.seqs:
+                seq.slot = len(self._running)
+                seq.length = len(row.tokens)
+                if p:
+                    self.slots.write(seq.slot, row.prefix.keys, row.prefix.values)
+                self.slots.write(seq.slot, new_keys, new_values, start=p)
+                self._running.append(seq)
+                joined.append(seq)
+                row_of.append(r)
+            self.stats.prompt_tokens_computed += s
+            self.stats.prompt_tokens_naive += len(row.tokens) * len(row.seqs)
+        self._sample(joined, logits[torch.tensor(row_of, device=logits.device)])
+        self._retire()
+
+    def _decode(self) -> None:
+        start = time.perf_counter()
+        running = self._running
+        positions = torch.tensor([s.length for s in running], dtype=torch.long)
+        tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long)
+        self.slots.reserve(len(running), int(positions.max()) + 1)
+        logits = decode_forward(
+            self.model, self.slots, tokens.to(self.device), positions.to(self.device), self.mask_kind
+        )
+        for seq in running:
+            seq.length += 1
+        self._sample(running, logits)
+        self._retire()
+        self.stats.decode_steps += 1
+        self.stats.decode_seconds += time.perf_counter() - start
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Draw each sequence's next token from its own counter-based key."""
+        groups: dict[SamplingParams, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            groups.setdefault(seq.params, []).append(i)
+        for params, idx in groups.items():
+            keys = np.array([seqs[i].key for i in idx], dtype=np.uint64)
+            positions = np.array([len(seqs[i].generated) for i in idx], dtype=np.uint64)
+            rows = logits if len(idx) == len(seqs) else logits[torch.tensor(idx, device=logits.device)]
+            tokens, logprobs = sample_tokens(rows, params, uniforms(keys, positions))
+            for i, token, logprob in zip(idx, tokens.tolist(), logprobs.tolist(), strict=True):
+                seq = seqs[i]
+                seq.generated.append(token)
+                seq.logprobs.append(logprob)
+                seq.finish = self._finish_reason(seq)
+        self.stats.tokens_generated += len(seqs)
+
+    def _finish_reason(self, seq: _Seq) -> str | None:
+        if seq.generated and seq.generated[-1] in self.eos_token_ids:
+            return "stop"
+        if len(seq.generated) >= seq.params.max_new_tokens:
+            return "length"
+        return None
+
+    def _finish(self, seq: _Seq) -> None:
+        seq.finish = seq.finish or self._finish_reason(seq)
+        self._finished.append(
+            SequenceResult(seq.uid, seq.sample, seq.prompt_ids, seq.generated, seq.logprobs, seq.finish)
+        )
+        self._n_finished += 1
+
+    def _retire(self) -> None:
+        """Drop finished sequences and fill their slots with sequences from the tail."""
+        if not any(seq.finish for seq in self._running):
+            return
+        alive = []
+        for seq in self._running:
+            if seq.finish:
+                self._finish(seq)
+            else:
+                alive.append(seq)
+        n = len(alive)
+        holes = sorted(seq.slot for seq in self._running if seq.finish and seq.slot < n)
+        movers = [seq for seq in alive if seq.slot >= n]
+        for seq, hole in zip(movers, holes, strict=True):
+            self.slots.move(seq.slot, hole, seq.length)
+            seq.slot = hole
+        self._running = sorted(alive, key=lambda seq: seq.slot)

@@ -1,0 +1,97 @@
+"""Measure this engine on this machine with dummy batches: the planner's `Profile` table.
+
+Decode: one decode-step forward of `batch` sequences that each hold `context` KV tokens.
+Prefill: one forward of a single `tokens`-long prompt. Times are medians over `repeats` runs,
+after one warm-up, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+
+from rlhfless.engine.engine import attention_mask_kind, decode_forward, prefill_forward
+from rlhfless.engine.kv import SlotCache
+
+
+def _median_ms(fn, repeats: int, device: torch.device) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * element
+
+
+def max_kv_tokens(model: torch.nn.Module, memory_fraction: float = 0.5) -> int:
+    """KV tokens that fit in `memory_fraction` of the free device (GPU) or host (CPU) memory."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(free * memory_fraction) // kv_bytes_per_token(model)
+
+
+def measure_profile(
+    model: torch.nn.Module,
+    *,
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    prefill_tokens: Sequence[int],
+    repeats: int = 3,
+    memory_fraction: float = 0.5,
+) -> dict:
+    """`{"decode": [{"batch", "context", "ms"}], "prefill": [{"tokens", "ms"}], "gpus": 1, "max_kv_tokens": K}`."""
+    if repeats < 1:
+        raise ValueError(f"repeats: got {repeats}, expected >= 1")
+    model = model.eval()
+    kind = attention_mask_kind(model)
+    param = next(model.parameters())
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    vocab = config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    decode, prefill = [], []
+    with torch.inference_mode():
+        for batch in batches:
+            for context in contexts:
+                slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+                slots.reserve(batch, context + 1)
+                tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
+                positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
+                ms = _median_ms(
+                    partial(decode_forward, model, slots, tokens, positions, kind), repeats, param.device
+                )
+                decode.append({"batch": int(batch), "context": int(context), "ms": round(ms, 4)})
+        for n in prefill_tokens:
+            row = [(torch.randint(0, vocab, (n,), generator=generator).tolist(), None)]
+            ms = _median_ms(partial(prefill_forward, model, row, 0, kind), repeats, param.device)
+            prefill.append({"tokens": int(n), "ms": round(ms, 4)})
+    return {
+        "decode": decode,
+        "prefill": prefill,
+        "gpus": 1,
+        "max_kv_tokens": max_kv_tokens(model, memory_fraction),
+    }

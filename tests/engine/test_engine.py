@@ -1,0 +1,245 @@
+"""The generation engine: same tokens wherever a sequence runs, prefill work counted, caches versioned."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlhfless.engine import (
+    Engine,
+    PrefixKV,
+    Request,
+    SamplingParams,
+    SequenceResult,
+    StaleCacheError,
+    rollout,
+)
+
+VOCAB = 256
+PAD = 0
+EOS = list(range(1, 9))  # 8 of 256 tokens end a sequence: lengths vary under sampling
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
+SAMPLED = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.set_num_threads(1)  # tiny matrices: extra threads only add contention on shared CPUs
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def make_engine(model, **kwargs) -> Engine:
+    return Engine(model, eos_token_ids=EOS, pad_token_id=PAD, **kwargs)
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(9, VOCAB, (int(torch.randint(3, 14, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
+
+
+def key(results: list[SequenceResult]) -> dict:
+    return {(r.uid, r.sample): (r.response_ids, r.finish_reason) for r in results}
+
+
+def alone(model, prompt_list, params, samples=1) -> dict:
+    out = {}
+    for i, p in enumerate(prompt_list):
+        for s in range(samples):
+            req = Request(f"p{i}", p, 1, sample_indices=[s])
+            out.update(key(make_engine(model).generate([req], params, step=3)))
+    return out
+
+
+def cut_and_resume(model, requests, params, k: int, with_kv: bool) -> dict:
+    first = make_engine(model, max_running=4)
+    first.add(requests, params, step=3)
+    for _ in range(k):
+        first.step()
+    states = first.cut(with_kv=with_kv)
+    assert states, "the cut must catch unfinished sequences"
+    assert any(st.generated_ids for st in states)
+    second = make_engine(model, max_running=3)
+    second.resume(states, params, step=3)
+    return key(first.take_finished() + second.run())
+
+
+@pytest.mark.parametrize("params,samples", [(GREEDY, 1), (SAMPLED, 3)], ids=["greedy", "sampled"])
+def test_same_tokens_alone_in_a_mixed_batch_and_after_cut_and_resume(model, params, samples):
+    prompt_list = prompts(6)
+    reference = alone(model, prompt_list, params, samples)
+    requests = [Request(f"p{i}", p, samples) for i, p in enumerate(prompt_list)]
+    # half join while the other half is 3 tokens in; max_running=4 makes the rest queue for slots
+    engine = make_engine(model, max_running=4)
+    engine.add(requests[:3], params, step=3)
+    for _ in range(3):
+        engine.step()
+    engine.add(requests[3:], params, step=3)
+    assert key(engine.run()) == reference
+    assert cut_and_resume(model, requests, params, k=4, with_kv=False) == reference
+    assert cut_and_resume(model, requests, params, k=4, with_kv=True) == reference
+
+
+def test_greedy_matches_hugging_face_generate(model):
+    prompt = prompts(1, seed=5)[0]
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    [result] = make_engine(model).generate([Request("a", prompt)], params, step=0)
+    expected = model.generate(
+        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=EOS, pad_token_id=PAD
+    )[0, len(prompt) :].tolist()
+    assert result.response_ids == expected
+
+
+def test_logprobs_are_of_the_temperature_scaled_distribution(model):
+    prompt = prompts(1, seed=6)[0]
+    params = SamplingParams(max_new_tokens=6, temperature=0.7, seed=3)
+    [result] = make_engine(model).generate([Request("a", prompt)], params, step=0)
+    ids = torch.tensor([prompt + result.response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, torch.tensor(result.response_ids)[:, None])[
+        :, 0
+    ]
+    torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_samples_of_a_prompt_differ_and_depend_on_seed_and_step(model):
+    prompt = prompts(1, seed=8)[0]
+    run = lambda seed, step: key(  # noqa: E731
+        make_engine(model).generate([Request("a", prompt, 4)], SamplingParams(12, seed=seed), step)
+    )
+    base = run(0, 0)
+    assert len({tuple(v[0]) for v in base.values()}) > 1
+    assert run(0, 0) == base
+    assert run(1, 0) != base and run(0, 1) != base
+
+
+SYSTEM = [20, 21, 22, 23, 24, 25, 26, 27]
+BODIES = [[30, 31, 32, 33], [40, 41, 42, 43, 44, 45], [50, 51, 52, 53, 54]]
+
+
+def test_dedup_on_and_off_give_the_same_sequences_and_count_prompt_tokens(model):
+    group = [(f"q{i}", SYSTEM + body) for i, body in enumerate(BODIES)]  # lengths 12, 14, 13
+    on, on_stats = rollout(make_engine(model), group, 4, SAMPLED, step=2, prefix_length=8)
+    off, off_stats = rollout(make_engine(model), group, 4, SAMPLED, step=2, prefix_length=None)
+    assert key(on) == key(off)
+    assert [(r.uid, r.sample) for r in on] == [(f"q{i}", g) for i in range(3) for g in range(4)]
+    # dedup: the 8-token system prompt once, then each prompt's own 4 + 6 + 5 tokens once
+    assert (on_stats.prompt_tokens_computed, on_stats.unique_prefixes) == (8 + 15, 1)
+    assert on_stats.prompt_tokens_naive == 4 * (12 + 14 + 13)
+    assert off_stats.prompt_tokens_computed == off_stats.prompt_tokens_naive == 4 * (12 + 14 + 13)
+    assert on_stats.metrics()["prefill/tokens_computed"] == 23
+
+
+def test_prefix_as_long_as_the_prompt_still_computes_its_last_token(model):
+    engine = make_engine(model)
+    prompt = SYSTEM + BODIES[0]
+    [kv] = engine.prefill([prompt])
+    with_prefix = engine.generate([Request("a", prompt, 2, prefix=kv)], GREEDY, step=0)
+    assert engine.stats.prompt_tokens_computed == len(prompt) + 1
+    assert key(with_prefix) == key(make_engine(model).generate([Request("a", prompt, 2)], GREEDY, step=0))
+
+
+def test_a_cache_from_an_older_weight_version_is_refused(model):
+    engine = make_engine(model)
+    [kv] = engine.prefill([SYSTEM])
+    engine.set_weights(model.state_dict(), version=1)
+    with pytest.raises(StaleCacheError, match="weight version 0"):
+        engine.add([Request("a", SYSTEM + BODIES[0], 1, prefix=kv)], GREEDY, step=0)
+    [fresh] = engine.prefill([SYSTEM])
+    assert fresh.weight_version == 1
+    engine.add([Request("a", SYSTEM + BODIES[0], 1, prefix=fresh)], GREEDY, step=0)
+    with pytest.raises(RuntimeError, match="still running"):
+        engine.set_weights(model.state_dict(), version=2)
+
+
+def test_set_weights_from_a_flat_vector_changes_the_model_output():
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(1)
+    a, b = LlamaForCausalLM(config).eval(), LlamaForCausalLM(config).eval()
+    engine = make_engine(a)
+    flat = torch.nn.utils.parameters_to_vector(b.parameters())
+    engine.set_weights(flat, version=5)
+    expected = make_engine(b).generate([Request("a", [9, 10, 11])], GREEDY, step=0)
+    assert key(engine.generate([Request("a", [9, 10, 11])], GREEDY, step=0)) == key(expected)
+    assert engine.weight_version == 5
+
+
+def test_prefix_kv_survives_pickling(model):
+    engine = make_engine(model)
+    [kv] = engine.prefill([SYSTEM + BODIES[1]])
+    short = kv.truncated(8)
+    copy = pickle.loads(pickle.dumps(short))
+    assert copy.token_ids == SYSTEM and copy.weight_version == 0
+    assert copy.nbytes == short.nbytes == 2 * 2 * 2 * 8 * 16 * 4  # k+v, layers, kv heads, tokens, dim, fp32
+    for a, b in zip(copy.keys + copy.values, short.keys + short.values, strict=True):
+        assert torch.equal(a, b)
+    prompt = SYSTEM + BODIES[2]
+    got = engine.generate([Request("a", prompt, 2, prefix=copy)], SAMPLED, step=1)
+    assert key(got) == key(make_engine(model).generate([Request("a", prompt, 2)], SAMPLED, step=1))
+
+
+def test_prefix_must_match_the_prompt(model):
+    [kv] = make_engine(model).prefill([SYSTEM])
+    with pytest.raises(ValueError, match="not a prefix"):
+        Request("a", BODIES[0] + SYSTEM, 1, prefix=kv)
+    with pytest.raises(ValueError, match="shape"):
+        PrefixKV([1, 2], [torch.zeros(2, 3, 4)], [torch.zeros(2, 3, 4)], 0)
+
+
+def test_progress_and_limits_while_decoding(model):
+    long = SamplingParams(max_new_tokens=8, temperature=0.0)
+    engine = make_engine(model, max_running=3, max_kv_tokens=2 * (10 + 8) + 17)
+    engine.add([Request(f"p{i}", list(range(20 + i, 30 + i))) for i in range(5)], long, step=0)
+    peak = 0
+    while True:
+        progress = engine.progress()
+        assert progress.running + progress.queued + progress.finished == progress.total == 5
+        assert progress.free_slots == 3 - progress.running
+        if not progress.running and not progress.queued:
+            break
+        engine.step()
+        peak = max(peak, engine.progress().running)
+    assert peak == 2  # the KV budget holds two sequences of 10 prompt + 8 new tokens, not three
+    assert len(engine.take_finished()) == 5
+
+
+def test_run_until_stops_at_a_finished_share(model):
+    engine = make_engine(model)
+    engine.add([Request(f"p{i}", p, 2) for i, p in enumerate(prompts(4))], SAMPLED, step=0)
+    done = engine.run(until=lambda p: p.finished >= 0.5 * p.total)
+    left = engine.cut()
+    assert len(done) >= 4 and len(done) + len(left) == 8
+    assert all(r.finish_reason in ("stop", "length") for r in done)
+
+
+def test_stats_count_decode_work(model):
+    engine = make_engine(model, max_running=8)
+    results = engine.generate([Request(f"p{i}", p) for i, p in enumerate(prompts(3))], GREEDY, step=0)
+    tokens = sum(len(r.response_ids) for r in results)
+    assert engine.stats.tokens_generated == tokens
+    assert engine.stats.decode_steps == max(len(r.response_ids) for r in results) - 1
+    assert all(len(r.logprobs) == len(r.response_ids) for r in results)
+    assert all(r.finish_reason == ("stop" if r.response_ids[-1] in EOS else "length") for r in results)
