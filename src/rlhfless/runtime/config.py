@@ -1,20 +1,89 @@
-"""The `runtime.` config section: which executor runs the step's functions."""
+"""The `runtime.` config section: which executor runs the step's functions, and how Ray runs them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-EXECUTORS = ("inprocess",)
+EXECUTORS = ("ray", "inprocess")
+FAULT = re.compile(r"^actor=(\d+),step=(\d+),after=(\d+)$")
+
+
+def _check(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: got {value!r}, expected {expected}")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Kill decode function `actor` (plan index) of step `step` after `after` decode iterations."""
+
+    actor: int
+    step: int
+    after: int
 
 
 @dataclass
 class RuntimeConfig:
-    """Where generation, preparation and learning run."""
+    """Where generation, preparation and learning run, and how serverless functions are kept."""
 
     executor: str = field(
-        default="inprocess", metadata={"help": f"step executor: one of {', '.join(EXECUTORS)}"}
+        default="inprocess",
+        metadata={
+            "help": f"step executor: one of {', '.join(EXECUTORS)} (ray: serverless functions; "
+            "inprocess: everything in this process, for debugging)"
+        },
     )
+    ray_address: str | None = field(
+        default=None,
+        metadata={
+            "help": "Ray cluster to connect to (e.g. 127.0.0.1:6379); null starts an embedded local Ray"
+        },
+    )
+    num_cpus: int = field(
+        default=0, metadata={"help": "embedded Ray: CPUs of this machine to use; 0 = every core"}
+    )
+    cpus_per_actor: int = field(
+        default=1,
+        metadata={"help": "CPU-only machines: CPU slot of one decode function (stands in for its GPUs)"},
+    )
+    threads_per_actor: int = field(default=1, metadata={"help": "torch threads inside each function"})
+    keep_alive_s: float = field(
+        default=60.0,
+        metadata={"help": "seconds a released function stays warm for reuse before it is stopped"},
+    )
+    slice_s: float = field(
+        default=0.2,
+        metadata={"help": "decode time slice between progress reports (granularity of cuts and faults)"},
+    )
+    migrate_kv: bool = field(
+        default=True,
+        metadata={"help": "migrated sequences carry their KV cache (else the target re-prefills them)"},
+    )
+    fault_injection: str = field(
+        default="",
+        metadata={
+            "help": "'actor=K,step=S,after=N': decode function K of step S dies after N decode "
+            "iterations (its unfinished sequences are re-run elsewhere); empty = none"
+        },
+    )
+    dashboard: bool = field(default=False, metadata={"help": "embedded Ray: start the dashboard"})
 
     def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor: got {self.executor!r}, expected one of {', '.join(EXECUTORS)}")
+        _check(self.executor in EXECUTORS, "executor", self.executor, f"one of {', '.join(EXECUTORS)}")
+        _check(self.num_cpus >= 0, "num_cpus", self.num_cpus, "an integer >= 0")
+        _check(self.cpus_per_actor >= 1, "cpus_per_actor", self.cpus_per_actor, "an integer >= 1")
+        _check(self.threads_per_actor >= 1, "threads_per_actor", self.threads_per_actor, "an integer >= 1")
+        _check(self.keep_alive_s >= 0, "keep_alive_s", self.keep_alive_s, "seconds >= 0")
+        _check(self.slice_s > 0, "slice_s", self.slice_s, "seconds > 0")
+        _check(
+            not self.fault_injection or FAULT.match(self.fault_injection) is not None,
+            "fault_injection",
+            self.fault_injection,
+            "'' or 'actor=K,step=S,after=N' (integers)",
+        )
+
+    @property
+    def fault(self) -> FaultSpec | None:
+        match = FAULT.match(self.fault_injection)
+        return FaultSpec(*(int(g) for g in match.groups())) if match else None

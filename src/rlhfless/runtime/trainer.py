@@ -112,6 +112,10 @@ def build_executor(cfg: Config, tokenizer, policy: torch.nn.Module) -> Executor:
     reference = None
     if cfg.algorithm.kl_coef > 0:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    if cfg.runtime.executor == "ray":
+        from rlhfless.runtime.ray_executor import RayExecutor  # Ray starts only when asked for
+
+        return RayExecutor(cfg, policy, reference, tokenizer, build_reward_fn(cfg.reward))
     return InProcessExecutor(cfg, policy, reference, tokenizer, build_reward_fn(cfg.reward))
 
 

@@ -1,0 +1,128 @@
+"""The billing meter: every function invocation's life, and what the step cost.
+
+An invocation is billed from `started` (resources granted) to `released`, for the accelerator
+units it holds (GPUs, or the CPU slot standing in for them), at the price per unit-hour. Functions
+colocated with another (prefill, the heaviest decode actor and the reference share the learner's
+resources) are recorded but billed once, through their host. Times are wall-clock (`time.time()`)
+so that they compare across processes; the timeline stores them as seconds from the step start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Invocation:
+    """One function invocation in one step."""
+
+    name: str
+    kind: str  # learner, prefill, decode, reference, reward
+    resources: dict[str, float]  # what the function holds, e.g. {"CPU": 1} or {"GPU": 1}
+    units: float  # billed accelerator units (GPUs, or the CPU slot standing in for them)
+    requested: float
+    started: float | None = None
+    ready: float | None = None
+    released: float | None = None
+    colocated_with: str | None = None  # billed through this host instead of on its own
+    cold: bool = False
+    busy: list[list[float]] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+    def mark_busy(self, start: float, end: float) -> None:
+        """Add a busy interval, merging it with the last one when they touch."""
+        if self.busy and start - self.busy[-1][1] < 1e-3:
+            self.busy[-1][1] = max(self.busy[-1][1], end)
+        else:
+            self.busy.append([start, end])
+
+    def event(self, t: float, kind: str, n: int) -> None:
+        self.events.append({"t": t, "kind": kind, "n": n})
+
+    @property
+    def billed(self) -> bool:
+        return self.colocated_with is None and self.started is not None
+
+    def alive(self, lo: float, hi: float) -> float:
+        """Seconds of [started, released] inside [lo, hi]."""
+        if self.started is None or self.released is None:
+            return 0.0
+        return max(0.0, min(hi, self.released) - max(lo, self.started))
+
+
+@dataclass
+class Meter:
+    """Collects one step's invocations and phase boundaries, then prices them."""
+
+    price_per_unit_hour: float
+    origin: float = 0.0
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, start time)
+    invocations: list[Invocation] = field(default_factory=list)
+
+    def begin_step(self, now: float) -> None:
+        self.origin = now
+        self.phases = [("generation", now)]
+        self.invocations = []
+
+    def phase(self, name: str, now: float) -> None:
+        self.phases.append((name, now))
+
+    def open(self, inv: Invocation) -> Invocation:
+        self.invocations.append(inv)
+        return inv
+
+    def cost(self, inv: Invocation, lo: float, hi: float) -> float:
+        if not inv.billed:
+            return 0.0
+        return self.price_per_unit_hour * inv.units * inv.alive(lo, hi) / 3600.0
+
+    def close_step(self, end: float) -> tuple[dict[str, float], list[dict]]:
+        """Release what is still held, price everything; returns metrics and timeline records."""
+        for inv in self.invocations:
+            if inv.started is None:  # never got resources: nothing held, nothing billed
+                inv.started = inv.released = inv.requested
+            if inv.ready is None:
+                inv.ready = inv.started
+            if inv.released is None:
+                inv.released = end
+        bounds = [t for _, t in self.phases[1:]] + [end]
+        phase_cost = {
+            name: sum(self.cost(inv, start, stop) for inv in self.invocations)
+            for (name, start), stop in zip(self.phases, bounds, strict=True)
+        }
+        step_cost = sum(self.cost(inv, self.origin, end) for inv in self.invocations)
+        records = [self._record(inv, end) for inv in self.invocations]
+        decode = [inv for inv in self.invocations if inv.kind == "decode"]
+        billed = [inv for inv in self.invocations if inv.billed]
+        metrics = {
+            "cost/step": step_cost,
+            **{f"cost/{name}": value for name, value in phase_cost.items()},
+            "actors/decode": float(len({inv.name for inv in decode})),
+            "actors/cold_starts": float(sum(inv.cold for inv in self.invocations)),
+            "time/cold_start": sum(inv.ready - inv.started for inv in self.invocations if inv.cold),
+            "time/idle": sum(inv.alive(self.origin, end) - _busy(inv) for inv in billed),
+            "time/billed": sum(inv.units * inv.alive(self.origin, end) for inv in billed),
+        }
+        return metrics, records
+
+    def _record(self, inv: Invocation, end: float) -> dict:
+        rel = lambda t: round(t - self.origin, 4)  # noqa: E731
+        return {
+            "name": inv.name,
+            "kind": inv.kind,
+            "resources": inv.resources,
+            "units": inv.units,
+            "requested": rel(inv.requested),
+            "started": rel(inv.started),
+            "ready": rel(inv.ready),
+            "released": rel(inv.released),
+            "busy": [[rel(a), rel(b)] for a, b in inv.busy],
+            "events": [{**e, "t": rel(e["t"])} for e in inv.events],
+            "cold": inv.cold,
+            "colocated_with": inv.colocated_with,
+            "cost": self.cost(inv, self.origin, end),
+        }
+
+
+def _busy(inv: Invocation) -> float:
+    return sum(b - a for a, b in inv.busy)

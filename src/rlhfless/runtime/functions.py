@@ -1,0 +1,234 @@
+"""The serverless functions a step runs on Ray: decode actors and the reference/reward function.
+
+Plain classes, wrapped with `ray.remote(...).options(...)` by the pool, so their resources come
+from the plan. Creating one is its cold start (process, imports, model from storage); the weights
+of the current policy version then arrive as one flat buffer from the object store. A decode
+function works in time slices (`advance`), each ending with a progress report: finished results,
+counts, and the partial state of every unfinished sequence, which is what the controller re-runs
+elsewhere if this function dies before the next report.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+import torch
+
+from rlhfless.config import ModelConfig
+from rlhfless.engine.engine import Engine
+from rlhfless.engine.sampling import SamplingParams
+from rlhfless.engine.sequences import EngineStats, Request, SequenceResult, SequenceState
+from rlhfless.models import load_model
+from rlhfless.rewards import RewardConfig, build_reward_fn
+from rlhfless.runtime.learner import MicroBatch, micro_batches, response_logprobs
+from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.transfer import KVBundle, from_numpy, load_flat_weights
+
+# (uid, prompt ids, sample indices, index of its prefix in the step's KV bundle or None)
+Work = tuple[str, list[int], list[int], int | None]
+
+
+@dataclass
+class LiveSequence:
+    """The partial state of an unfinished sequence, as last reported (no KV: re-prefilled on resume)."""
+
+    uid: str
+    sample: int
+    generated: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class Report:
+    """What a decode function says at the end of a time slice."""
+
+    results: list[SequenceResult]
+    live: list[LiveSequence]
+    free_slots: int
+    begin: float
+    end: float
+    stats: EngineStats
+    iterations: int
+
+
+@dataclass
+class Started:
+    """A function's cold start: when its process began work and when it could serve."""
+
+    started: float
+    ready: float
+    pid: int
+    host: str
+    extra: dict = field(default_factory=dict)
+
+
+def live_sequences(engine: Engine) -> list[LiveSequence]:
+    """Running and queued sequences of `engine`, without removing them.
+
+    Reads the engine's queues directly: the engine has no public non-destructive snapshot yet.
+    """
+    seqs = list(engine._running) + [seq for row in engine._queue for seq in row.seqs]
+    return [LiveSequence(s.uid, s.sample, list(s.generated), list(s.logprobs)) for s in seqs]
+
+
+def _setup(threads: int) -> float:
+    """Set the thread count; returns when this process was created (its imports are cold start too)."""
+    torch.set_num_threads(threads)
+    return psutil.Process().create_time()
+
+
+class DecodeFunction:
+    """A decode actor: one engine on one copy of the policy."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        vocab_size: int,
+        seed: int,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        max_running: int,
+        threads: int,
+        device: str,
+    ) -> None:
+        self.started = _setup(threads)
+        model = load_model(model_cfg, vocab_size, seed).to(device).eval()
+        self.engine = Engine(
+            model,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=pad_token_id,
+            weight_version=-1,
+            max_running=max_running,
+        )
+        self.params: SamplingParams | None = None
+        self.step = 0
+        self.fault_after: int | None = None
+        self.iterations = 0
+        self.ready = time.time()
+
+    def hello(self) -> Started:
+        return Started(self.started, self.ready, os.getpid(), socket.gethostname())
+
+    def sync(self, flat: np.ndarray, version: int) -> float:
+        """Load policy weights `version` from the flat buffer; returns the seconds it took."""
+        start = time.perf_counter()
+        self.engine.set_weights(from_numpy(flat, next(self.engine.model.parameters()).dtype), version)
+        return time.perf_counter() - start
+
+    def assign(
+        self,
+        work: list[Work],
+        bundle: KVBundle | None,
+        params: SamplingParams,
+        step: int,
+        fault_after: int | None,
+    ) -> float:
+        """Queue this step's prompts; their prefix KV views the bundle. Returns seconds spent."""
+        start = time.perf_counter()
+        self.params, self.step, self.fault_after, self.iterations = params, step, fault_after, 0
+        requests = [
+            Request(uid, ids, len(samples), None if p is None else bundle.get(p), samples)
+            for uid, ids, samples, p in work
+        ]
+        self.engine.add(requests, params, step)
+        return time.perf_counter() - start
+
+    def resume(self, states: list[SequenceState], params: SamplingParams, step: int) -> None:
+        """Continue sequences started elsewhere (migrated in, or re-run after a fault)."""
+        self.params, self.step = params, step
+        self.engine.resume(states, params, step)
+
+    def advance(self, seconds: float) -> Report:
+        """Decode for about `seconds` (at least one iteration), then report."""
+        begin = time.time()
+        before = self.engine.snapshot_stats()
+        progress = self.engine.progress()
+        while progress.running or progress.queued:
+            self.engine.step()
+            self.iterations += 1
+            if self.fault_after is not None and self.iterations >= self.fault_after:
+                os._exit(1)  # injected fault: the process dies mid-step, like a lost node
+            progress = self.engine.progress()
+            if time.time() - begin >= seconds:
+                break
+        return Report(
+            self.engine.take_finished(),
+            live_sequences(self.engine),
+            progress.free_slots,
+            begin,
+            time.time(),
+            self.engine.stats.minus(before),
+            self.iterations,
+        )
+
+    def cut(self, groups: list[list[tuple[str, int]]], with_kv: bool) -> list:
+        """Hand over the sequences in `groups` (one list per target); keep the rest running here.
+
+        Returns one list of states per group, then {"bytes": KV bytes handed over}.
+        """
+        states = self.engine.cut(with_kv=with_kv)
+        by_key = {(s.uid, s.sample): s for s in states}
+        out = [[by_key.pop(key) for key in group if key in by_key] for group in groups]
+        if by_key:
+            self.engine.resume(list(by_key.values()), self.params, self.step)
+        moved = sum(s.kv.nbytes for group in out for s in group if s.kv is not None)
+        return [*out, {"bytes": moved}]
+
+
+class PrepareFunction:
+    """Preparation: rule-based rewards and, with a KL penalty, the frozen reference's log-probs."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig | None,
+        vocab_size: int,
+        seed: int,
+        reward_cfg: RewardConfig,
+        micro_batch_tokens: int,
+        temperature: float,
+        pad_token_id: int,
+        threads: int,
+    ) -> None:
+        self.started = _setup(threads)
+        self.reward_fn = build_reward_fn(reward_cfg)
+        self.reference = None
+        if model_cfg is not None:
+            self.reference = load_model(model_cfg, vocab_size, seed).eval().requires_grad_(False)
+        self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_token_id
+        self.ready = time.time()
+
+    def hello(self) -> Started:
+        return Started(self.started, self.ready, os.getpid(), socket.gethostname())
+
+    def sync(self, flat: np.ndarray, version: int) -> float:
+        start = time.perf_counter()
+        load_flat_weights(self.reference, flat)
+        return time.perf_counter() - start
+
+    def run(self, prompts: list[StepPrompt], samples: list[Sample]) -> dict:
+        """Rewards per sample, reference log-probs per sample (or None), and phase seconds."""
+        begin = time.time()
+        by_uid = {p.uid: p.prompt for p in prompts}
+        scores = []
+        for s in samples:
+            out = self.reward_fn(by_uid[s.uid], s.response)
+            scores.append((float(out.score), dict(out.components)))
+        rewards_s = time.time() - begin
+        ref = None if self.reference is None else self._logprobs(samples)
+        return {"scores": scores, "ref": ref, "begin": begin, "end": time.time(), "time/reward": rewards_s}
+
+    @torch.no_grad()
+    def _logprobs(self, samples: list[Sample]) -> list[np.ndarray]:
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(samples)
+        for rows in micro_batches(lengths, self.micro_batch_tokens):
+            mb = MicroBatch.build(samples, rows, self.pad_id)
+            values = response_logprobs(self.reference, mb, self.temperature)
+            for b, i in enumerate(rows):
+                out[i] = values[b, : len(samples[i].response_ids)].float().numpy()
+        return out

@@ -1,0 +1,83 @@
+"""The warm pool: released functions stay started for `keep_alive_s`, so the next step reuses them.
+
+A lease is one started Ray actor. Acquiring reuses an idle lease of the same shape (kind,
+colocation, node) when one is warm, else creates one (a cold start). Releasing returns the lease to
+the pool; leases idle longer than the keep-alive are stopped. Dead leases are dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+Shape = tuple[str, bool, int]  # (kind, colocated with the learner, node index)
+
+
+@dataclass(eq=False)
+class Lease:
+    """A started function; `version` is the weight version it holds (None: not synced yet)."""
+
+    handle: Any
+    shape: Shape
+    serial: int
+    cold: bool = True
+    version: int | None = None
+    idle_since: float = 0.0
+    hello: Any = None  # ObjectRef of its `Started` record, while its cold start is being awaited
+
+
+class FunctionPool:
+    """Keeps idle functions warm for `keep_alive_s` seconds; `create(shape)` starts a new one."""
+
+    def __init__(self, create: Callable[[Shape], Any], keep_alive_s: float) -> None:
+        self.create, self.keep_alive_s = create, keep_alive_s
+        self.idle: list[Lease] = []
+        self.leased: set[Lease] = set()
+        self._serial = itertools.count()
+
+    def acquire(self, shape: Shape, now: float) -> Lease:
+        self.evict(now)
+        for lease in self.idle:
+            if lease.shape == shape:
+                self.idle.remove(lease)
+                lease.cold = False
+                self.leased.add(lease)
+                return lease
+        handle = self.create(shape)
+        lease = Lease(handle, shape, next(self._serial), hello=handle.hello.remote())
+        self.leased.add(lease)
+        return lease
+
+    def release(self, lease: Lease, now: float) -> None:
+        self.leased.discard(lease)
+        lease.idle_since = now
+        self.idle.append(lease)
+
+    def drop(self, lease: Lease) -> None:
+        """Forget a lease whose process died (or stop it when it is still there)."""
+        self.leased.discard(lease)
+        _kill(lease)
+
+    def evict(self, now: float) -> int:
+        """Stop functions idle for longer than the keep-alive; returns how many."""
+        expired = [lease for lease in self.idle if now - lease.idle_since > self.keep_alive_s]
+        for lease in expired:
+            self.idle.remove(lease)
+            _kill(lease)
+        return len(expired)
+
+    def close(self) -> None:
+        for lease in [*self.idle, *self.leased]:
+            _kill(lease)
+        self.idle, self.leased = [], set()
+
+
+def _kill(lease: Lease) -> None:
+    try:
+        ray.kill(lease.handle)
+    except Exception:  # already gone: nothing to stop
+        pass

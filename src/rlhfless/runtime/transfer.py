@@ -1,0 +1,70 @@
+"""Weights and prefix KV as flat numpy buffers, so the Ray object store hands them out zero-copy.
+
+A pickled state dict costs seconds to serialise and copy; one contiguous numpy array is put once
+per weight version and read by every function on the node straight from shared memory (bfloat16
+travels as int16 bits). Prefix KV caches of a step travel the same way: one put, one array each.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlhfless.engine.kv import PrefixKV
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view (or CPU copy) of `tensor`; bfloat16 as its int16 bit pattern."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    return tensor.numpy()
+
+
+def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor sharing `array`'s memory (read-only object-store buffers included)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
+        tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
+
+
+def flat_weights(model: torch.nn.Module) -> np.ndarray:
+    """All parameters in `model.parameters()` order, as one contiguous array."""
+    with torch.no_grad():
+        return to_numpy(torch.nn.utils.parameters_to_vector(model.parameters()))
+
+
+def load_flat_weights(model: torch.nn.Module, flat: np.ndarray) -> None:
+    """Copy a `flat_weights` buffer into `model` (same architecture, same parameter order)."""
+    dtype = next(model.parameters()).dtype
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(from_numpy(flat, dtype), model.parameters())
+
+
+@dataclass
+class KVBundle:
+    """Prefix KV caches of one step: `arrays[i]` is [2, layers, heads, len, dim] for `tokens[i]`."""
+
+    tokens: list[list[int]]
+    arrays: list[np.ndarray]
+    weight_version: int
+    bfloat16: bool
+
+    @classmethod
+    def pack(cls, prefixes: list[PrefixKV]) -> KVBundle:
+        arrays = [to_numpy(torch.stack((torch.stack(p.keys), torch.stack(p.values)))) for p in prefixes]
+        version = prefixes[0].weight_version if prefixes else 0
+        bf16 = bool(prefixes) and prefixes[0].keys[0].dtype == torch.bfloat16
+        return cls([list(p.token_ids) for p in prefixes], arrays, version, bf16)
+
+    def get(self, index: int) -> PrefixKV:
+        """Prefix `index` as a PrefixKV whose tensors view the bundle's memory."""
+        kv = from_numpy(self.arrays[index], torch.bfloat16 if self.bfloat16 else torch.float32)
+        return PrefixKV(self.tokens[index], list(kv[0].unbind(0)), list(kv[1].unbind(0)), self.weight_version)
+
+    def nbytes(self, index: int) -> int:
+        return int(self.arrays[index].nbytes)
