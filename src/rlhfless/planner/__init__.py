@@ -1,0 +1,22 @@
+"""Every RLHFless scheduling decision, pure Python + numpy: the runtime and the simulator share it."""
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.migration import ActorProgress, Migration, decide
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.predictor import LengthPredictor, prediction_quality
+from rlhfless.planner.profile import Profile
+
+__all__ = [
+    "ActorProgress",
+    "ClusterSpec",
+    "LengthPredictor",
+    "Migration",
+    "Profile",
+    "PromptSpec",
+    "SchedulerConfig",
+    "StepPlan",
+    "decide",
+    "plan_step",
+    "prediction_quality",
+]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlhfless.planner import LengthPredictor, PromptSpec, StepPlan, plan_step
-from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner import (
+    ClusterSpec,
+    LengthPredictor,
+    Profile,
+    PromptSpec,
+    SchedulerConfig,
+    StepPlan,
+    plan_step,
+    prediction_quality,
+)
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
-from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.predictor import prediction_quality
-from rlhfless.planner.profile import Profile
 from rlhfless.runtime.samples import Sample, StepPrompt
 
 # A 2-core CPU slot as an "accelerator" for the derived default profile: rough peak figures

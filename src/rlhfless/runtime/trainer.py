@@ -23,8 +23,7 @@ from rlhfless.algo import get_advantage_estimator
 from rlhfless.config import Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.planner import LengthPredictor
-from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner import ClusterSpec, LengthPredictor
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
