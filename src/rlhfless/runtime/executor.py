@@ -105,12 +105,7 @@ class InProcessExecutor:
             Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
             for r, text in zip(results, texts, strict=True)
         ]
-        return canonical(samples), {
-            "prefill/tokens_computed": stats.prompt_tokens_computed,
-            "prefill/tokens_naive": stats.prompt_tokens_naive,
-            "time/prefill": stats.prefill_seconds,
-            "time/decode": stats.decode_seconds,
-        }
+        return canonical(samples), stats.metrics()
 
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
         start = time.perf_counter()

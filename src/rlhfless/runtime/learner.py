@@ -199,7 +199,7 @@ class Learner:
             if ref is not None:
                 kl = kl_penalty(logp, _stack(ref, mb.rows, width), algo.kl_estimator)
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg)
-                kl_value = float((kl * mb.mask).sum()) / max(mb_tokens, 1.0)
+                kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
             (loss * weight).backward()
             token_share = mb_tokens / max(tokens, 1)
             sums["loss/policy"] += float(loss.detach()) * weight
