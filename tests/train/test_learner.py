@@ -9,25 +9,51 @@ from hypothesis import strategies as st
 
 from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
 from rlhfless.models import tiny_model
-from rlhfless.runtime.learner import Learner, MicroBatch, micro_batches, response_logprobs
+from rlhfless.runtime.learner import (
+    Group,
+    Learner,
+    MicroBatch,
+    micro_batches,
+    prompt_groups,
+    response_logprobs,
+)
 from rlhfless.runtime.samples import Sample
 
+group_st = st.builds(
+    lambda p, rs: Group([], p, rs), st.integers(1, 300), st.lists(st.integers(1, 300), min_size=1, max_size=8)
+)
 
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.integers(16, 2048))
-def test_micro_batches_cover_every_row_once_within_the_budget(lengths, budget):
-    batches = micro_batches(lengths, budget)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+
+@given(st.lists(group_st, min_size=1, max_size=40), st.integers(16, 4096))
+def test_micro_batches_cover_every_group_once_within_the_budget(groups, budget):
+    batches = micro_batches(groups, budget)
+    assert sorted(g for b in batches for g in b) == list(range(len(groups)))
     for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget
+        padded = len(b) * max(groups[g].prompt_len for g in b) + sum(
+            len(groups[g].response_lens) for g in b
+        ) * max(max(groups[g].response_lens) for g in b)
+        assert len(b) == 1 or padded <= budget
 
 
-def make_samples(n=6, vocab=64, seed=0):
+def make_samples(n=6, vocab=64, seed=0, group=2):
+    """Groups of `group` samples share a prompt (as GRPO's G samples do); lengths vary."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
-        p, r = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 12, (1,), generator=g))
-        ids = torch.randint(0, vocab, (p + r,), generator=g).tolist()
-        out.append(Sample(f"u{i // 2}", i % 2, ids[:p], ids[p:], "stop"))
+        if i % group == 0:
+            prompt = torch.randint(
+                0, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g
+            ).tolist()
+        r = int(torch.randint(1, 12, (1,), generator=g))
+        out.append(
+            Sample(
+                f"u{i // group}",
+                i % group,
+                prompt,
+                torch.randint(0, vocab, (r,), generator=g).tolist(),
+                "stop",
+            )
+        )
     return out
 
 
@@ -37,8 +63,9 @@ def model():
 
 
 def test_response_logprobs_match_a_full_forward_pass(model):
-    samples = make_samples()
-    mb = MicroBatch.build(samples, list(range(len(samples))), pad_id=0)
+    samples = make_samples(9, group=3)
+    mb = MicroBatch.build(samples, prompt_groups(samples, list(range(9))), pad_id=0)
+    samples = [samples[i] for i in mb.rows]
     got = response_logprobs(model, mb, temperature=1.0)
     for b, s in enumerate(samples):
         ids = torch.tensor([s.prompt_ids + s.response_ids])

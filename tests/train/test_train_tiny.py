@@ -11,16 +11,31 @@ from rlhfless.runtime.checkpoint import list_checkpoints
 from rlhfless.runtime.trainer import train
 
 REQUIRED = (
-    "step", "reward/mean", "reward/std", "response_length/mean", "response_length/max", "kl/mean",
-    "loss/policy", "grad_norm", "time/step", "time/generation", "time/preparation", "time/learning",
-    "prefill/tokens_computed", "prefill/tokens_naive", "time/prefill", "time/decode",
+    "step",
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "response_length/max",
+    "kl/mean",
+    "loss/policy",
+    "grad_norm",
+    "time/step",
+    "time/generation",
+    "time/preparation",
+    "time/learning",
+    "prefill/tokens_computed",
+    "prefill/tokens_naive",
+    "time/prefill",
+    "time/decode",
 )
 # Deterministic training quantities (timings are not).
 COMPARED = ("reward/mean", "response_length/mean", "kl/mean", "loss/policy", "grad_norm")
 
 
 def tiny(tmp_path, *overrides):
-    return load_config(preset="tiny", overrides=(f"output_dir={tmp_path / 'run'}", "trainer.progress=false", *overrides))
+    return load_config(
+        preset="tiny", overrides=(f"output_dir={tmp_path / 'run'}", "trainer.progress=false", *overrides)
+    )
 
 
 def read_metrics(run):
@@ -41,12 +56,16 @@ def test_two_step_tiny_run_writes_the_run_directory(tmp_path):
     rollouts = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(rollouts) == 4 * 4
     assert {(r["uid"], r["sample"]) for r in rollouts} == {(r["uid"], s) for r in rollouts for s in range(4)}
-    assert all(set(r) >= {"uid", "sample", "prompt", "response", "response_tokens", "reward"} for r in rollouts)
+    assert all(
+        set(r) >= {"uid", "sample", "prompt", "response", "response_tokens", "reward"} for r in rollouts
+    )
     assert (run / "plans" / "step_000002.json").exists()
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000001", "step_000002"]
     ckpt = run / "checkpoints" / "step_000002"
-    assert {"model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json"} <= {p.name for p in ckpt.iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json"} <= {
+        p.name for p in ckpt.iterdir()
+    }
 
 
 class Killed(Exception):

@@ -18,58 +18,109 @@ from rlhfless.config import AlgorithmConfig, OptimConfig
 from rlhfless.runtime.samples import Sample
 
 
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Indices grouped so that (rows x longest row) stays within the budget; longest first.
+@dataclass
+class Group:
+    """Samples that share one prompt: the learner runs that prompt once for all of them."""
 
-    Sorting by length keeps rows of one micro-batch alike, so right-padding wastes little.
-    A single row longer than the budget gets a micro-batch of its own.
+    rows: list[int]
+    prompt_len: int
+    response_lens: list[int]
+
+    def cost(self) -> tuple[int, int]:
+        return self.prompt_len, max(self.response_lens)
+
+
+def prompt_groups(samples: list[Sample], rows: list[int]) -> list[Group]:
+    by_uid: dict[str, list[int]] = {}
+    for i in rows:
+        by_uid.setdefault(samples[i].uid, []).append(i)
+    return [
+        Group(idx, len(samples[idx[0]].prompt_ids), [len(samples[i].response_ids) for i in idx])
+        for idx in by_uid.values()
+    ]
+
+
+def micro_batches(groups: list[Group], token_budget: int) -> list[list[int]]:
+    """Group indices packed so that padded prompt tokens plus padded response tokens fit the budget.
+
+    Longest first, so groups of one micro-batch are alike and right/left padding wastes little.
+    A single group over the budget gets a micro-batch of its own.
     """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    order = sorted(range(len(groups)), key=lambda g: -sum(groups[g].cost()))
     batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
-            batches[-1].append(i)
+    shape = (0, 0, 0, 0)  # prompts, samples, longest prompt, longest response of the open batch
+    for g in order:
+        p, r = groups[g].cost()
+        k, n, pmax, rmax = shape
+        grown = (k + 1, n + len(groups[g].response_lens), max(pmax, p), max(rmax, r))
+        if batches and grown[0] * grown[2] + grown[1] * grown[3] <= token_budget:
+            batches[-1].append(g)
+            shape = grown
         else:
-            batches.append([i])
+            batches.append([g])
+            shape = (1, len(groups[g].response_lens), p, r)
     return batches
 
 
 @dataclass
 class MicroBatch:
-    """Right-padded inputs, and response-aligned targets and positions."""
+    """K prompts left-padded, their N samples' responses right-padded, and the targets.
 
-    rows: list[int]
-    input_ids: Tensor  # [b, L]
-    attention_mask: Tensor  # [b, L]
-    positions: Tensor  # [b, R]: the position whose logits predict each response token
-    targets: Tensor  # [b, R]
-    mask: Tensor  # [b, R], 1 on real response tokens
+    The prompt pass yields the KV every sample of the group attends to, and the last prompt
+    position's hidden state, which predicts each sample's first response token.
+    """
+
+    rows: list[int]  # sample indices, in micro-batch order
+    prompt_ids: Tensor  # [K, P] left-padded
+    prompt_mask: Tensor  # [K, P]
+    group_index: Tensor  # [N]: the prompt row of each sample
+    response_in: Tensor  # [N, R-1]: response tokens fed after the prompt (all but the last)
+    targets: Tensor  # [N, R]
+    mask: Tensor  # [N, R], 1 on real response tokens
 
     @classmethod
-    def build(cls, samples: list[Sample], rows: list[int], pad_id: int) -> MicroBatch:
-        seqs = [samples[i].prompt_ids + samples[i].response_ids for i in rows]
-        width = max(map(len, seqs))
-        resp = max(len(samples[i].response_ids) for i in rows)
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        positions = torch.zeros((len(rows), resp), dtype=torch.long)
-        targets = torch.full((len(rows), resp), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), resp))
-        for b, (i, seq) in enumerate(zip(rows, seqs, strict=True)):
-            p, r = len(samples[i].prompt_ids), len(samples[i].response_ids)
-            input_ids[b, : len(seq)] = torch.tensor(seq)
-            attention_mask[b, : len(seq)] = 1
-            positions[b, :r] = torch.arange(p - 1, p + r - 1)
+    def build(cls, samples: list[Sample], groups: list[Group], pad_id: int) -> MicroBatch:
+        rows = [i for g in groups for i in g.rows]
+        width_p = max(g.prompt_len for g in groups)
+        width_r = max(max(g.response_lens) for g in groups)
+        prompt_ids = torch.full((len(groups), width_p), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((len(groups), width_p), dtype=torch.long)
+        for k, g in enumerate(groups):
+            prompt_ids[k, width_p - g.prompt_len :] = torch.tensor(samples[g.rows[0]].prompt_ids)
+            prompt_mask[k, width_p - g.prompt_len :] = 1
+        group_index = torch.tensor([k for k, g in enumerate(groups) for _ in g.rows])
+        targets = torch.full((len(rows), width_r), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width_r))
+        for b, i in enumerate(rows):
+            r = len(samples[i].response_ids)
             targets[b, :r] = torch.tensor(samples[i].response_ids)
             mask[b, :r] = 1.0
-        return cls(rows, input_ids, attention_mask, positions, targets, mask)
+        return cls(rows, prompt_ids, prompt_mask, group_index, targets[:, :-1], targets, mask)
 
 
 def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> Tensor:
-    """Log-probs [b, R] of the response tokens; the LM head sees response positions only."""
-    hidden = model.base_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
-    picked = hidden.gather(1, mb.positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    logits = model.get_output_embeddings()(picked).float()
+    """Log-probs [N, R] of the response tokens; each prompt runs once, the LM head sees only
+    response positions."""
+    backbone = model.base_model
+    positions = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = backbone(
+        input_ids=mb.prompt_ids, attention_mask=mb.prompt_mask, position_ids=positions, use_cache=True
+    )
+    hidden = [out.last_hidden_state[mb.group_index, -1:]]
+    if mb.response_in.shape[1]:
+        cache = out.past_key_values
+        cache.batch_select_indices(mb.group_index)
+        response_mask = mb.mask[:, :-1].long()
+        start = mb.prompt_mask.sum(-1)[mb.group_index].unsqueeze(-1)
+        follow = backbone(
+            input_ids=mb.response_in,
+            attention_mask=torch.cat([mb.prompt_mask[mb.group_index], response_mask], dim=-1),
+            position_ids=start + torch.arange(mb.response_in.shape[1]),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        hidden.append(follow.last_hidden_state)
+    logits = model.get_output_embeddings()(torch.cat(hidden, dim=1)).float()
     if temperature > 0:
         logits = logits / temperature
     chosen = logits.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
@@ -130,11 +181,10 @@ class Learner:
         return factor
 
     def _batches(self, samples: list[Sample], rows: list[int] | None = None) -> list[MicroBatch]:
-        rows = list(range(len(samples))) if rows is None else rows
-        lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in rows]
+        groups = prompt_groups(samples, list(range(len(samples))) if rows is None else rows)
         return [
-            MicroBatch.build(samples, [rows[j] for j in group], self.pad_id)
-            for group in micro_batches(lengths, self.micro_batch_tokens)
+            MicroBatch.build(samples, [groups[g] for g in chosen], self.pad_id)
+            for chosen in micro_batches(groups, self.micro_batch_tokens)
         ]
 
     @torch.no_grad()
