@@ -1,5 +1,7 @@
 """Profile tables: interpolation, extrapolation, JSON round trip, validation."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -22,10 +24,18 @@ def small_profile() -> Profile:
     )
 
 
-def test_prefill_interpolates_clamps_below_and_extrapolates_above():
+def test_prefill_interpolates_clamps_below_and_runs_longer_inputs_chunk_by_chunk():
     p = small_profile()
-    got = p.prefill_seconds([0, 50, 100, 550, 1000, 2000]) * 1e3
-    np.testing.assert_allclose(got, [0.0, 10.0, 10.0, 55.0, 100.0, 200.0])
+    got = p.prefill_seconds([0, 50, 100, 550, 1000, 2000, 2550]) * 1e3
+    np.testing.assert_allclose(got, [0.0, 10.0, 10.0, 55.0, 100.0, 200.0, 255.0])
+    chunked = replace(p, prefill_chunk=500)  # 1000 tokens = two chunks of 500 (50 ms each)
+    np.testing.assert_allclose(chunked.prefill_seconds([1000, 1100]) * 1e3, [100.0, 110.0])
+
+
+def test_concurrency_is_bounded_by_kv_memory_and_the_engine_batch_limit():
+    p = small_profile()  # 5000 KV tokens
+    np.testing.assert_array_equal(p.concurrency([100, 1000, 10000]), [50, 5, 1])
+    np.testing.assert_array_equal(replace(p, max_batch=8).concurrency([100, 1000]), [8, 5])
 
 
 def test_decode_is_bilinear_inside_and_linear_beyond_the_grid():
@@ -37,12 +47,12 @@ def test_decode_is_bilinear_inside_and_linear_beyond_the_grid():
 
 
 def test_json_round_trip(tmp_path):
-    p = small_profile()
+    p = replace(small_profile(), max_batch=64, prefill_chunk=512)
     path = tmp_path / "profile.json"
     p.save(path)
     q = Profile.load(path)
     assert q.to_dict() == p.to_dict()
-    assert q.gpus == 2 and q.max_kv_tokens == 5000
+    assert q.gpus == 2 and q.max_kv_tokens == 5000 and q.max_batch == 64 and q.prefill_chunk == 512
 
 
 def test_incomplete_decode_grid_is_rejected():

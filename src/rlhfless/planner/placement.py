@@ -4,13 +4,16 @@ The learner, the prefill actor and the decode actor with the heaviest workload s
 GPUs of node 0: that actor needs no weight sync and no KV transfer, it only waits for prefill.
 Other actors take GPU slots by workload, heavier ones nearer (rest of node 0, then node 1, ...).
 A remote actor starts decoding at max(L_model, L_prefill + L_kv): weights are sent as soon as the
-learner finishes, prefix KV only after prefill. Transfer is hidden for actor i when
+learner finishes, prefix KV only after prefill. Weights and KV are sharded over an actor's tensor-
+parallel GPUs, each GPU receiving its shard over its own link, so an actor of G GPUs receives at
+G times the per-GPU bandwidth (`transfer_seconds`, also what the simulator charges). Transfer is hidden for actor i when
 start_i + L_decode_i <= L_prefill + L_decode_1; when it is not, the delay simply shows in T_i.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +50,12 @@ class ClusterSpec:
     def max_actors(self, gpus_per_actor: int) -> int:
         return self.nodes * self.slots_per_node(gpus_per_actor)
 
+    def transfer_seconds(self, nbytes: Any, same_node: Any, gpus_per_actor: int) -> np.ndarray:
+        """Seconds to move `nbytes` (weights or KV) to an actor of `gpus_per_actor` GPUs, each GPU
+        receiving its tensor-parallel shard over its own link."""
+        bandwidth = np.where(same_node, self.intra_node_bandwidth, self.inter_node_bandwidth)
+        return np.asarray(nbytes, dtype=float) / (bandwidth * gpus_per_actor)
+
     def slot_gpus(self, slot: int, gpus_per_actor: int) -> tuple[int, list[int]]:
         """(node, global GPU ids) of placement slot `slot` (0 = the learner's GPUs)."""
         per_node = self.slots_per_node(gpus_per_actor)
@@ -70,8 +79,9 @@ def start_delays(
     slots: np.ndarray, kv_tokens: np.ndarray, prefill_s: float, cluster: ClusterSpec, gpus_per_actor: int
 ) -> np.ndarray:
     """Seconds from the end of learning until each actor can decode, by its placement slot."""
-    per_node = cluster.slots_per_node(gpus_per_actor)
-    bandwidth = np.where(slots < per_node, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth)
-    weights = cluster.model_bytes / bandwidth
-    kv = prefill_s + cluster.kv_bytes_per_token * kv_tokens / bandwidth
+    same_node = slots < cluster.slots_per_node(gpus_per_actor)
+    weights = cluster.transfer_seconds(cluster.model_bytes, same_node, gpus_per_actor)
+    kv = prefill_s + cluster.transfer_seconds(
+        cluster.kv_bytes_per_token * kv_tokens, same_node, gpus_per_actor
+    )
     return np.where(slots == 0, prefill_s, np.maximum(weights, kv))

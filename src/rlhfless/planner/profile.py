@@ -6,12 +6,17 @@ batches (the engine's `rlhfless profile`) or from a roofline model of the model 
 
     {"decode": [{"batch": B, "context": C, "ms": M}, ...],
      "prefill": [{"tokens": N, "ms": M}, ...],
-     "gpus": 1, "max_kv_tokens": K}
+     "gpus": 1, "max_kv_tokens": K, "max_batch": B (optional), "prefill_chunk": C (optional)}
 
 Decode points must cover a full grid (every batch size with every context length). Lookups are
 vectorised: linear interpolation inside the table, the first row/column below it (launch cost does
-not shrink for tiny inputs), and linear extrapolation from the last segment above it (prefill is
-compute-bound and attention grows linearly with context, so a straight line is the honest guess).
+not shrink for tiny inputs), and linear extrapolation from the last segment above it (attention
+grows linearly with context, so a straight line is the honest guess). Prefill of more tokens than
+one chunk runs chunk by chunk (as vLLM's chunked prefill does), so it never leaves the table.
+
+How many sequences an actor decodes at once is bounded by its KV memory (each sequence counted at
+its final length) and by the engine's batch limit (`max_batch`, vLLM's max_num_seqs): the planner's
+time model and the simulator both read `concurrency`, so they agree.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class Profile:
     max_kv_tokens: int = 1 << 20
     cold_start_s: float = 0.0
     note: str = field(default="")
+    max_batch: int = 0  # most sequences decoded at once; 0 = only KV memory limits it
+    prefill_chunk: int = 0  # tokens prefilled per forward; 0 = the largest profiled token count
 
     def __post_init__(self) -> None:
         self.prefill_tokens = np.asarray(self.prefill_tokens, dtype=float)
@@ -84,13 +91,34 @@ class Profile:
             raise ValueError(f"max_kv_tokens: got {self.max_kv_tokens}, expected an integer >= 1")
         if self.cold_start_s < 0:
             raise ValueError(f"cold_start_s: got {self.cold_start_s}, expected a number >= 0")
+        for name in ("max_batch", "prefill_chunk"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"{name}: got {getattr(self, name)}, expected an integer >= 0 (0 = no limit)"
+                )
+
+    @property
+    def chunk(self) -> float:
+        return float(self.prefill_chunk or self.prefill_tokens[-1])
+
+    def _prefill_ms(self, x: np.ndarray) -> np.ndarray:
+        lo, hi, t = _weights(self.prefill_tokens, x)
+        return np.maximum((1.0 - t) * self.prefill_ms[lo] + t * self.prefill_ms[hi], 0.0)
 
     def prefill_seconds(self, tokens: Any) -> np.ndarray:
-        """Seconds to prefill `tokens` tokens in one batch (0 for no tokens)."""
-        x = np.asarray(tokens, dtype=float)
-        lo, hi, t = _weights(self.prefill_tokens, x)
-        ms = (1.0 - t) * self.prefill_ms[lo] + t * self.prefill_ms[hi]
-        return np.where(x > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+        """Seconds to prefill `tokens` prompt tokens, chunk by chunk (0 for no tokens)."""
+        x = np.maximum(np.asarray(tokens, dtype=float), 0.0)
+        chunk = self.chunk
+        full = np.floor(x / chunk)
+        rest = x - full * chunk
+        ms = full * self._prefill_ms(np.array(chunk)) + np.where(rest > 0, self._prefill_ms(rest), 0.0)
+        return ms / 1e3
+
+    def concurrency(self, mean_sequence_tokens: Any) -> np.ndarray:
+        """Sequences decoded at once when each holds `mean_sequence_tokens` of KV at its end (>= 1)."""
+        tokens = np.maximum(np.asarray(mean_sequence_tokens, dtype=float), 1.0)
+        cap = np.maximum(1.0, np.floor(self.max_kv_tokens / tokens))
+        return np.minimum(cap, self.max_batch) if self.max_batch else cap
 
     def decode_step_seconds(self, batch: Any, context: Any) -> np.ndarray:
         """Seconds for one decode step of `batch` sequences of mean length `context` (broadcasts)."""
@@ -127,6 +155,10 @@ class Profile:
             out["cold_start_s"] = float(self.cold_start_s)
         if self.note:
             out["note"] = self.note
+        if self.max_batch:
+            out["max_batch"] = int(self.max_batch)
+        if self.prefill_chunk:
+            out["prefill_chunk"] = int(self.prefill_chunk)
         return out
 
     @classmethod
@@ -160,6 +192,8 @@ class Profile:
             max_kv_tokens=int(data["max_kv_tokens"]),
             cold_start_s=float(data.get("cold_start_s", 0.0)),
             note=str(data.get("note", "")),
+            max_batch=int(data.get("max_batch", 0)),
+            prefill_chunk=int(data.get("prefill_chunk", 0)),
         )
 
     @classmethod

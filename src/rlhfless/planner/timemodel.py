@@ -10,7 +10,8 @@ Within a segment an actor's batch is the number of its sequences still running, 
     batch_k  = tokens_k / steps_k (the batch shrinks as predicted lengths run out),
     context_k = mean prompt length + middle of the segment's generated part.
 
-A KV-memory cap admits at most K = max_kv_tokens / (mean prompt + mean response) sequences at a time;
+A cap admits at most K = `Profile.concurrency(mean prompt + mean response)` sequences at a time (KV
+memory, engine batch limit);
 segments whose batch would exceed K run at batch K for tokens_k / K steps (queued sequences join as
 others finish), the rest drain as above. Time = sum_k steps_k * decode_step(batch_k, context_k).
 
@@ -113,9 +114,7 @@ class RangeModel:
         seqs = prompts * self.group_size
         work = self._work[ends] - self._work[starts]
         mean_prompt = (self._context[ends] - self._context[starts]) / np.maximum(prompts, 1)
-        cap = np.maximum(
-            1.0, np.floor(self.profile.max_kv_tokens / (mean_prompt + work / np.maximum(seqs, 1)))
-        )
+        cap = self.profile.concurrency(mean_prompt + work / np.maximum(seqs, 1))
         tokens = self._tokens[ends] - self._tokens[starts]
         start, width = self.edges[:-1], np.diff(self.edges)
         steps = np.clip(self.range_max(starts, ends)[:, None] - start, 0.0, width)

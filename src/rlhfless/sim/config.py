@@ -89,9 +89,17 @@ class SimModelConfig:
     profile: str = field(
         default="", metadata={"help": "measured profile JSON (rlhfless profile --output); empty = roofline"}
     )
+    max_batch: int = field(
+        default=1024,
+        metadata={
+            "help": "most sequences one decode actor runs at once (vLLM max_num_seqs; verl sets 1024); "
+            "0 = only KV memory limits it"
+        },
+    )
 
     def __post_init__(self) -> None:
         _check(self.tp >= 1, "tp", self.tp, "an integer >= 1")
+        _check(self.max_batch >= 0, "max_batch", self.max_batch, "an integer >= 0")
         self.shape  # noqa: B018 - validates the name now
 
     @property

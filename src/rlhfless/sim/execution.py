@@ -5,8 +5,9 @@ admitted at step `a` with `r` tokens to go ends at `a + r`, whatever the step du
 a slot cap (KV memory) a waiting sequence takes the first slot that frees. Between two
 consecutive admission/finish events the batch is constant and its mean context grows linearly,
 so the wall time of that stretch is (steps) x (decode-step time at the batch and the midpoint
-context) from the profile. The only Python loop is over the waiting queue, and only when the cap
-binds.
+context) from the profile. A sequence may also have an earliest admission step (a migrant whose KV
+is still on its way). The only Python loop is over admissions, and only when the cap binds or
+some sequence arrives late.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from rlhfless.planner.profile import Profile
 
 
 def slot_cap(profile: Profile, context: np.ndarray, remaining: np.ndarray) -> int:
-    """Concurrent sequences the KV cache holds, each counted at its final length."""
+    """Concurrent sequences the actor runs (KV memory at final lengths, engine batch limit)."""
     if context.size == 0:
         return 1
-    return max(1, int(profile.max_kv_tokens // max(1.0, float(np.mean(context + remaining)))))
+    return int(profile.concurrency(float(np.mean(context + remaining))))
 
 
 @dataclass
@@ -52,6 +53,13 @@ class Schedule:
     def step_at(self, t: float) -> float:
         return float(np.interp(t, self.grid_time, self.grid_steps))
 
+    def step_after(self, profile: Profile, t: float) -> float:
+        """Engine step reached at time t, counting idle one-sequence steps past the end."""
+        if t <= self.end_time:
+            return self.step_at(t)
+        tick = float(profile.decode_step_seconds(1, float(np.mean(self.context)) if self.ids.size else 1.0))
+        return float(self.grid_steps[-1]) + (t - self.end_time) / max(tick, 1e-12)
+
     def generated_at(self, t: float) -> np.ndarray:
         """Tokens each sequence has generated here by time `t`."""
         return np.clip(self.step_at(t) - self.start, 0, self.remaining)
@@ -66,19 +74,28 @@ class Schedule:
 
 
 def schedule(
-    profile: Profile, t0: float, ids: np.ndarray, context: np.ndarray, remaining: np.ndarray, cap: int
+    profile: Profile,
+    t0: float,
+    ids: np.ndarray,
+    context: np.ndarray,
+    remaining: np.ndarray,
+    cap: int,
+    ready: np.ndarray | None = None,
 ) -> Schedule:
-    """Admission order is the array order (first come, first served)."""
+    """Admission order is the array order (first come, first served); `ready`: earliest steps."""
     remaining = remaining.astype(float)
     n = remaining.size
-    start = np.zeros(n)
+    start = np.zeros(n) if ready is None else ready.astype(float)
     if n > cap:
-        ends = list(remaining[:cap])
+        if ready is None:
+            ends = list(remaining[:cap])
+            first = cap
+        else:
+            ends, first = [0.0] * cap, 0
         heapq.heapify(ends)
-        for j in range(cap, n):
-            free = ends[0]
-            start[j] = free
-            heapq.heapreplace(ends, free + remaining[j])
+        for j in range(first, n):
+            start[j] = max(ends[0], start[j])
+            heapq.heapreplace(ends, start[j] + remaining[j])
     end = start + remaining
     if n == 0:
         grid = np.zeros(1)
@@ -95,14 +112,7 @@ def schedule(
     sum_offset -= np.concatenate([[0.0], np.cumsum(offset[by_end])])[n_ended]
     mid = (grid[:-1] + grid[1:]) / 2
     mean_context = (sum_offset + active * mid) / np.maximum(active, 1)
-    dt = np.diff(grid) * profile.decode_step_seconds(active, mean_context)
+    # An idle stretch (waiting for a late arrival) ticks at the engine's one-sequence step time.
+    dt = np.diff(grid) * profile.decode_step_seconds(np.maximum(active, 1), mean_context)
     times = t0 + np.concatenate([[0.0], np.cumsum(dt)])
     return Schedule(t0, ids, context, remaining, start, end, grid, times, cap)
-
-
-def prefill_seconds(profile: Profile, tokens: float, chunk: int = 2048) -> float:
-    """Prefill `tokens` prompt tokens in chunks of `chunk` (vLLM's batched, chunked prefill)."""
-    if tokens <= 0:
-        return 0.0
-    full, rest = divmod(float(tokens), chunk)
-    return float(full * profile.prefill_seconds(chunk) + profile.prefill_seconds(rest))

@@ -48,6 +48,8 @@ def make_stage(cfg: SimConfig) -> Stage:
             )
     else:
         profile = roofline_profile(shape, spec, cfg.model.tp)
+    if cfg.model.max_batch:
+        profile = replace(profile, max_batch=cfg.model.max_batch)
     return Stage(
         model=shape,
         profile=profile,

@@ -28,7 +28,7 @@ from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
-from rlhfless.sim.execution import Schedule, prefill_seconds, schedule, slot_cap
+from rlhfless.sim.execution import Schedule, schedule, slot_cap
 from rlhfless.sim.workload import StepPrompts
 
 
@@ -222,15 +222,15 @@ class _Generation:
         dedup = bool(plan.features.get("dedup_prefill"))
         prefix = np.minimum(plen, plan.prefix_length) if dedup else np.zeros_like(plen)
         local = (plen - prefix) if dedup else plen * g
-        self.prefill_s = prefill_seconds(profile, plan.prefill["tokens"]) if dedup else 0.0
+        self.prefill_s = float(profile.prefill_seconds(plan.prefill["tokens"])) if dedup else 0.0
         index = {u: i for i, u in enumerate(prompts.uids)}
-        intra, inter = stage.cluster.intra_node_bandwidth, stage.cluster.inter_node_bandwidth
+        cluster = stage.cluster
         self.runs: list[ActorRun] = []
         for actor in plan.actors:
             p = np.fromiter((index[u] for u in actor.uids), dtype=np.int64, count=len(actor.uids))
             seqs = (p[:, None] * g + np.arange(g)).ravel()
             colocated = bool(actor.gpu_ids) and actor.gpu_ids[0] == 0
-            bandwidth = intra if actor.node == 0 else inter
+            near = actor.node == 0  # the learner's node
             if serverful:
                 requested = ready = 0.0
             elif colocated:
@@ -238,11 +238,12 @@ class _Generation:
             else:
                 # The plan is known before learning ends, so the container starts during learning
                 # (billed from its request); weights stream as soon as learning ends (t = 0).
-                weights = stage.model.weight_bytes / bandwidth
-                kv = self.prefill_s + stage.model.kv_bytes_per_token * float(prefix[p].sum()) / bandwidth
+                weights = float(cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
+                kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
+                kv = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
                 ready = max(weights, kv)
                 requested = -stage.cold_start_s
-            t0 = ready + prefill_seconds(profile, float(local[p].sum()))
+            t0 = ready + float(profile.prefill_seconds(local[p].sum()))
             context, remaining = self.prompt_len[seqs], self.true[seqs]
             cap = slot_cap(profile, context, remaining)
             sched = schedule(profile, t0, seqs, context, remaining, cap)
@@ -320,9 +321,7 @@ class _Generation:
             idx = s.ids[unfinished]
             generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
             work = np.maximum(self.predicted[idx] - generated, 1.0)
-            waiting = int(np.count_nonzero(s.start > step + 1e-9))
-            active = idx.size - waiting
-            free = max(0, run.slots - active) if waiting == 0 else 0
+            free = max(0, run.slots - idx.size)  # queued sequences and migrants in flight hold slots
             out.append(
                 ActorProgress(i, run.total - idx.size, run.total, free, True, _Remaining(names, idx, work))
             )
@@ -331,18 +330,40 @@ class _Generation:
     def _apply(self, moves: list, t: float) -> None:
         leaving: dict[int, list[int]] = {}
         arriving: dict[int, list[int]] = {}
+        sources: dict[int, set[int]] = {}
         for m in moves:
             seq = self._index[m.sequence]
             leaving.setdefault(m.source, []).append(seq)
             arriving.setdefault(m.target, []).append(seq)
+            sources.setdefault(m.target, set()).add(m.source)
         self.migrations += len(moves)
         affected = sorted(set(leaving) | set(arriving))
         # Freeze every affected actor at t first: a migrant's progress must be known before it lands.
         held = {i: self._freeze(i, t) for i in affected}
+        resume: dict[int, tuple[float, float]] = {}
+        sending_until: dict[int, float] = {}
+        for target, seqs in arriving.items():
+            resume[target] = self._resume(target, np.array(seqs, dtype=np.int64), sources[target])
+            for source in sources[target]:  # a sender lives until its KV has left
+                sending_until[source] = max(sending_until.get(source, t), t + resume[target][1])
         for i in affected:
             out = np.array(leaving.get(i, []), dtype=np.int64)
             incoming = np.array(arriving.get(i, []), dtype=np.int64)
-            self._restart(i, t, held[i], out, incoming)
+            self._restart(i, t, held[i], out, incoming, resume.get(i, (0.0, 0.0)))
+            run = self.runs[i]
+            if math.isfinite(run.released):
+                run.released = max(run.released, sending_until.get(i, t))
+
+    def _resume(self, target: int, incoming: np.ndarray, sources: set[int]) -> tuple[float, float]:
+        """(receiver stall, migrant KV transfer) seconds: re-prefill prompt + partial response on
+        the receiver (stalls it), or send the KV (only the migrants wait), whichever is sooner."""
+        tokens = float((self.prompt_len[incoming] + self.gen_before[incoming]).sum())
+        run = self.runs[target]
+        same_node = all(self.runs[s].node == run.node for s in sources)
+        kv_bytes = self.stage.model.kv_bytes_per_token * tokens
+        transfer = float(self.stage.cluster.transfer_seconds(kv_bytes, same_node, run.gpus))
+        prefill = float(self.stage.profile.prefill_seconds(tokens))
+        return (0.0, transfer) if transfer <= prefill else (prefill, 0.0)
 
     def _freeze(self, i: int, t: float) -> tuple[np.ndarray, np.ndarray]:
         """Book actor i's progress up to t; return its unfinished ids, running ones first."""
@@ -357,27 +378,33 @@ class _Generation:
         return s.ids[unfinished & started], s.ids[unfinished & ~started]
 
     def _restart(
-        self, i: int, t: float, held: tuple[np.ndarray, np.ndarray], out: np.ndarray, incoming: np.ndarray
+        self,
+        i: int,
+        t: float,
+        held: tuple[np.ndarray, np.ndarray],
+        out: np.ndarray,
+        incoming: np.ndarray,
+        resume: tuple[float, float],
     ) -> None:
         """Actor i's new schedule from t: its running sequences, then migrants, then its queue."""
         run = self.runs[i]
+        profile = self.stage.profile
         running, waiting = (ids[~np.isin(ids, out)] for ids in held)
         ids = np.concatenate([running, incoming, waiting])
         run.migrated_out += int(out.size)
         run.migrated_in += int(incoming.size)
         if ids.size == 0:
             run.released = t
-            run.sched = schedule(
-                self.stage.profile, t, ids, ids.astype(float), ids.astype(float), run.sched.cap
-            )
+            run.sched = schedule(profile, t, ids, ids.astype(float), ids.astype(float), run.sched.cap)
             return
         context = self.prompt_len[ids] + self.gen_before[ids]
         remaining = self.true[ids] - self.gen_before[ids]
-        resume = 0.0
-        if incoming.size:
-            tokens = float((self.prompt_len[incoming] + self.gen_before[incoming]).sum())
-            cluster = self.stage.cluster
-            bandwidth = cluster.intra_node_bandwidth if run.node == 0 else cluster.inter_node_bandwidth
-            transfer = self.stage.model.kv_bytes_per_token * tokens / bandwidth
-            resume = min(prefill_seconds(self.stage.profile, tokens), transfer)
-        run.sched = schedule(self.stage.profile, t + resume, ids, context, remaining, run.sched.cap)
+        stall, transfer = resume
+        ready = None
+        if transfer > 0:
+            # The receiver keeps decoding its own sequences; migrants join once their KV arrived.
+            own = np.r_[np.arange(running.size), np.arange(running.size + incoming.size, ids.size)]
+            base = schedule(profile, t, ids[own], context[own], remaining[own], run.sched.cap)
+            ready = np.zeros(ids.size)
+            ready[running.size : running.size + incoming.size] = base.step_after(profile, t + transfer)
+        run.sched = schedule(profile, t + stall, ids, context, remaining, run.sched.cap, ready)
