@@ -29,6 +29,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
 PRESETS = ("default", "tiny")
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
@@ -112,14 +113,53 @@ class AlgorithmConfig:
         default=None, metadata={"help": "dual clip constant (> 1) for negative advantages; null disables"}
     )
     kl_coef: float = field(
-        default=0.0, metadata={"help": "KL-to-reference loss coefficient; 0 disables the reference model"}
+        default=0.0,
+        metadata={
+            "help": "KL-to-reference coefficient: of the KL loss, or the initial beta with kl_in_reward; "
+            "0 disables the reference model"
+        },
     )
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3"})
+    kl_estimator: str = field(
+        default="k3", metadata={"help": f"KL estimator: one of {', '.join(KL_ESTIMATORS)}"}
+    )
     loss_agg: str = field(
         default="token-mean", metadata={"help": f"loss aggregation: one of {', '.join(LOSS_AGGREGATIONS)}"}
     )
-    epochs: int = field(default=1, metadata={"help": "passes over each step's samples"})
-    mini_batches: int = field(default=1, metadata={"help": "optimizer steps per epoch"})
+    epochs: int = field(default=1, metadata={"help": "passes over each step's samples (policy and critic)"})
+    mini_batches: int = field(default=1, metadata={"help": "optimizer steps per epoch (policy and critic)"})
+    gamma: float = field(
+        default=1.0, metadata={"help": "ppo, reinforce_pp: discount per response token, in [0, 1]"}
+    )
+    lam: float = field(default=0.95, metadata={"help": "ppo: GAE lambda, in [0, 1]"})
+    critic_lr: float = field(
+        default=1e-5, metadata={"help": "ppo: the critic's AdamW learning rate (its own optimizer)"}
+    )
+    value_clip: float | None = field(
+        default=0.2,
+        metadata={
+            "help": "ppo: values move at most this far from the rollout's values in the loss; null disables"
+        },
+    )
+    critic_warmup: int = field(
+        default=0, metadata={"help": "ppo: first N steps train only the critic (the policy stays put)"}
+    )
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "ppo, reinforce_pp: subtract beta * KL(policy || reference) from every response "
+            "token's reward (beta starts at kl_coef) instead of adding a KL loss"
+        },
+    )
+    kl_ctrl: str = field(
+        default="fixed",
+        metadata={"help": "KL-in-reward coefficient: 'fixed', or 'adaptive' (steered towards target_kl)"},
+    )
+    target_kl: float = field(
+        default=0.1, metadata={"help": "adaptive kl_ctrl: the per-sequence KL beta is steered towards"}
+    )
+    kl_horizon: int = field(
+        default=10000, metadata={"help": "adaptive kl_ctrl: samples over which beta moves by at most 20%"}
+    )
 
     def __post_init__(self) -> None:
         _check(self.name in ALGORITHMS, "name", self.name, f"one of {', '.join(ALGORITHMS)}")
@@ -128,10 +168,39 @@ class AlgorithmConfig:
         _check(self.clip_high >= 0, "clip_high", self.clip_high, "a number >= 0")
         _check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", self.dual_clip, "null or > 1")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
-        _check(self.kl_estimator in ("k1", "k2", "k3"), "kl_estimator", self.kl_estimator, "k1, k2 or k3")
+        _check(
+            self.kl_estimator in KL_ESTIMATORS, "kl_estimator", self.kl_estimator, f"one of {KL_ESTIMATORS}"
+        )
         _check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg, f"one of {LOSS_AGGREGATIONS}")
         _check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
         _check(self.mini_batches >= 1, "mini_batches", self.mini_batches, "an integer >= 1")
+        _check(0 <= self.gamma <= 1, "gamma", self.gamma, "a number in [0, 1]")
+        _check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
+        _check(self.critic_lr > 0, "critic_lr", self.critic_lr, "a number > 0")
+        _check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip, "null or > 0")
+        _check(self.critic_warmup >= 0, "critic_warmup", self.critic_warmup, "an integer >= 0")
+        token_level = ("ppo", "reinforce_pp")
+        _check(
+            not self.kl_in_reward or self.name in token_level,
+            "kl_in_reward",
+            self.kl_in_reward,
+            f"false unless name is one of {token_level} (per-token rewards)",
+        )
+        _check(
+            not self.kl_in_reward or self.kl_coef > 0,
+            "kl_in_reward",
+            self.kl_in_reward,
+            "false unless kl_coef > 0 (kl_coef is the initial beta)",
+        )
+        _check(self.kl_ctrl in ("fixed", "adaptive"), "kl_ctrl", self.kl_ctrl, "'fixed' or 'adaptive'")
+        _check(
+            self.kl_ctrl == "fixed" or self.kl_in_reward,
+            "kl_ctrl",
+            self.kl_ctrl,
+            "'fixed' unless kl_in_reward=true",
+        )
+        _check(self.target_kl > 0, "target_kl", self.target_kl, "a number > 0")
+        _check(self.kl_horizon >= 1, "kl_horizon", self.kl_horizon, "an integer >= 1")
 
 
 @dataclass

@@ -36,13 +36,33 @@ class RewardConfig:
             "built-in correctness score (the format reward is still added unless format_weight=0)"
         },
     )
+    rule_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "weight of the rule reward (correctness and format above) in the total; 0 skips "
+            "correctness (prompts then need no ground truth), the format part is still reported"
+        },
+    )
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "local sequence-classification checkpoint directory scoring (prompt, response) "
+            "pairs; its first logit, times model_weight, is added to the reward"
+        },
+    )
+    model_weight: float = field(default=1.0, metadata={"help": "weight of the reward model's score"})
+    model_batch_size: int = field(default=16, metadata={"help": "pairs the reward model scores at once"})
+    model_max_tokens: int = field(
+        default=2048,
+        metadata={"help": "longest pair the reward model reads; longer ones lose their beginning"},
+    )
 
     def __post_init__(self) -> None:
         if self.answer_format not in ANSWER_FORMATS:
             raise ValueError(
                 f"answer_format: got {self.answer_format!r}, expected one of {', '.join(ANSWER_FORMATS)}"
             )
-        for name in ("format_weight", "correct_weight"):
+        for name in ("format_weight", "correct_weight", "rule_weight", "model_weight"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -55,3 +75,9 @@ class RewardConfig:
             module, sep, attr = self.function.partition(":")
             if not (sep and module and attr):
                 raise ValueError(f"function: got {self.function!r}, expected 'module:function'")
+        if self.model is not None and not self.model.strip():
+            raise ValueError(f"model: got {self.model!r}, expected a checkpoint directory or null")
+        for name in ("model_batch_size", "model_max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: got {value!r}, expected an integer >= 1")

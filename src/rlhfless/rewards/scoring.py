@@ -7,12 +7,15 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhfless.data.gym import GYM_KEY, create_gym_dataset
 from rlhfless.data.prompts import Prompt
 from rlhfless.rewards.answers import answers_match, extract_answer, format_score
 from rlhfless.rewards.config import RewardConfig
+
+if TYPE_CHECKING:
+    from rlhfless.rewards.model import RewardModel
 
 
 class RewardError(Exception):
@@ -47,6 +50,7 @@ class RewardFn:
     cfg: RewardConfig
     _user_fn: Callable[[Prompt, str], float] | None = field(default=None, init=False, repr=False)
     _gym_datasets: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _model: RewardModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cfg.function:
@@ -59,12 +63,46 @@ class RewardFn:
         self.cfg = state["cfg"]
         self._gym_datasets = {}
         self._user_fn = load_user_function(self.cfg.function) if self.cfg.function else None
+        self._model = None
 
     def __call__(self, prompt: Prompt, response: str) -> RewardOutput:
-        correct = self.correctness(prompt, response)
-        form = format_score(response, self.cfg.answer_format)
-        score = self.cfg.correct_weight * correct + self.cfg.format_weight * form
-        return RewardOutput(score=score, components={"correct": correct, "format": form})
+        return self.score_batch([prompt], [response])[0]
+
+    def score_batch(self, prompts: list[Prompt], responses: list[str]) -> list[RewardOutput]:
+        """Scores of many pairs: the reward model (if any) runs over them in batches.
+
+        `score = rule_weight * (correct_weight * correct + format_weight * format)
+        + model_weight * model`; components hold the unweighted `correct` (when rule_weight > 0),
+        `format` and `model` (with a reward model).
+        """
+        cfg = self.cfg
+        model_scores = self.reward_model()(prompts, responses) if cfg.model else None
+        out = []
+        for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            components = {"format": format_score(response, cfg.answer_format)}
+            score = 0.0
+            if cfg.rule_weight > 0:
+                components["correct"] = self.correctness(prompt, response)
+                rule = cfg.correct_weight * components["correct"] + cfg.format_weight * components["format"]
+                score += cfg.rule_weight * rule
+            if model_scores is not None:
+                components["model"] = model_scores[i]
+                score += cfg.model_weight * model_scores[i]
+            out.append(RewardOutput(score=score, components=components))
+        return out
+
+    def reward_model(self) -> RewardModel:
+        """The reward model, loaded on first use in this process."""
+        if self._model is None:
+            from rlhfless.rewards.model import RewardModel, RewardModelError  # torch only when used
+
+            try:
+                self._model = RewardModel(
+                    self.cfg.model, self.cfg.model_batch_size, self.cfg.model_max_tokens
+                )
+            except RewardModelError as err:
+                raise RewardError(str(err)) from err
+        return self._model
 
     def correctness(self, prompt: Prompt, response: str) -> float:
         """User function if configured; else reasoning-gym's own scorer or a match against ground_truth."""

@@ -17,6 +17,7 @@ from rlhfless.config import Config
 from rlhfless.engine import Engine, SamplingParams, rollout
 from rlhfless.planner import StepPlan
 from rlhfless.rewards import RewardFn
+from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.learner import Learner
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 
@@ -30,8 +31,24 @@ class Executor(Protocol):
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
         """Score samples in place; return reference log-probs (None without KL) and metrics."""
 
-    def learn(self, samples: list[Sample], advantages: list[Tensor], ref: list[Tensor] | None) -> dict:
-        """Update the policy; the next `generate` samples from the new weights."""
+    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        """The current policy's response log-probs, no gradients: the old log-probs that the KL in
+        the reward (`algorithm.kl_in_reward`) is measured with; `learn` then gets them as `old`."""
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        """PPO (the executor owns the critic): per-token GAE advantages (not whitened) from the
+        critic's values before its update, after fitting it to this step's returns; `rewards`
+        are per-sample token rewards. Metrics: `loss/value`, `value/mean`, `value/explained_variance`."""
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None = None,
+    ) -> dict:
+        """Update the policy; the next `generate` samples from the new weights. `old`: the
+        policy's log-probs from `policy_logprobs` when already computed this step."""
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         """After learning: the step's billing metrics and its timeline (None when not metered)."""
@@ -50,11 +67,19 @@ def sampling_params(cfg: Config) -> SamplingParams:
     )
 
 
+def build_critic(cfg: Config, policy: torch.nn.Module, pad_id: int) -> Critic | None:
+    """PPO's critic, started from the policy's weights; None for the critic-free algorithms."""
+    if cfg.algorithm.name != "ppo":
+        return None
+    model = ValueModel.from_policy(policy)
+    return Critic(model, cfg.algorithm, cfg.optim, cfg.trainer.micro_batch_tokens, pad_id)
+
+
 def score(prompts: list[StepPrompt], samples: list[Sample], reward_fn: RewardFn) -> None:
-    """Rewards in place, from the decoded response text."""
+    """Rewards in place, from the decoded response text; a reward model scores them in batches."""
     by_uid = {p.uid: p.prompt for p in prompts}
-    for s in samples:
-        out = reward_fn(by_uid[s.uid], s.response)
+    outputs = reward_fn.score_batch([by_uid[s.uid] for s in samples], [s.response for s in samples])
+    for s, out in zip(samples, outputs, strict=True):
         s.reward, s.reward_components = float(out.score), dict(out.components)
 
 
@@ -89,6 +114,7 @@ class InProcessExecutor:
             temperature=cfg.generation.temperature,
             pad_id=tokenizer.pad_token_id,
         )
+        self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)
 
     def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
         self.policy.eval()
@@ -114,8 +140,22 @@ class InProcessExecutor:
         ref = None if self.reference is None else self.learner.logprobs(self.reference, samples)
         return ref, {"time/reward": rewards, "time/reference": time.perf_counter() - start - rewards}
 
-    def learn(self, samples: list[Sample], advantages: list[Tensor], ref: list[Tensor] | None) -> dict:
-        metrics = self.learner.learn(samples, advantages, ref)
+    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        return self.learner.logprobs(self.policy, samples)
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        if self.critic is None:
+            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
+        return self.critic.update(samples, rewards)
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None = None,
+    ) -> dict:
+        metrics = self.learner.learn(samples, advantages, ref, old)
         self.version += 1
         self.engine.weight_version = self.version  # same parameters as the learner: nothing to copy
         return metrics
@@ -124,10 +164,15 @@ class InProcessExecutor:
         return {}, None
 
     def state_dict(self) -> dict:
-        return {"learner": self.learner.state_dict(), "version": self.version}
+        state = {"learner": self.learner.state_dict(), "version": self.version}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.learner.load_state_dict(state["learner"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         self.version = state["version"]
         self.engine.weight_version = self.version
 

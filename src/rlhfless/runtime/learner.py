@@ -98,10 +98,11 @@ class MicroBatch:
         return cls(rows, prompt_ids, prompt_mask, group_index, targets[:, :-1], targets, mask)
 
 
-def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> Tensor:
-    """Log-probs [N, R] of the response tokens; each prompt runs once, the LM head sees only
-    response positions."""
-    backbone = model.base_model
+def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
+    """Final hidden states [N, R, H] at the positions that predict each response token: the last
+    prompt position, then every response token but the last. Each prompt runs once; its KV is
+    shared by the group's samples (with gradients). The policy's LM head and the critic's value
+    head both read these states."""
     positions = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = backbone(
         input_ids=mb.prompt_ids, attention_mask=mb.prompt_mask, position_ids=positions, use_cache=True
@@ -120,11 +121,40 @@ def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float
             use_cache=True,
         )
         hidden.append(follow.last_hidden_state)
-    logits = model.get_output_embeddings()(torch.cat(hidden, dim=1)).float()
+    return torch.cat(hidden, dim=1)
+
+
+def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> Tensor:
+    """Log-probs [N, R] of the response tokens; each prompt runs once, the LM head sees only
+    response positions."""
+    logits = model.get_output_embeddings()(response_hidden(model.base_model, mb)).float()
     if temperature > 0:
         logits = logits / temperature
     chosen = logits.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
     return (chosen - torch.logsumexp(logits, dim=-1)) * mb.mask
+
+
+def pack(samples: list[Sample], rows: list[int], token_budget: int, pad_id: int) -> list[MicroBatch]:
+    """The micro-batches of `rows`: samples grouped by prompt, groups packed under the budget."""
+    groups = prompt_groups(samples, rows)
+    return [
+        MicroBatch.build(samples, [groups[g] for g in chosen], pad_id)
+        for chosen in micro_batches(groups, token_budget)
+    ]
+
+
+def update_order(n: int, epochs: int, mini_batches: int, seed: int) -> list[list[int]]:
+    """The rows of each optimizer step: `epochs` passes, each split into `mini_batches` shuffled
+    chunks (in order when there is one chunk). Seeded, so a resumed run repeats it."""
+    generator = torch.Generator().manual_seed(seed)
+    chunks = []
+    for _ in range(epochs):
+        if mini_batches == 1:
+            chunks.append(list(range(n)))
+            continue
+        order = torch.randperm(n, generator=generator).tolist()
+        chunks.extend(order[k::mini_batches] for k in range(mini_batches))
+    return chunks
 
 
 def _scatter(per_mb: list[tuple[list[int], Tensor, Tensor]], n: int) -> list[Tensor]:
@@ -135,7 +165,8 @@ def _scatter(per_mb: list[tuple[list[int], Tensor, Tensor]], n: int) -> list[Ten
     return out
 
 
-def _stack(per_sample: list[Tensor], rows: list[int], width: int) -> Tensor:
+def stack(per_sample: list[Tensor], rows: list[int], width: int) -> Tensor:
+    """Rows `rows` of per-sample token tensors, right-padded with 0 to `width`."""
     out = torch.zeros((len(rows), width))
     for b, i in enumerate(rows):
         out[b, : per_sample[i].numel()] = per_sample[i]
@@ -181,11 +212,8 @@ class Learner:
         return factor
 
     def _batches(self, samples: list[Sample], rows: list[int] | None = None) -> list[MicroBatch]:
-        groups = prompt_groups(samples, list(range(len(samples))) if rows is None else rows)
-        return [
-            MicroBatch.build(samples, [groups[g] for g in chosen], self.pad_id)
-            for chosen in micro_batches(groups, self.micro_batch_tokens)
-        ]
+        rows = list(range(len(samples))) if rows is None else rows
+        return pack(samples, rows, self.micro_batch_tokens, self.pad_id)
 
     @torch.no_grad()
     def logprobs(self, model: torch.nn.Module, samples: list[Sample]) -> list[Tensor]:
@@ -200,27 +228,30 @@ class Learner:
         return _scatter(results, len(samples))
 
     def learn(
-        self, samples: list[Sample], advantages: list[Tensor], ref_logprobs: list[Tensor] | None
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref_logprobs: list[Tensor] | None,
+        old_logprobs: list[Tensor] | None = None,
     ) -> dict[str, float]:
-        """Epochs x mini-batches of clipped policy-gradient updates; returns step metrics."""
+        """Epochs x mini-batches of clipped policy-gradient updates; returns step metrics.
+
+        `old_logprobs` are the policy's log-probs before this update when the caller already has
+        them (PPO with the KL in the reward); otherwise they are computed here only when more than
+        one update is made, and one update reuses its own forward pass, detached.
+        """
         algo = self.algo
-        reuse_old = algo.epochs == 1 and algo.mini_batches == 1
-        old = None if reuse_old else self.logprobs(self.model, samples)
+        old = old_logprobs
+        if old is None and (algo.epochs > 1 or algo.mini_batches > 1):
+            old = self.logprobs(self.model, samples)
         self.model.train()
         totals: dict[str, float] = {}
-        count = 0
-        generator = torch.Generator().manual_seed(len(samples))
-        for _ in range(algo.epochs):
-            order = (
-                torch.randperm(len(samples), generator=generator).tolist() if algo.mini_batches > 1 else None
-            )
-            for chunk in range(algo.mini_batches):
-                rows = list(range(len(samples))) if order is None else order[chunk :: algo.mini_batches]
-                stats = self._update(samples, rows, advantages, old, ref_logprobs)
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + value
-                count += 1
-        return {key: value / count for key, value in totals.items()}
+        chunks = update_order(len(samples), algo.epochs, algo.mini_batches, seed=len(samples))
+        for rows in chunks:
+            stats = self._update(samples, rows, advantages, old, ref_logprobs)
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
+        return {key: value / len(chunks) for key, value in totals.items()}
 
     def _update(
         self,
@@ -238,8 +269,8 @@ class Learner:
         for mb in self._batches(samples, rows):
             width = mb.mask.shape[1]
             logp = response_logprobs(self.model, mb, self.temperature)
-            old_logp = logp.detach() if old is None else _stack(old, mb.rows, width)
-            adv = _stack(advantages, mb.rows, width)
+            old_logp = logp.detach() if old is None else stack(old, mb.rows, width)
+            adv = stack(advantages, mb.rows, width)
             loss, metrics = policy_loss(
                 logp, old_logp, adv, mb.mask, algo.clip_low, algo.clip_high, algo.dual_clip, algo.loss_agg
             )
@@ -247,7 +278,7 @@ class Learner:
             weight = mb_tokens / max(tokens, 1) if by_tokens else len(mb.rows) / len(rows)
             kl_value = 0.0
             if ref is not None:
-                kl = kl_penalty(logp, _stack(ref, mb.rows, width), algo.kl_estimator)
+                kl = kl_penalty(logp, stack(ref, mb.rows, width), algo.kl_estimator)
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg)
                 kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
             (loss * weight).backward()

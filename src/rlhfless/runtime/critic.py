@@ -1,0 +1,153 @@
+"""PPO's critic: a value head on a copy of the policy's backbone, with its own optimizer.
+
+It reads the same hidden states as the policy's LM head (`response_hidden`: each prompt once,
+packed micro-batches, no padding waste), so a value per response token costs one backbone pass.
+With one epoch and one mini-batch the values GAE needs come from the update's own forward pass,
+detached: the critic then costs one forward and one backward per step, nothing more.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+from rlhfless.algo import explained_variance, gae, masked_mean, value_loss
+from rlhfless.config import AlgorithmConfig, OptimConfig
+from rlhfless.runtime.learner import MicroBatch, pack, response_hidden, stack, update_order
+from rlhfless.runtime.samples import Sample
+
+
+class ValueModel(torch.nn.Module):
+    """A causal LM's backbone and a linear head giving one value per position."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        # Zero at first: values start at 0, and the backbone is not pushed around by a random head.
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_policy(cls, policy: torch.nn.Module) -> ValueModel:
+        """The critic starts from the policy's weights (its own copy) and a fresh head."""
+        backbone = copy.deepcopy(policy.base_model).train().requires_grad_(True)
+        return cls(backbone, policy.config.hidden_size).to(next(policy.parameters()).dtype)
+
+
+def response_values(critic: ValueModel, mb: MicroBatch) -> Tensor:
+    """Values [N, R]: `V_t` of the state before response token `t` is sampled; 0 off the mask."""
+    hidden = response_hidden(critic.backbone, mb)
+    return critic.value_head(hidden).squeeze(-1).float() * mb.mask
+
+
+def _padded(per_sample: list[Tensor], width: int) -> tuple[Tensor, Tensor]:
+    """All samples' token tensors as one [B, width] batch, and its mask."""
+    rows = list(range(len(per_sample)))
+    return stack(per_sample, rows, width), stack([torch.ones(t.numel()) for t in per_sample], rows, width)
+
+
+class Critic:
+    """Owns the value model and its AdamW; fits it to GAE returns and hands back the advantages."""
+
+    def __init__(
+        self,
+        model: ValueModel,
+        algo: AlgorithmConfig,
+        optim: OptimConfig,
+        micro_batch_tokens: int,
+        pad_id: int,
+    ) -> None:
+        self.model, self.algo, self.optim_cfg = model, algo, optim
+        self.micro_batch_tokens, self.pad_id = micro_batch_tokens, pad_id
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=algo.critic_lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+
+    def _batches(self, samples: list[Sample], rows: list[int]) -> list[MicroBatch]:
+        return pack(samples, rows, self.micro_batch_tokens, self.pad_id)
+
+    @torch.no_grad()
+    def values(self, samples: list[Sample]) -> list[Tensor]:
+        """Per-sample response values under the current critic, no gradients."""
+        out: list[Tensor] = [torch.empty(0)] * len(samples)
+        self.model.eval()
+        for mb in self._batches(samples, list(range(len(samples)))):
+            values = response_values(self.model, mb)
+            for b, i in enumerate(mb.rows):
+                out[i] = values[b, : len(samples[i].response_ids)]
+        self.model.train()
+        return out
+
+    def update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict[str, float]]:
+        """GAE from the critic's values before this update, then epochs x mini-batches of clipped
+        value-loss steps towards the returns. `rewards` are per-sample token rewards.
+
+        Returns the per-sample advantages (not whitened) and the metrics `loss/value` (mean over
+        updates), `value/mean` and `value/explained_variance` (of the returns by the pre-update
+        values; 0 when the returns do not vary), `critic/grad_norm`, `critic/vf_clip_frac`.
+        """
+        algo, n = self.algo, len(samples)
+        lengths = [len(s.response_ids) for s in samples]
+        fused = algo.epochs == 1 and algo.mini_batches == 1
+        old: list[Tensor] = [torch.empty(0)] * n
+        advantages: list[Tensor] = [torch.empty(0)] * n
+        returns: list[Tensor] = [torch.empty(0)] * n
+        if not fused:
+            old = self.values(samples)
+            values, mask = _padded(old, max(lengths))
+            adv, ret = gae(_padded(rewards, max(lengths))[0], values, mask, algo.gamma, algo.lam)
+            for i, r in enumerate(lengths):
+                advantages[i], returns[i] = adv[i, :r], ret[i, :r]
+        chunks = update_order(n, algo.epochs, algo.mini_batches, seed=n + 1)
+        totals = {"loss/value": 0.0, "critic/grad_norm": 0.0, "critic/vf_clip_frac": 0.0}
+        self.model.train()
+        for rows in chunks:
+            tokens = max(sum(lengths[i] for i in rows), 1)
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in self._batches(samples, rows):
+                width = mb.mask.shape[1]
+                values = response_values(self.model, mb)
+                if fused:  # the pre-update values are this very forward's, detached
+                    old_v = values.detach()
+                    adv, ret = gae(stack(rewards, mb.rows, width), old_v, mb.mask, algo.gamma, algo.lam)
+                    for b, i in enumerate(mb.rows):
+                        advantages[i], returns[i], old[i] = (
+                            adv[b, : lengths[i]],
+                            ret[b, : lengths[i]],
+                            old_v[b, : lengths[i]],
+                        )
+                else:
+                    old_v, ret = stack(old, mb.rows, width), stack(returns, mb.rows, width)
+                loss = value_loss(values, old_v, ret, mb.mask, algo.value_clip, algo.loss_agg)
+                token_share = float(mb.mask.sum()) / tokens
+                weight = token_share if algo.loss_agg == "token-mean" else len(mb.rows) / len(rows)
+                (loss * weight).backward()
+                totals["loss/value"] += float(loss.detach()) * weight
+                if algo.value_clip is not None:
+                    moved = ((values.detach() - old_v).abs() > algo.value_clip).float()
+                    totals["critic/vf_clip_frac"] += float(masked_mean(moved, mb.mask)) * token_share
+            max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            totals["critic/grad_norm"] += float(grad_norm)
+            self.optimizer.step()
+        metrics = {key: value / len(chunks) for key, value in totals.items()}
+        values, mask = _padded(old, max(lengths))
+        ret = _padded(returns, max(lengths))[0]
+        explained = explained_variance(values, ret, mask)
+        metrics["value/mean"] = float(masked_mean(values, mask))
+        metrics["value/explained_variance"] = float(explained) if torch.isfinite(explained) else 0.0
+        return advantages, metrics
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
