@@ -19,8 +19,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlhfless.algo import get_advantage_estimator
-from rlhfless.config import Config, resolve_output_dir, save_config, to_dict, write_atomic
+from rlhfless.algo import (
+    AdaptiveKLController,
+    FixedKLController,
+    get_advantage_estimator,
+    kl_penalty,
+    reinforce_pp_advantages,
+    whiten,
+)
+from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import ClusterSpec, LengthPredictor
@@ -64,13 +71,59 @@ def tokenize_prompts(prompts: list[Prompt], tokenizer, max_tokens: int) -> list[
     return out
 
 
-def advantages(cfg: Config, samples: list[Sample]) -> list[Tensor]:
-    """Sequence-level advantages (GRPO, RLOO), broadcast over each sample's response tokens."""
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    estimator = get_advantage_estimator(cfg.algorithm.name)
-    kwargs = {"norm_by_std": cfg.algorithm.norm_adv_by_std} if cfg.algorithm.name == "grpo" else {}
-    per_sample = estimator(rewards, [s.uid for s in samples], **kwargs)
+def _padded(per_sample: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Per-sample token tensors as one right-padded [B, R] batch, and its mask."""
+    width = max(t.numel() for t in per_sample)
+    batch, mask = torch.zeros((len(per_sample), width)), torch.zeros((len(per_sample), width))
+    for b, t in enumerate(per_sample):
+        batch[b, : t.numel()], mask[b, : t.numel()] = t, 1.0
+    return batch, mask
+
+
+def _unpad(batch: Tensor, like: list[Tensor]) -> list[Tensor]:
+    return [batch[b, : t.numel()].clone() for b, t in enumerate(like)]
+
+
+def token_rewards(samples: list[Sample], kl: list[Tensor] | None, beta: float) -> list[Tensor]:
+    """Per-token rewards for the token-level estimators (ppo, reinforce_pp): the sample's reward on
+    its last response token, and `-beta * kl_t` on every response token when `kl` is given."""
+    out = []
+    for i, s in enumerate(samples):
+        r = torch.zeros(len(s.response_ids)) if kl is None else -beta * kl[i].float()
+        r[-1] += s.reward
+        out.append(r)
+    return out
+
+
+def advantages(cfg: Config, samples: list[Sample], rewards: list[Tensor] | None = None) -> list[Tensor]:
+    """Per-token advantages of the critic-free estimators. Sequence-level (grpo, rloo) broadcast
+    over each sample's response tokens; reinforce_pp whitens the returns-to-go of `rewards` (the
+    token rewards, see `token_rewards`) over the batch. PPO's come from its critic instead."""
+    algo = cfg.algorithm
+    if algo.name == "reinforce_pp":
+        if rewards is None:
+            rewards = token_rewards(samples, None, 0.0)
+        batch, mask = _padded(rewards)
+        adv, _ = reinforce_pp_advantages(batch, mask, gamma=algo.gamma)
+        return _unpad(adv, rewards)
+    scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    estimator = get_advantage_estimator(algo.name)
+    kwargs = {"norm_by_std": algo.norm_adv_by_std} if algo.name == "grpo" else {}
+    per_sample = estimator(scores, [s.uid for s in samples], **kwargs)
     return [torch.full((len(s.response_ids),), float(a)) for s, a in zip(samples, per_sample, strict=True)]
+
+
+def whiten_tokens(per_sample: list[Tensor]) -> list[Tensor]:
+    """`whiten` over every response token of the batch (PPO normalises its GAE advantages so)."""
+    batch, mask = _padded(per_sample)
+    return _unpad(whiten(batch, mask), per_sample)
+
+
+def kl_controller(algo: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
+    """The KL-in-reward coefficient beta, starting at `kl_coef`."""
+    if algo.kl_ctrl == "adaptive":
+        return AdaptiveKLController(algo.kl_coef, algo.target_kl, algo.kl_horizon)
+    return FixedKLController(algo.kl_coef)
 
 
 def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -137,6 +190,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         cfg.algorithm.group_size,
     )
 
+    kl_ctrl = kl_controller(cfg.algorithm)
     start = 0
     if cfg.resume:
         checkpoints = list_checkpoints(out / "checkpoints")
@@ -146,6 +200,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         executor.load_state_dict(learner_state)
         loader.load_state_dict(state["loader"])
         predictor.load_state_dict(state["predictor"])
+        kl_ctrl.value = state.get("kl_coef", kl_ctrl.value)
         start = state["step"]
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
@@ -158,13 +213,17 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     try:
         for step in range(start + 1, cfg.trainer.steps + 1):
             metrics = run_step(
-                cfg, step, next(loader), tokenizer, planner, predictor, executor, log, on_event
+                cfg, step, next(loader), tokenizer, planner, predictor, executor, log, on_event, kl_ctrl
             )
             log.metrics(step, metrics)
             result.history.append({"step": step, **metrics})
             on_event("step", {"step": step, **metrics})
             if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.steps:
-                trainer_state = {"loader": loader.state_dict(), "predictor": predictor.state_dict()}
+                trainer_state = {
+                    "loader": loader.state_dict(),
+                    "predictor": predictor.state_dict(),
+                    "kl_coef": kl_ctrl.value,
+                }
                 save_checkpoint(
                     out / "checkpoints",
                     step,
@@ -180,7 +239,10 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     return result
 
 
-def run_step(cfg, step, batch, tokenizer, planner, predictor, executor, log, on_event) -> dict[str, float]:
+def run_step(
+    cfg, step, batch, tokenizer, planner, predictor, executor, log, on_event, kl_ctrl=None
+) -> dict[str, float]:
+    kl_ctrl = kl_ctrl or kl_controller(cfg.algorithm)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     prompts = tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
@@ -199,13 +261,31 @@ def run_step(cfg, step, batch, tokenizer, planner, predictor, executor, log, on_
 
     on_event("phase", {"step": step, "phase": "prepare"})
     t = time.perf_counter()
+    algo = cfg.algorithm
     ref, prep_metrics = executor.prepare(prompts, samples)
-    adv = advantages(cfg, samples)
+    old = rewards = None
+    if algo.kl_in_reward:  # the KL is paid in the reward, per token, and not again in the loss
+        old = executor.policy_logprobs(samples)
+        kl = [kl_penalty(o, r, algo.kl_estimator) for o, r in zip(old, ref, strict=True)]
+        rewards = token_rewards(samples, kl, kl_ctrl.value)
+        tokens = sum(k.numel() for k in kl)
+        prep_metrics |= {"kl/mean": float(sum(k.sum() for k in kl)) / tokens, "kl/coef": kl_ctrl.value}
+        kl_ctrl.update(statistics.fmean(float(k.mean()) for k in kl), len(samples))
+        ref = None
+    elif algo.name in ("ppo", "reinforce_pp"):
+        rewards = token_rewards(samples, None, 0.0)
+    adv = None if algo.name == "ppo" else advantages(cfg, samples, rewards)
     timings["time/preparation"] = time.perf_counter() - t
 
     on_event("phase", {"step": step, "phase": "learn"})
     t = time.perf_counter()
-    learn_metrics = executor.learn(samples, adv, ref)
+    learn_metrics = {}
+    if algo.name == "ppo":  # the critic learns first: its pre-update values give the advantages
+        raw, learn_metrics = executor.critic_update(samples, rewards)
+        adv = whiten_tokens(raw)
+        timings["time/critic"] = time.perf_counter() - t
+    if algo.name != "ppo" or step > algo.critic_warmup:
+        learn_metrics |= executor.learn(samples, adv, ref, old)
     timings["time/learning"] = time.perf_counter() - t
 
     billing, timeline = executor.finish_step(step)
