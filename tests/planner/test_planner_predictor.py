@@ -81,3 +81,41 @@ def test_quality_stats():
     assert stats["mae"] == pytest.approx((0 + 60 + 120 + 10) / 4)
     assert stats["within_50"] == 0.5 and stats["within_100"] == 0.75
     assert stats["kendall_tau"] == pytest.approx(brute_tau_b([100, 200, 300, 400], [100, 260, 420, 390]))
+
+
+observations_st = st.lists(
+    st.tuples(st.sampled_from("abcd"), st.lists(st.integers(1, 500), min_size=1, max_size=4)),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(observations=observations_st, window=st.integers(1, 3), split=st.integers(0, 20))
+def test_batched_updates_equal_one_by_one_updates(observations, window, split):
+    one, many = LengthPredictor(window=window), LengthPredictor(window=window)
+    for uid, lengths in observations:
+        one.update(uid, lengths)
+    for part in (observations[:split], observations[split:]):  # a uid may repeat inside a batch
+        if part:
+            many.update_many([u for u, _ in part], [lengths for _, lengths in part])
+    for got, want in zip(many.predict(list("abcd")), one.predict(list("abcd")), strict=True):
+        np.testing.assert_allclose(got, want)
+
+
+def test_batched_update_takes_a_rectangular_array_and_rejects_empty_rows():
+    p = LengthPredictor()
+    p.update_many(["a", "b"], np.array([[10, 30], [5, 5]]))
+    assert p.predict(["a", "b"])[1].tolist() == [20.0, 5.0]
+    with pytest.raises(ValueError, match="'b'"):
+        p.update_many(["a", "b"], [[1], []])
+
+
+def test_noisy_predictions_survive_a_checkpoint(tmp_path):
+    p = LengthPredictor(mode="noisy", noise=0.5, seed=1)
+    for length in (100, 200, 300):
+        p.update_many(["a", "b"], [[length], [length + 1]])
+    p.save(tmp_path / "predictor.json")
+    q = LengthPredictor(mode="noisy", noise=0.5, seed=1)
+    q.load(tmp_path / "predictor.json")
+    np.testing.assert_array_equal(q.predict(["a", "b"])[0], p.predict(["a", "b"])[0])

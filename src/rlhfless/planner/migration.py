@@ -14,6 +14,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from rlhfless.planner.config import SchedulerConfig
 
 
@@ -41,20 +43,30 @@ def _is_cut(p: ActorProgress, tau: float) -> bool:
 
 
 def _move(sources: Sequence[ActorProgress], targets: Sequence[ActorProgress]) -> list[Migration]:
-    """Longest stragglers first, each to the target with the least remaining work and a free slot."""
+    """Longest stragglers first, each to the target with the least remaining work and a free slot.
+
+    Ties between equally long stragglers: lower source actor first, then the source's listing order.
+    """
     heap = [(sum(t.remaining.values()), t.actor, t.free_slots) for t in targets if t.free_slots > 0]
+    if not heap:
+        return []
     heapq.heapify(heap)
-    stragglers = sorted(
-        ((-work, p.actor, seq) for p in sources for seq, work in p.remaining.items()),
-    )
+    names: list[str] = []
+    work: list[float] = []
+    owner: list[int] = []
+    for p in sources:
+        names.extend(p.remaining)
+        values = list(p.remaining.values())
+        work.extend(values)
+        owner.extend([p.actor] * len(values))
+    budget = sum(free for _, _, free in heap)
+    order = np.lexsort((np.arange(len(work)), owner, -np.asarray(work, dtype=float)))[:budget]
     moves = []
-    for neg_work, source, seq in stragglers:
-        if not heap:
-            break
+    for k in order.tolist():
         load, target, free = heapq.heappop(heap)
-        moves.append(Migration(seq, source, target))
+        moves.append(Migration(names[k], owner[k], target))
         if free > 1:
-            heapq.heappush(heap, (load - neg_work, target, free - 1))
+            heapq.heappush(heap, (load + work[k], target, free - 1))
     return moves
 
 

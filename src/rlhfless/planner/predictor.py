@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,12 @@ def _uid_hash(uid: str) -> int:
 
 
 class LengthPredictor:
-    """Predicts each prompt's group max and group mean response length from its history."""
+    """Predicts each prompt's group max and group mean response length from its history.
+
+    State lives in arrays indexed by a row per uid: the last `window` observations (oldest first,
+    right-aligned), how many observations the uid ever had, and the cached predictions, so a
+    whole step's observations are recorded in a few numpy passes (`update_many`).
+    """
 
     def __init__(
         self,
@@ -59,9 +65,9 @@ class LengthPredictor:
         self.mode = mode
         self.noise = noise
         self.seed = seed
-        self._history: dict[str, list[tuple[float, float]]] = {}
-        # Cached predictions by row, so predict() is one dict lookup per uid and then numpy.
         self._row: dict[str, int] = {}
+        self._uids: list[str] = []
+        self._obs = np.zeros((0, window, 2))  # [row, k, (max, mean)], most recent at k = window - 1
         self._max = np.zeros(0)
         self._mean = np.zeros(0)
         self._count = np.zeros(0, dtype=np.uint64)
@@ -79,33 +85,80 @@ class LengthPredictor:
             seed=config.seed,
         )
 
-    def _ensure_row(self, uid: str) -> int:
-        row = self._row.get(uid)
-        if row is None:
-            row = len(self._row)
-            self._row[uid] = row
-            if row >= self._max.size:
-                grow = max(16, 2 * self._max.size)
-                self._max = np.resize(self._max, grow)
-                self._mean = np.resize(self._mean, grow)
-                self._count = np.resize(self._count, grow)
+    def _rows(self, uids: Sequence[str]) -> np.ndarray:
+        """Row of each uid, adding rows for new ones."""
+        new = [u for u in dict.fromkeys(uids) if u not in self._row]
+        if new:
+            first = len(self._uids)
+            self._row.update(zip(new, range(first, first + len(new)), strict=True))
+            self._uids.extend(new)
+            size = len(self._uids)
+            if size > self._max.size:
+                grow = max(16, 2 * self._max.size, size)
+                self._obs = np.concatenate((self._obs, np.zeros((grow - self._obs.shape[0], self.window, 2))))
+                self._max, self._mean = np.resize(self._max, grow), np.resize(self._mean, grow)
+                self._count = np.concatenate((self._count, np.zeros(grow - self._count.size, np.uint64)))
                 self._hash = np.resize(self._hash, grow)
-            self._hash[row] = _uid_hash(uid)
-        return row
-
-    def _ewma(self, values: list[float]) -> float:
-        alpha = 2.0 / (self.window + 1)
-        smoothed = values[0]
-        for x in values[1:]:
-            smoothed = alpha * x + (1 - alpha) * smoothed
-        return smoothed
+            self._hash[first:size] = np.fromiter(map(_uid_hash, new), dtype=np.uint64, count=len(new))
+        return np.fromiter(map(self._row.__getitem__, uids), dtype=np.int64, count=len(uids))
 
     def update(self, uid: str, observed_lengths: Sequence[int]) -> None:
         """Record the response lengths (one per sample) this step produced for `uid`."""
-        if len(observed_lengths) == 0:
-            raise ValueError(f"observed_lengths for {uid!r}: got none, expected one length per sample")
-        self._push(uid, float(max(observed_lengths)), float(np.mean(observed_lengths)))
-        self._truth.pop(uid, None)
+        self.update_many([uid], [observed_lengths])
+
+    def update_many(self, uids: Sequence[str], observed_lengths: Any) -> None:
+        """`update` for many uids at once: `observed_lengths` is a (uids, samples) array or one
+        sequence of lengths per uid. A uid listed twice is recorded twice, in order."""
+        if isinstance(observed_lengths, np.ndarray) and observed_lengths.ndim == 2:
+            if observed_lengths.shape[0] != len(uids) or observed_lengths.shape[1] == 0:
+                raise ValueError(
+                    f"observed_lengths: got shape {observed_lengths.shape}, expected ({len(uids)}, >= 1)"
+                )
+            values = observed_lengths.astype(float)
+            obs_max, obs_mean = values.max(axis=1), values.mean(axis=1)
+        else:
+            counts = np.fromiter(map(len, observed_lengths), dtype=np.int64, count=len(observed_lengths))
+            if counts.size != len(uids):
+                raise ValueError(
+                    f"observed_lengths: got {counts.size} rows, expected one per uid ({len(uids)})"
+                )
+            if counts.size and counts.min() == 0:
+                bad = uids[int(np.argmin(counts))]
+                raise ValueError(f"observed_lengths for {bad!r}: got none, expected one length per sample")
+            flat = np.fromiter(
+                (x for row in observed_lengths for x in row), dtype=float, count=int(counts.sum())
+            )
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
+            obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
+        rows = self._rows(uids)
+        order = np.arange(rows.size)
+        while order.size:  # each pass records at most one observation per row, in input order
+            _, first = np.unique(rows[order], return_index=True)
+            take = order[np.sort(first)]
+            self._push(rows[take], obs_max[take], obs_mean[take])
+            order = np.setdiff1d(order, take, assume_unique=True)
+        if self._truth:
+            for uid in uids:
+                self._truth.pop(uid, None)
+
+    def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
+        """Append one observation to each (distinct) row and refresh its EWMA."""
+        obs = self._obs[rows]
+        obs[:, :-1] = obs[:, 1:]
+        obs[:, -1, 0], obs[:, -1, 1] = obs_max, obs_mean
+        self._obs[rows] = obs
+        self._count[rows] += np.uint64(1)
+        kept = np.minimum(self._count[rows], self.window).astype(np.int64)
+        alpha = 2.0 / (self.window + 1)
+        smoothed = obs[:, -1].copy()
+        for k in range(self.window - 1, -1, -1):  # oldest kept observation starts the average
+            col = self.window - k - 1
+            starts_here = kept == k + 1
+            later = kept > k + 1
+            smoothed[starts_here] = obs[starts_here, col]
+            smoothed[later] = alpha * obs[later, col] + (1 - alpha) * smoothed[later]
+        self._max[rows], self._mean[rows] = smoothed[:, 0], smoothed[:, 1]
 
     def reveal(self, uid: str, true_lengths: Sequence[int]) -> None:
         """Oracle mode: the lengths the coming step will really produce for `uid`."""
@@ -115,7 +168,7 @@ class LengthPredictor:
         self, uids: Sequence[str], answer_tokens: Sequence[int | None] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(group max, group mean) predicted response lengths, one entry per uid."""
-        rows = np.fromiter((self._row.get(u, -1) for u in uids), dtype=np.int64, count=len(uids))
+        rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         seen = rows >= 0
         safe = np.where(seen, rows, 0)
         gmax = np.where(seen, self._max[safe] if self._max.size else 0.0, np.nan)
@@ -123,7 +176,7 @@ class LengthPredictor:
         if not seen.all():
             fallback = np.full(len(uids), float(self.default_length))
             if answer_tokens is not None:
-                answers = np.array([np.nan if a is None else a for a in answer_tokens], dtype=float)
+                answers = np.array(answer_tokens, dtype=float)  # None -> nan
                 fallback = np.where(np.isnan(answers), fallback, answers * self.answer_length_factor)
             gmax = np.where(seen, gmax, fallback)
             gmean = np.where(seen, gmean, fallback)
@@ -151,30 +204,31 @@ class LengthPredictor:
         return np.exp(self.noise * normal)
 
     def state_dict(self) -> dict[str, Any]:
+        n = len(self._uids)
+        kept = np.minimum(self._count[:n], self.window).astype(np.int64).tolist()
+        obs = self._obs[:n].tolist()
         return {
             "window": self.window,
-            "history": {uid: [list(obs) for obs in past] for uid, past in self._history.items()},
+            "history": {uid: obs[r][self.window - kept[r] :] for r, uid in enumerate(self._uids)},
+            "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict` (older states without `counts` count the kept history)."""
         if int(state["window"]) != self.window:
             raise ValueError(f"window: got {state['window']} in the state, expected {self.window}")
-        self._history.clear()
-        self._row.clear()
-        self._max, self._mean = np.zeros(0), np.zeros(0)
-        self._count, self._hash = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)
-        for uid, past in state["history"].items():
-            for obs_max, obs_mean in past:
-                self._push(uid, float(obs_max), float(obs_mean))
-
-    def _push(self, uid: str, obs_max: float, obs_mean: float) -> None:
-        past = self._history.setdefault(uid, [])
-        past.append((obs_max, obs_mean))
-        del past[: -self.window]
-        row = self._ensure_row(uid)
-        self._max[row] = self._ewma([p[0] for p in past])
-        self._mean[row] = self._ewma([p[1] for p in past])
-        self._count[row] += np.uint64(1)
+        fresh = LengthPredictor(self.window)
+        self._row, self._uids, self._obs = fresh._row, fresh._uids, fresh._obs
+        self._max, self._mean, self._count, self._hash = fresh._max, fresh._mean, fresh._count, fresh._hash
+        history = {uid: past[-self.window :] for uid, past in state["history"].items() if past}
+        for k in range(max(map(len, history.values()), default=0)):
+            uids = [u for u, past in history.items() if len(past) > k]
+            observed = np.array([history[u][k] for u in uids], dtype=float)
+            self._push(self._rows(uids), observed[:, 0], observed[:, 1])
+        counts = state.get("counts", {})
+        if counts:
+            rows = self._rows(list(counts))
+            self._count[rows] = np.fromiter(counts.values(), dtype=np.uint64, count=len(counts))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.state_dict()) + "\n")

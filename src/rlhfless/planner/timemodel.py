@@ -78,9 +78,9 @@ class RangeModel:
         if self.edges.size == 1:
             self.edges = np.array([0.0, 1.0])
         start, width = self.edges[:-1], np.diff(self.edges)
-        overlap = np.clip(longest[:, None] - start, 0.0, width)
+        overlap = np.minimum(np.maximum(longest[:, None] - start, 0.0), width)
         if g > 1:
-            overlap += (g - 1) * np.clip(rest[:, None] - start, 0.0, width)
+            overlap += (g - 1) * np.minimum(np.maximum(rest[:, None] - start, 0.0), width)
         self._tokens = _prefix(overlap)
         self._work = _prefix(longest + (g - 1) * rest)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
@@ -117,7 +117,7 @@ class RangeModel:
         cap = self.profile.concurrency(mean_prompt + work / np.maximum(seqs, 1))
         tokens = self._tokens[ends] - self._tokens[starts]
         start, width = self.edges[:-1], np.diff(self.edges)
-        steps = np.clip(self.range_max(starts, ends)[:, None] - start, 0.0, width)
+        steps = np.minimum(np.maximum(self.range_max(starts, ends)[:, None] - start, 0.0), width)
         batch = tokens / np.maximum(steps, 1e-12)
         head = batch > cap[:, None]
         batch = np.where(head, cap[:, None], batch)

@@ -87,15 +87,16 @@ def schedule(
     n = remaining.size
     start = np.zeros(n) if ready is None else ready.astype(float)
     if n > cap:
+        rest, begin = remaining.tolist(), start.tolist()
         if ready is None:
-            ends = list(remaining[:cap])
-            first = cap
+            ends, first = rest[:cap], cap
         else:
             ends, first = [0.0] * cap, 0
         heapq.heapify(ends)
         for j in range(first, n):
-            start[j] = max(ends[0], start[j])
-            heapq.heapreplace(ends, start[j] + remaining[j])
+            b = begin[j] = max(ends[0], begin[j])
+            heapq.heapreplace(ends, b + rest[j])
+        start = np.array(begin)
     end = start + remaining
     if n == 0:
         grid = np.zeros(1)

@@ -33,16 +33,19 @@ from rlhfless.sim.workload import StepPrompts
 
 
 class _Remaining(Mapping[str, float]):
-    """Unfinished sequences of one actor -> remaining predicted tokens, backed by arrays."""
+    """Unfinished sequences of one actor -> remaining predicted tokens, backed by arrays.
 
-    def __init__(self, names: list[str], idx: np.ndarray, work: np.ndarray) -> None:
-        self._names, self._idx, self._work = names, idx, work
+    A sequence's id is its global index in the step (prompt * G + sample) as a string.
+    """
+
+    def __init__(self, idx: np.ndarray, work: np.ndarray) -> None:
+        self._idx, self._work = idx, work
 
     def __len__(self) -> int:
         return int(self._idx.size)
 
     def __iter__(self) -> Iterator[str]:
-        return (self._names[i] for i in self._idx.tolist())
+        return map(str, self._idx.tolist())
 
     def __getitem__(self, key: str) -> float:
         return dict(zip(self, self._work.tolist(), strict=True))[key]
@@ -127,6 +130,7 @@ class Simulator:
         self.serverful = config.policy == "verl"
         cold = 0.0 if self.serverful else stage.cold_start_s
         self.planner_profile = replace(stage.profile, cold_start_s=cold)
+        self._keys: dict[str, bytes] = {}
 
     def plan(self, prompts: StepPrompts) -> StepPlan:
         specs = [
@@ -138,17 +142,26 @@ class Simulator:
         if self.config.predictor == "oracle":
             for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
                 self.predictor.reveal(uid, lengths)
-        packed = PackedPrompts.pack(prompts.prompt_tokens)
+        packed = self._packed(prompts)
         g = prompts.lengths.shape[1]
         return plan_step(
             specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g, packed
         )
 
+    def _packed(self, prompts: StepPrompts) -> PackedPrompts:
+        """The step's prompts as the planner's bytes, each prompt encoded once per simulation."""
+        cache = self._keys
+        fresh = [i for i, uid in enumerate(prompts.uids) if uid not in cache]
+        if fresh:
+            new = PackedPrompts.pack([prompts.prompt_tokens[i] for i in fresh])
+            cache.update(zip((prompts.uids[i] for i in fresh), new.keys, strict=True))
+        keys = list(map(cache.__getitem__, prompts.uids))
+        return PackedPrompts(keys, np.fromiter((len(k) >> 2 for k in keys), dtype=np.int64, count=len(keys)))
+
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         plan = self.plan(prompts)
         result = self.execute(step, prompts, plan)
-        for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
-            self.predictor.update(uid, lengths)
+        self.predictor.update_many(prompts.uids, prompts.lengths)
         return result
 
     def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
@@ -208,15 +221,12 @@ class _Generation:
     ) -> None:
         self.stage, self.config, self.plan = stage, config, plan
         g = prompts.lengths.shape[1]
-        self.uids = prompts.uids
-        self.group = g
         plen = prompts.prompt_lengths
         self.prompt_len = np.repeat(plen, g).astype(float)
         self.true = prompts.lengths.ravel().astype(float)
         gmax = np.array([plan.predicted_length[u] for u in prompts.uids], dtype=float)
         self.predicted = np.repeat(gmax, g)
         self.gen_before = np.zeros(self.true.size)
-        self._names: list[str] | None = None
         self.migrations = 0
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
@@ -249,13 +259,6 @@ class _Generation:
             sched = schedule(profile, t0, seqs, context, remaining, cap)
             slots = min(cap, seqs.size)
             self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
-
-    @property
-    def names(self) -> list[str]:
-        if self._names is None:
-            self._names = [f"{u}#{k}" for u in self.uids for k in range(self.group)]
-            self._index = {n: i for i, n in enumerate(self._names)}
-        return self._names
 
     def run(self) -> None:
         mode = self.plan.cut
@@ -309,7 +312,6 @@ class _Generation:
         return float(np.partition(finish, max(need, 1) - 1)[max(need, 1) - 1])
 
     def _progress(self, t: float) -> list[ActorProgress]:
-        names = self.names
         out = []
         for i, run in enumerate(self.runs):
             s = run.sched
@@ -322,9 +324,7 @@ class _Generation:
             generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
             work = np.maximum(self.predicted[idx] - generated, 1.0)
             free = max(0, run.slots - idx.size)  # queued sequences and migrants in flight hold slots
-            out.append(
-                ActorProgress(i, run.total - idx.size, run.total, free, True, _Remaining(names, idx, work))
-            )
+            out.append(ActorProgress(i, run.total - idx.size, run.total, free, True, _Remaining(idx, work)))
         return out
 
     def _apply(self, moves: list, t: float) -> None:
@@ -332,7 +332,7 @@ class _Generation:
         arriving: dict[int, list[int]] = {}
         sources: dict[int, set[int]] = {}
         for m in moves:
-            seq = self._index[m.sequence]
+            seq = int(m.sequence)
             leaving.setdefault(m.source, []).append(seq)
             arriving.setdefault(m.target, []).append(seq)
             sources.setdefault(m.target, set()).add(m.source)
