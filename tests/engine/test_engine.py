@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
@@ -79,8 +80,13 @@ def cut_and_resume(model, requests, params, k: int, with_kv: bool) -> dict:
     return key(first.take_finished() + second.run())
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("params,samples", [(GREEDY, 1), (SAMPLED, 3)], ids=["greedy", "sampled"])
-def test_same_tokens_alone_in_a_mixed_batch_and_after_cut_and_resume(model, params, samples):
+def test_same_tokens_alone_in_a_mixed_batch_and_after_cut_and_resume(model, params, samples, device):
+    model = model if device == "cpu" else copy.deepcopy(model).to(device)
     prompt_list = prompts(6)
     reference = alone(model, prompt_list, params, samples)
     requests = [Request(f"p{i}", p, samples) for i, p in enumerate(prompt_list)]

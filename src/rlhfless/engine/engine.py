@@ -14,11 +14,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from rlhfless.engine.kv import PrefillCache, PrefixKV, SlotCache, StaleCacheError
-from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, uniforms
+from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
     EngineStats,
     Progress,
@@ -132,10 +131,15 @@ def prefill_forward(
 
 
 def decode_forward(
-    model: torch.nn.Module, slots: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, kind: str
+    model: torch.nn.Module,
+    slots: SlotCache,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    kind: str,
+    span: int,
 ) -> torch.Tensor:
-    """One decode forward of slots 0..B-1: feed `tokens` [B] at `positions` [B]; logits [B, V]."""
-    mask = _as_model_mask(slots.begin_decode(positions), kind, slots.dtype)
+    """One decode forward of slots 0..B-1: feed `tokens` [B] at `positions` [B] (< span); logits [B, V]."""
+    mask = _as_model_mask(slots.begin_decode(positions, span), kind, slots.dtype)
     out = model(
         input_ids=tokens[:, None],
         attention_mask=mask,
@@ -418,12 +422,12 @@ class Engine:
     def _decode(self) -> None:
         start = time.perf_counter()
         running = self._running
-        positions = torch.tensor([s.length for s in running], dtype=torch.long)
-        tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long)
-        self.slots.reserve(len(running), int(positions.max()) + 1)
-        logits = decode_forward(
-            self.model, self.slots, tokens.to(self.device), positions.to(self.device), self.mask_kind
-        )
+        lengths = [s.length for s in running]
+        span = max(lengths) + 1
+        positions = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long, device=self.device)
+        self.slots.reserve(len(running), span)
+        logits = decode_forward(self.model, self.slots, tokens, positions, self.mask_kind, span)
         for seq in running:
             seq.length += 1
         self._sample(running, logits)
@@ -437,10 +441,9 @@ class Engine:
         for i, seq in enumerate(seqs):
             groups.setdefault(seq.params, []).append(i)
         for params, idx in groups.items():
-            keys = np.array([seqs[i].key for i in idx], dtype=np.uint64)
-            positions = np.array([len(seqs[i].generated) for i in idx], dtype=np.uint64)
+            seeds = [token_seed(seqs[i].key, len(seqs[i].generated)) for i in idx]
             rows = logits if len(idx) == len(seqs) else logits[torch.tensor(idx, device=logits.device)]
-            tokens, logprobs = sample_tokens(rows, params, uniforms(keys, positions))
+            tokens, logprobs = sample_tokens(rows, params, seeds)
             for i, token, logprob in zip(idx, tokens.tolist(), logprobs.tolist(), strict=True):
                 seq = seqs[i]
                 seq.generated.append(token)

@@ -151,12 +151,12 @@ class SlotCache:
             for buf in store:
                 buf[dst, :, :n] = buf[src, :, :n]
 
-    def begin_decode(self, positions: torch.Tensor) -> torch.Tensor:
-        """Prepare a decode step of rows 0..B-1 writing at `positions` [B]; returns the bool mask."""
+    def begin_decode(self, positions: torch.Tensor, span: int) -> torch.Tensor:
+        """Prepare a decode step of rows 0..B-1 writing at `positions` [B] (all < span); returns the bool mask."""
         batch = positions.shape[0]
         self._rows = torch.arange(batch, device=self.device)
         self._positions = positions
-        self._span = int(positions.max()) + 1
+        self._span = span
         span = torch.arange(self._span, device=self.device)
         return (span[None, :] <= positions[:, None])[:, None, None, :]
 

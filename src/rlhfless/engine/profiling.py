@@ -82,7 +82,9 @@ def measure_profile(
                 tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
                 positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
                 ms = _median_ms(
-                    partial(decode_forward, model, slots, tokens, positions, kind), repeats, param.device
+                    partial(decode_forward, model, slots, tokens, positions, kind, context + 1),
+                    repeats,
+                    param.device,
                 )
                 decode.append({"batch": int(batch), "context": int(context), "ms": round(ms, 4)})
         for n in prefill_tokens:

@@ -1,9 +1,13 @@
 """Counter-based sampling: a token's randomness is a pure function of who and where it is.
 
-Each sampled token draws one uniform number from a hash of (seed, training step, uid, sample index,
-response position) and picks its token by inverse-CDF over the (temperature-scaled, top-p
-filtered) distribution. No generator state is carried, so a sequence gets the same tokens in any
-batch, on any actor, in any order, and after being cut and resumed elsewhere.
+Each sampled token takes Gumbel noise over the vocabulary from a generator seeded by a hash of
+(seed, training step, uid, sample index, response position) and picks argmax(log-probs + noise)
+(the Gumbel-max trick: an exact sample of the tempered, top-p filtered distribution). No generator
+state is carried, so a sequence gets the same tokens in any batch, on any actor, in any order, and
+after being cut and resumed elsewhere. Gumbel-max rather than inverse-CDF sampling because a tiny
+change of the logits (another batch shape) flips the token only when the two best noisy scores
+nearly tie, whereas a CDF sums the changes of every token in front of the sampled one. The noise is
+drawn on the CPU whatever the model's device, so CPU and GPU actors draw the same numbers.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -46,15 +49,6 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _splitmix64_array(x: np.ndarray) -> np.ndarray:
-    """Vectorised `_splitmix64` over uint64 (numpy wraps on overflow, as the hash needs)."""
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def sequence_key(seed: int, step: int, uid: str, sample: int) -> int:
     """The 64-bit key of one sequence; `uid` is hashed with BLAKE2 (Python's `hash` is salted)."""
     uid_hash = int.from_bytes(hashlib.blake2b(uid.encode(), digest_size=8).digest(), "little")
@@ -64,16 +58,25 @@ def sequence_key(seed: int, step: int, uid: str, sample: int) -> int:
     return key
 
 
-def uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """One float64 in [0, 1) per (sequence key, response position)."""
-    h = _splitmix64_array(keys.astype(np.uint64) ^ positions.astype(np.uint64))
-    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+def token_seed(key: int, position: int) -> int:
+    """The generator seed of the token at response `position` of the sequence with `key`."""
+    return _splitmix64(key ^ position)
+
+
+def gumbel_noise(seeds: list[int], vocab: int) -> torch.Tensor:
+    """[len(seeds), vocab] float32 standard Gumbel noise, row i a pure function of seeds[i]."""
+    noise = torch.empty(len(seeds), vocab)
+    generator = torch.Generator()
+    for row, seed in zip(noise, seeds, strict=True):
+        generator.manual_seed(seed)
+        torch.rand(vocab, generator=generator, out=row)
+    return noise.log_().neg_().log_().neg_()
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, u: np.ndarray
+    logits: torch.Tensor, params: SamplingParams, seeds: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens [B] and their log-probs [B] from logits [B, V] and one uniform per row.
+    """Tokens [B] and their log-probs [B] from logits [B, V] and one seed per row (see `token_seed`).
 
     The log-prob is that of the sampled token under softmax(logits / temperature), before top-p
     truncation (temperature 1 when greedy): what the behaviour policy's temperature implies.
@@ -84,16 +87,12 @@ def sample_tokens(
         tokens = logp.argmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None])[:, 0]
     logp = torch.log_softmax(logits / params.temperature, dim=-1)
-    target = torch.from_numpy(u).to(logp.device)[:, None]
+    scores = logp
     if params.top_p < 1:
         sorted_logp, order = torch.sort(logp, dim=-1, descending=True, stable=True)
-        probs = sorted_logp.double().exp()
-        before = torch.cumsum(probs, dim=-1) - probs
-        probs = torch.where(before < params.top_p, probs, torch.zeros_like(probs))
-    else:
-        order = None
-        probs = logp.double().exp()
-    cdf = torch.cumsum(probs, dim=-1)
-    picked = torch.searchsorted(cdf, target * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
-    tokens = (picked if order is None else order.gather(-1, picked))[:, 0]
+        probs = sorted_logp.exp()
+        outside = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
+        scores = logp.masked_fill(torch.zeros_like(outside).scatter_(-1, order, outside), float("-inf"))
+    noise = gumbel_noise(seeds, logits.shape[-1]).to(logits.device)
+    tokens = (scores + noise).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]

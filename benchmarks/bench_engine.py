@@ -1,0 +1,200 @@
+"""The generation engine on the default model: dedup prefill, continuous batching, placement invariance.
+
+Workload: GRPO, G=4, 16 chat prompts sharing one system prompt, sampled at temperature 1 (top-p 1)
+up to `--max-new-tokens`; SmolLM2-135M-Instruct, float32, CPU (or the GPU when there is one).
+Prints, side by side:
+- prefill seconds and prompt tokens with dedup (planner prefix = the shared system prompt) vs
+  without (every sample prefills its full prompt); goal: >= 60% fewer prefill seconds;
+- generated tokens per second of the engine (continuous batching, dedup off, so only batching
+  differs) vs Hugging Face `generate` on the same 64 sequences in one batch; goal: >= 1.3x;
+- the share of sequences that came out identical across placements: dedup on vs off (different
+  prefill batches), and cut at half the sequences finished then resumed by re-prefill on another
+  engine with fewer slots; goal: >= 99%.
+
+    .venv/bin/python benchmarks/bench_engine.py [--max-new-tokens 128] [--threads 1] [--skip-hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from rlhfless.engine import Engine, Request, SamplingParams, SequenceResult, rollout
+from rlhfless.models import ModelConfig, load_model, load_tokenizer
+
+SYSTEM = (
+    "You are a careful and concise assistant for a school math and reasoning club. Read the question, "
+    "think about what is being asked, and answer in plain words. Show the key step of your reasoning in "
+    "one or two sentences, then give the final answer on its own line. If a question is ambiguous, say "
+    "which reading you chose. Never make up facts; if you do not know, say so."
+)
+QUESTIONS = [
+    "What is 17 + 25?",
+    "A train travels 60 km in 1.5 hours. What is its average speed?",
+    "Name three prime numbers greater than 20.",
+    "If a shirt costs $20 and is 25% off, what do you pay?",
+    "Write a short poem about the number zero.",
+    "What is the next number: 2, 4, 8, 16, ...?",
+    "Explain why the sum of two odd numbers is even.",
+    "How many minutes are in a day?",
+    "Sort these words alphabetically: pear, apple, mango, banana.",
+    "What is 9 times 7?",
+    "A rectangle is 4 cm by 6 cm. What is its area and perimeter?",
+    "Is 91 a prime number? Explain.",
+    "Tell a one-sentence story about a robot learning to count.",
+    "What is half of one third?",
+    "Convert 3 hours and 20 minutes to minutes.",
+    "List the first five square numbers.",
+]
+
+
+def encode_prompts(tokenizer) -> list[tuple[str, list[int]]]:
+    out = []
+    for i, question in enumerate(QUESTIONS):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        out.append((f"q{i}", list(ids)))
+    return out
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    n = 0
+    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def identical_share(a: list[SequenceResult], b: list[SequenceResult]) -> float:
+    left = {(r.uid, r.sample): r.response_ids for r in a}
+    right = {(r.uid, r.sample): r.response_ids for r in b}
+    return sum(left[k] == right.get(k) for k in left) / len(left)
+
+
+def hf_generate(model, tokenizer, prompts, group, params) -> tuple[float, int]:
+    """Seconds and generated (non-padding, up to and including EOS) tokens of one `generate` call."""
+    rows = [ids for _, ids in prompts for _ in range(group)]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    eos = tokenizer.eos_token_id
+    torch.manual_seed(params.seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            max_new_tokens=params.max_new_tokens,
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+    seconds = time.perf_counter() - start
+    tokens = 0
+    for row in out[:, width:].tolist():
+        tokens += row.index(eos) + 1 if eos in row else len(row)
+    return seconds, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--group", type=int, default=4, help="samples per prompt (GRPO G)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    cfg = ModelConfig()
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, len(tokenizer)).to(args.device)
+    prompts = encode_prompts(tokenizer)
+    shared = common_prefix_length([ids for _, ids in prompts])
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, seed=11)
+    n_seq = len(prompts) * args.group
+
+    def engine(max_running: int = n_seq) -> Engine:
+        return Engine(
+            model,
+            eos_token_ids=[tokenizer.eos_token_id],
+            pad_token_id=tokenizer.pad_token_id,
+            max_running=max_running,
+            max_kv_tokens=1 << 20,
+        )
+
+    print(
+        f"model {cfg.path} on {args.device}, {torch.get_num_threads()} threads; {len(prompts)} prompts x "
+        f"G={args.group}, prompt tokens {min(len(p) for _, p in prompts)}-{max(len(p) for _, p in prompts)}, "
+        f"shared prefix {shared}, max_new_tokens {args.max_new_tokens}"
+    )
+    engine().generate([Request("warmup", prompts[0][1])], SamplingParams(4), step=0)
+
+    on, on_stats = rollout(engine(), prompts, args.group, params, step=1, prefix_length=shared)
+    off, off_stats = rollout(engine(), prompts, args.group, params, step=1, prefix_length=None)
+    print("\n== prefill: dedup on vs off ==")
+    print(f"{'':24}{'dedup on':>12}{'dedup off':>12}{'on/off':>10}")
+    print(
+        f"{'prompt tokens computed':24}{on_stats.prompt_tokens_computed:>12}{off_stats.prompt_tokens_computed:>12}"
+        f"{on_stats.prompt_tokens_computed / off_stats.prompt_tokens_computed:>10.3f}"
+    )
+    print(
+        f"{'prefill seconds':24}{on_stats.prefill_seconds:>12.3f}{off_stats.prefill_seconds:>12.3f}"
+        f"{on_stats.prefill_seconds / off_stats.prefill_seconds:>10.3f}"
+    )
+    saved = 1 - on_stats.prefill_seconds / off_stats.prefill_seconds
+    print(f"prefill seconds saved: {saved:.1%} (goal >= 60%)")
+
+    if not args.skip_hf:
+        hf_seconds, hf_tokens = hf_generate(model, tokenizer, prompts, args.group, params)
+        cb_seconds = off_stats.prefill_seconds + off_stats.decode_seconds
+        dd_seconds = on_stats.prefill_seconds + on_stats.decode_seconds
+        print("\n== throughput on the same long-tail batch (all sequences admitted at once) ==")
+        print(f"{'':34}{'seconds':>10}{'tokens':>9}{'tok/s':>9}{'x HF':>7}")
+        hf_rate = hf_tokens / hf_seconds
+        for name, seconds, tokens in (
+            ("HF generate", hf_seconds, hf_tokens),
+            ("engine, continuous batching", cb_seconds, off_stats.tokens_generated),
+            ("engine, continuous batching+dedup", dd_seconds, on_stats.tokens_generated),
+        ):
+            print(
+                f"{name:34}{seconds:>10.2f}{tokens:>9}{tokens / seconds:>9.1f}{tokens / seconds / hf_rate:>7.2f}"
+            )
+        lengths = sorted(len(r.response_ids) for r in off)
+        print(
+            f"response lengths (engine): median {lengths[len(lengths) // 2]}, max {lengths[-1]}, "
+            f"at cap {sum(n >= args.max_new_tokens for n in lengths)}/{len(lengths)}; decode steps {off_stats.decode_steps}"
+        )
+        cb_gain = off_stats.tokens_generated / cb_seconds / hf_rate
+        print(f"continuous batching vs HF generate: {cb_gain:.2f}x tokens/s (goal >= 1.3x)")
+
+    first = engine(max_running=n_seq // 2)
+    first.add(
+        [Request(uid, ids, args.group, prefix=None) for uid, ids in prompts],
+        params,
+        step=1,
+    )
+    done = first.run(until=lambda p: p.finished >= p.total // 2)
+    states = first.cut()
+    second = engine(max_running=n_seq // 4)
+    second.resume(states, params, step=1)
+    moved = done + second.run()
+    print("\n== same sequences across placements (sampling, T=1) ==")
+    print(f"dedup on vs dedup off:                     {identical_share(on, off):.1%}")
+    print(
+        f"cut at 50% + resumed elsewhere vs dedup on: {identical_share(on, moved):.1%} ({len(states)} moved)"
+    )
+    print(f"cut at 50% + resumed elsewhere vs dedup off: {identical_share(off, moved):.1%}  (goal >= 99%)")
+
+
+if __name__ == "__main__":
+    main()
