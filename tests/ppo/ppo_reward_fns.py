@@ -1,6 +1,7 @@
 """Reward functions the PPO tests name as `reward.function` (random tiny models rarely score)."""
 
 
-def vowel_share(prompt, response: str) -> float:
-    """Share of vowels in the response: varies from sample to sample, so returns vary too."""
-    return sum(c in "aeiou" for c in response) / max(len(response), 1)
+def odd_share(prompt, response: str) -> float:
+    """Share of characters with an odd code point: about 0.5 for random text, varying from sample to
+    sample, so rewards, returns and advantages vary too."""
+    return sum(ord(c) % 2 for c in response) / max(len(response), 1)
