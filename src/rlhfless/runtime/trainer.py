@@ -285,7 +285,8 @@ def run_step(
         adv = whiten_tokens(raw)
         timings["time/critic"] = time.perf_counter() - t
     if algo.name != "ppo" or step > algo.critic_warmup:
-        learn_metrics |= executor.learn(samples, adv, ref, old)
+        given = {} if old is None else {"old": old}  # only when computed: `old` is a later addition
+        learn_metrics |= executor.learn(samples, adv, ref, **given)
     timings["time/learning"] = time.perf_counter() - t
 
     billing, timeline = executor.finish_step(step)
