@@ -133,3 +133,23 @@ def test_config_rejects_out_of_range_values_by_name():
             raise AssertionError(f"{field}={value} accepted")
     assert all(f.metadata.get("help") for f in dataclasses.fields(SchedulerConfig))
     assert np.isclose(SchedulerConfig().tau, 0.7)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    workloads(),
+    st.sampled_from(["rlhfless", "verl"]),
+    st.integers(1, 4),
+    st.sampled_from(["contiguous", "lpt"]),
+)
+def test_prompt_tokens_computed_are_the_prefill_actor_plus_every_decode_actor(work, policy, capacity, method):
+    prompts, predictor = work
+    p = plan(prompts, predictor, policy=policy, prefill_capacity=capacity, assignment_method=method)
+    own = sum(a.prefill_tokens for a in p.actors)
+    assert p.prefill["tokens_computed"] == p.prefill["tokens"] + own
+    total = sum(len(q.prompt_tokens) for q in prompts)
+    assert p.prefill["tokens_per_prompt"] == total and p.prefill["tokens_naive"] == 2 * total
+    if policy == "verl":
+        assert p.prefill["tokens"] == 0 and p.prefill["tokens_computed"] == 2 * total
+    else:
+        assert p.prefill["tokens_computed"] <= total

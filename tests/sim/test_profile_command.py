@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+from rlhfless.planner.profile import Profile
+
 SCRIPT = """
 import json, sys
 from rlhfless.commands import profile
@@ -39,3 +41,27 @@ def test_simulated_json_is_the_issue_format_and_does_not_import_torch():
 def test_unknown_key_is_an_error_naming_it():
     status, body = run_profile("--simulated", "gpus=8")
     assert status["rc"] == 2 and "gpus" in body
+
+
+def test_measured_table_of_the_tiny_model_is_a_profile_the_planner_reads(tmp_path):
+    out = tmp_path / "profile.json"
+    status, body = run_profile(
+        "model.path=tiny",
+        "batches=1,2",
+        "contexts=1,8",
+        "prefill_tokens=1,8",
+        "repeats=1",
+        "--json",
+        "--output",
+        str(out),
+    )
+    assert status["rc"] == 0
+    profile = Profile.load(out)
+    assert profile.decode_batch.tolist() == [1, 2] and profile.decode_context.tolist() == [1, 8]
+    assert profile.prefill_tokens.tolist() == [1, 8] and profile.gpus == 1
+    assert json.loads(body) == json.loads(out.read_text())
+
+
+def test_measured_unknown_key_is_an_error_naming_it():
+    status, body = run_profile("model.path=tiny", "model.colour=red")
+    assert status["rc"] == 2 and "colour" in body

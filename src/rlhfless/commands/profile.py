@@ -22,6 +22,18 @@ SIMULATED_KEYS = {
 }
 
 
+MEASURED_GRID = {
+    "batches": ((1, 2, 4, 8, 16, 32, 64), "decode batch sizes timed, comma-separated"),
+    "contexts": ((1, 128, 256, 512, 1024), "decode context lengths timed, comma-separated"),
+    "prefill_tokens": ((1, 64, 256, 1024), "prefill lengths timed, comma-separated"),
+}
+MEASURED_KEYS = {
+    **{key: help_ for key, (_, help_) in MEASURED_GRID.items()},
+    "repeats": "timed runs per point (the median is kept), after one warm-up",
+    "memory_fraction": "share of free memory the KV capacity may use",
+}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("profile", help="print the planner's time table (measured or derived)")
     parser.add_argument(
@@ -30,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="key=value",
         help="simulated: "
         + "; ".join(f"{k}: {v}" for k, v in SIMULATED_KEYS.items())
-        + ". measured: model.* config keys (model=PATH is short for model.path=PATH)",
+        + ". measured: model.* config keys (model=PATH is short for model.path=PATH); "
+        + "; ".join(f"{k}: {v}" for k, v in MEASURED_KEYS.items()),
     )
     parser.add_argument("--simulated", action="store_true", help="derive from specs instead of measuring")
     parser.add_argument("--json", action="store_true", help="print the whole table as JSON")
@@ -73,18 +86,32 @@ def simulated_table(options: dict[str, str]) -> dict[str, Any]:
 
 
 def measured_table(options: dict[str, str]) -> dict[str, Any]:
-    """Time the real engine; torch is imported only here."""
-    try:
-        from rlhfless.engine.profiling import measure_profile
-        from rlhfless.models import ModelConfig, load_policy
-    except ImportError as err:
-        raise RuntimeError(
-            f"measuring needs the engine ({err}); use --simulated for a derived table"
-        ) from err
+    """Time the real engine on dummy batches; torch is imported only here."""
+    from rlhfless.config import ModelConfig
+
+    grid = {
+        key: tuple(int(v) for v in options.pop(key).split(",")) if key in options else default
+        for key, (default, _) in MEASURED_GRID.items()
+    }
+    repeats = int(options.pop("repeats", "3"))
+    memory_fraction = float(options.pop("memory_fraction", "0.5"))
     fields = {k.removeprefix("model."): v for k, v in options.items()}
     if "model" in fields:
         fields["path"] = fields.pop("model")
-    return measure_profile(load_policy(ModelConfig(**fields)))
+    types = {name: str(f.type) for name, f in ModelConfig.__dataclass_fields__.items()}
+    unknown = set(fields) - set(types)
+    if unknown:
+        raise ValueError(
+            f"profile: got unknown keys {sorted(unknown)}, expected model.* keys "
+            f"({', '.join(sorted(types))}) or {', '.join(MEASURED_KEYS)}"
+        )
+    parse = {"int": int, "bool": lambda v: v.lower() in ("1", "true", "yes")}
+    cfg = ModelConfig(**{k: parse.get(types[k], str)(v) for k, v in fields.items()})
+    from rlhfless.engine.profiling import measure_profile
+    from rlhfless.models import load_model, load_tokenizer
+
+    model = load_model(cfg, vocab_size=len(load_tokenizer(cfg)))
+    return measure_profile(model, **grid, repeats=repeats, memory_fraction=memory_fraction)
 
 
 def summary(table: dict[str, Any]) -> str:

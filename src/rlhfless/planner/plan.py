@@ -45,6 +45,7 @@ class ActorPlan:
     start_delay: float
     hidden: bool
     predicted_tokens: float
+    prefill_tokens: float  # prompt tokens this actor computes itself (the rest arrive as prefix KV)
 
 
 @dataclass
@@ -158,24 +159,10 @@ def plan_step(
     uids = [p.uid for p in prompts]
     gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts])
 
-    dedup: Dedup | None = None
-    if feats["dedup_prefill"]:
-        packed = packed or PackedPrompts.pack([p.prompt_tokens for p in prompts])
-        lengths = packed.lengths
-        dedup = deduplicate(packed, config.prefill_capacity)
-        decode_prefill, kv_tokens = dedup.remaining_tokens, dedup.prefix_tokens
-        counts = dedup.tokens(group_size)
-        computed = {"tokens_naive": counts["naive"], "tokens_computed": counts["dedup"]}
-        prefill_tokens = int(dedup.group_prefix_tokens.sum())
-    else:
-        lengths = (
-            packed.lengths if packed else np.array([len(p.prompt_tokens) for p in prompts], dtype=np.int64)
-        )
-        decode_prefill, kv_tokens = lengths * group_size, np.zeros(n_prompts, dtype=np.int64)
-        naive = int(lengths.sum()) * group_size
-        computed = {"tokens_naive": naive, "tokens_computed": naive}
-        prefill_tokens = 0
-    prefill_s = float(profile.prefill_seconds(prefill_tokens))
+    lengths, dedup, decode_prefill, kv_tokens, prefill = _prefill_work(
+        prompts, packed, bool(feats["dedup_prefill"]), config.prefill_capacity, group_size
+    )
+    prefill_s = float(profile.prefill_seconds(prefill["tokens"]))
     workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size)
 
     ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))
@@ -206,12 +193,56 @@ def plan_step(
         candidates=table.rows(),
         predicted_time=float(table.time[pick]),
         predicted_cost=float(table.cost[pick]),
-        prefill={"seconds": prefill_s, "tokens": prefill_tokens, **computed},
+        prefill={"seconds": prefill_s, **prefill},
         cut=str(feats["cut"]),
         tau=config.tau,
         predicted_length=dict(zip(uids, gmax.tolist(), strict=True)),
         plan_seconds=time.perf_counter() - t0,
         features=dict(feats),
+    )
+
+
+def _prefill_work(
+    prompts: Sequence[PromptSpec], packed: PackedPrompts | None, dedup_on: bool, capacity: int, g: int
+) -> tuple[np.ndarray, Dedup | None, np.ndarray, np.ndarray, dict[str, int]]:
+    """Who computes which prompt tokens: prompt lengths; per prompt, the tokens its decode actor
+    prefills and the prefix tokens it receives as KV; the prefill actor's tokens; and the step's
+    token counts (`tokens_computed` = prefill actor + every decode actor's own prefill)."""
+    if dedup_on:
+        packed = packed or PackedPrompts.pack([p.prompt_tokens for p in prompts])
+    lengths = (
+        packed.lengths
+        if packed
+        else np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=np.int64, count=len(prompts))
+    )
+    total = int(lengths.sum())
+    counts = {"tokens_naive": total * g, "tokens_per_prompt": total}
+    if not dedup_on:  # every sample prefills its whole prompt
+        decode_prefill = lengths * g
+        return (
+            lengths,
+            None,
+            decode_prefill,
+            np.zeros_like(lengths),
+            {
+                "tokens": 0,
+                **counts,
+                "tokens_computed": total * g,
+            },
+        )
+    dedup = deduplicate(packed, capacity)
+    prefill_tokens = int(dedup.group_prefix_tokens.sum())
+    computed = dedup.tokens(g)["dedup"]
+    return (
+        lengths,
+        dedup,
+        dedup.remaining_tokens,
+        dedup.prefix_tokens,
+        {
+            "tokens": prefill_tokens,
+            **counts,
+            "tokens_computed": computed,
+        },
     )
 
 
@@ -242,6 +273,7 @@ def _chosen_actors(
                 start_delay=float(actors.delay[r]),
                 hidden=bool(actors.hidden[r]),
                 predicted_tokens=float(actors.work[r]),
+                prefill_tokens=float(actors.prefill_tokens[r]),
             )
         )
     return out

@@ -29,6 +29,7 @@ class ActorEstimates:
     delay: np.ndarray
     hidden: np.ndarray
     work: np.ndarray
+    prefill_tokens: np.ndarray
 
 
 def estimate_actors(
@@ -49,7 +50,10 @@ def estimate_actors(
     time = delay + busy
     anchor = _group_value_at_slot0(n_of, slot, time)
     cost = price_per_gpu_hour / 3600.0 * profile.gpus * (time + profile.cold_start_s)
-    return ActorEstimates(n_of, starts, ends, time, cost, slot, delay, time <= anchor + 1e-9, parts["work"])
+    hidden = time <= anchor + 1e-9
+    return ActorEstimates(
+        n_of, starts, ends, time, cost, slot, delay, hidden, parts["work"], parts["prefill_tokens"]
+    )
 
 
 def _group_value_at_slot0(n_of: np.ndarray, slot: np.ndarray, value: np.ndarray) -> np.ndarray:

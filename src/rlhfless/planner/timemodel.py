@@ -109,7 +109,8 @@ class RangeModel:
         return out
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
-        """Per range [start, end) of prompts: decode and prefill seconds, KV tokens received."""
+        """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
+        tokens it receives, decode tokens."""
         prompts = (ends - starts).astype(float)
         seqs = prompts * self.group_size
         work = self._work[ends] - self._work[starts]
@@ -129,6 +130,7 @@ class RangeModel:
         return {
             "decode": decode,
             "prefill": self.profile.prefill_seconds(prefill_tokens),
+            "prefill_tokens": prefill_tokens,
             "kv_tokens": self._kv[ends] - self._kv[starts],
             "work": work,
         }

@@ -231,7 +231,6 @@ class _Generation:
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
         prefix = np.minimum(plen, plan.prefix_length) if dedup else np.zeros_like(plen)
-        local = (plen - prefix) if dedup else plen * g
         self.prefill_s = float(profile.prefill_seconds(plan.prefill["tokens"])) if dedup else 0.0
         index = {u: i for i, u in enumerate(prompts.uids)}
         cluster = stage.cluster
@@ -253,7 +252,7 @@ class _Generation:
                 kv = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
                 ready = max(weights, kv)
                 requested = -stage.cold_start_s
-            t0 = ready + float(profile.prefill_seconds(local[p].sum()))
+            t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
             context, remaining = self.prompt_len[seqs], self.true[seqs]
             cap = slot_cap(profile, context, remaining)
             sched = schedule(profile, t0, seqs, context, remaining, cap)
