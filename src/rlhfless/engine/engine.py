@@ -154,7 +154,8 @@ class Engine:
     """Generation engine on one Hugging Face causal LM (Llama-style attention, SDPA or eager).
 
     `max_running` bounds concurrent sequences (slots); `max_kv_tokens` bounds the KV tokens they
-    may come to hold (prompt + max_new_tokens each), so admission never has to preempt.
+    may come to hold (prompt + max_new_tokens each), so admission never has to preempt. The model
+    should have dropout off (eval mode, or dropout 0); the engine does not change its mode.
     """
 
     def __init__(
@@ -172,7 +173,7 @@ class Engine:
             raise ValueError(f"max_running: got {max_running}, expected >= 1")
         if max_kv_tokens < 1:
             raise ValueError(f"max_kv_tokens: got {max_kv_tokens}, expected >= 1")
-        self.model = model.eval()
+        self.model = model  # shared with a colocated learner: its train/eval mode is left alone
         self.mask_kind = attention_mask_kind(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)

@@ -65,7 +65,6 @@ def measure_profile(
     """`{"decode": [{"batch", "context", "ms"}], "prefill": [{"tokens", "ms"}], "gpus": 1, "max_kv_tokens": K}`."""
     if repeats < 1:
         raise ValueError(f"repeats: got {repeats}, expected >= 1")
-    model = model.eval()
     kind = attention_mask_kind(model)
     param = next(model.parameters())
     config = model.config
