@@ -236,7 +236,13 @@ def test_run_until_stops_at_a_finished_share(model):
     engine = make_engine(model)
     engine.add([Request(f"p{i}", p, 2) for i, p in enumerate(prompts(4))], SAMPLED, step=0)
     done = engine.run(until=lambda p: p.finished >= 0.5 * p.total)
+    peeked = engine.unfinished()
+    assert [(s.uid, s.sample) for s in engine.unfinished()] == [(s.uid, s.sample) for s in peeked]
     left = engine.cut()
+    assert [(s.uid, s.sample, s.generated_ids) for s in left] == [
+        (s.uid, s.sample, s.generated_ids) for s in peeked
+    ]
+    assert engine.progress().running == engine.progress().queued == 0
     assert len(done) >= 4 and len(done) + len(left) == 8
     assert all(r.finish_reason in ("stop", "length") for r in done)
 

@@ -319,8 +319,8 @@ class Engine:
         self._finished = [r for r in done if (r.uid, r.sample) not in order]
         return sorted(mine, key=lambda r: order[(r.uid, r.sample)])
 
-    def cut(self, with_kv: bool = False) -> list[SequenceState]:
-        """Remove and return every unfinished sequence (running and queued) for `resume` elsewhere."""
+    def unfinished(self, with_kv: bool = False) -> list[SequenceState]:
+        """States of the running, then queued, sequences, leaving them in the engine."""
         states = []
         for seq in self._running:
             kv = None
@@ -328,14 +328,28 @@ class Engine:
                 keys, values = self.slots.read(seq.slot, seq.length)
                 tokens = (seq.prompt_ids + seq.generated)[: seq.length]
                 kv = PrefixKV(tokens, keys, values, self.weight_version)
-            states.append(SequenceState(seq.uid, seq.sample, seq.prompt_ids, seq.generated, seq.logprobs, kv))
+            states.append(
+                SequenceState(
+                    seq.uid, seq.sample, seq.prompt_ids, list(seq.generated), list(seq.logprobs), kv
+                )
+            )
         for row in self._queue:
             for seq in row.seqs:
                 states.append(
                     SequenceState(
-                        seq.uid, seq.sample, seq.prompt_ids, seq.generated, seq.logprobs, row.prefix
+                        seq.uid,
+                        seq.sample,
+                        seq.prompt_ids,
+                        list(seq.generated),
+                        list(seq.logprobs),
+                        row.prefix,
                     )
                 )
+        return states
+
+    def cut(self, with_kv: bool = False) -> list[SequenceState]:
+        """Remove and return every unfinished sequence (running and queued) for `resume` elsewhere."""
+        states = self.unfinished(with_kv)
         self._running, self._queue = [], deque()
         return states
 
