@@ -30,17 +30,18 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CANDIDATES = {
     "default": (DEFAULT_TASKS, DEFAULT_TASK_CONFIG),
-    "counting+lists": (
+    "numeric-easy": (
         {
+            "letter_counting": 1.0,
+            "chain_sum": 1.0,
             "leg_counting": 1.0,
-            "word_sequence_reversal": 1.0,
-            "spell_backward": 1.0,
             "basic_arithmetic": 1.0,
             "gsm_symbolic": 0.5,
         },
         {
+            "letter_counting": {"min_words": 3, "max_words": 6},
+            "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
             "leg_counting": {"min_animals": 1, "max_animals": 2, "max_instances": 3},
-            "word_sequence_reversal": {"min_words": 2, "max_words": 4},
             "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ("+", "-")},
         },
     ),

@@ -52,7 +52,11 @@ def test_verl_parquet_reads_like_jsonl(tmp_path):
     path = tmp_path / "gsm.parquet"
     rows = [
         {**VERL_ROWS[0], "prompt": [{"role": "user", "content": "hi"}]},
-        {**VERL_ROWS[0], "prompt": [{"role": "user", "content": "ho"}], "reward_model": {"ground_truth": "9"}},
+        {
+            **VERL_ROWS[0],
+            "prompt": [{"role": "user", "content": "ho"}],
+            "reward_model": {"ground_truth": "9"},
+        },
     ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     prompts = load(path)

@@ -27,13 +27,13 @@ def test_mix_follows_weights_with_exact_total():
 
 
 def test_prompts_share_the_system_prompt_and_carry_what_scoring_needs():
-    prompts = gym_prompts(system_prompt="SYS")
+    prompts = gym_prompts(system_prompt="SYS", answer_reminder=" [tags]")
     for p in prompts:
         assert p.messages[0] == {"role": "system", "content": "SYS"}
         assert p.messages[1]["role"] == "user"
         info = p.extra_info[GYM_KEY]
         assert info["entry"]["answer"] == p.ground_truth
-        assert info["entry"]["question"] == p.question
+        assert p.question == info["entry"]["question"] + " [tags]"
 
 
 def test_same_seed_same_prompts_and_uids_other_seed_differs():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlhfless.rewards.answers import answers_match, extract_answer, format_score
+from rlhfless.rewards.answers import answers_match, extract_answer, format_score, last_number
 
 
 @pytest.mark.parametrize(
@@ -74,3 +74,17 @@ def test_equivalent_answers_match(answer, truth):
 )
 def test_different_answers_do_not_match(answer, truth):
     assert not answers_match(answer, truth)
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("So the total is 6 legs.", "6"),
+        ("from 3 to -4", "-4"),
+        ("about 1,000.", "1,000"),
+        ("pi is 3.14, roughly", "3.14"),
+        ("no digits here", None),
+    ],
+)
+def test_last_number_is_the_flexible_fallback(response, expected):
+    assert last_number(response) == expected

@@ -57,6 +57,18 @@ def test_file_prompt_numeric_match_and_format_weight():
     assert unweighted.components == {"correct": 0.0, "format": 1.0}
 
 
+def test_untagged_last_number_earns_the_flexible_share():
+    flexible = build_reward_fn(RewardConfig(format_weight=0.1, flexible_credit=0.5))
+    out = flexible(file_prompt(), "So the total is 1000 apples.")
+    assert out.components == {"format": 0.0, "correct": 0.5}
+    assert out.score == pytest.approx(0.5)
+    assert flexible(file_prompt(), "It is 1000, no wait, 999.").score == 0.0
+    # a tagged answer is never second-guessed by the fallback
+    assert flexible(file_prompt(), "1000 <answer>7</answer>").components["correct"] == 0.0
+    strict = build_reward_fn(RewardConfig(format_weight=0.1, flexible_credit=0.0))
+    assert strict(file_prompt(), "So the total is 1000 apples.").score == 0.0
+
+
 def test_boxed_format():
     fn = build_reward_fn(RewardConfig(answer_format="boxed", format_weight=0.0))
     assert fn(file_prompt("3/4"), r"so \boxed{0.75}").score == 1.0
@@ -109,6 +121,7 @@ def test_unimportable_user_function_is_a_clear_error(spec, message):
         ({"answer_format": "xml"}, "answer_format: got 'xml'"),
         ({"format_weight": -0.1}, "format_weight: got -0.1"),
         ({"correct_weight": math.inf}, "correct_weight: got inf"),
+        ({"flexible_credit": 1.5}, "flexible_credit: got 1.5"),
         ({"function": "no_colon"}, "function: got 'no_colon'"),
     ],
 )

@@ -34,6 +34,10 @@ DEFAULT_TASK_CONFIG: dict[str, dict[str, Any]] = {
     "sentence_reordering": {"min_words_in_sentence": 3, "max_words_in_sentence": 6},
 }
 
+# Appended to each generated question: a 135M model follows an instruction next to the question
+# far more often than one in the system prompt alone.
+DEFAULT_ANSWER_REMINDER = "\n\nEnd your reply with the final answer inside <answer></answer> tags."
+
 SOURCES = ("reasoning_gym", "file")
 FORMATS = ("auto", "verl", "trl")
 
@@ -91,6 +95,13 @@ class DataConfig:
         metadata={
             "help": "system message prepended to prompts that have none (answer format and a worked "
             "example; shared by all prompts); empty string adds none"
+        },
+    )
+    answer_reminder: str = field(
+        default=DEFAULT_ANSWER_REMINDER,
+        metadata={
+            "help": "text appended to every reasoning_gym question (file prompts are kept verbatim); "
+            "empty string adds none"
         },
     )
     batch_size: int = field(default=8, metadata={"help": "prompts per training step"})

@@ -51,6 +51,7 @@ def load_gym_prompts(
     size: int,
     dataset_seed: int,
     system_prompt: str,
+    answer_reminder: str = "",
 ) -> list[Prompt]:
     """Generate `size` prompts, interleaved in a fixed seeded order so every batch mixes tasks.
 
@@ -66,7 +67,8 @@ def load_gym_prompts(
         dataset = create_gym_dataset(task, config, seed, count)
         for index in range(count):
             entry = dataset[index]
-            messages = with_system_prompt([{"role": "user", "content": entry["question"]}], system_prompt)
+            question = entry["question"] + answer_reminder
+            messages = with_system_prompt([{"role": "user", "content": question}], system_prompt)
             data_source = f"{GYM_KEY}/{task}"
             info = {"task": task, "config": config, "seed": seed, "size": count, "index": index}
             info["entry"] = _json_or_none(entry)

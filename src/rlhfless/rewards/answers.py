@@ -5,6 +5,8 @@ Answer formats (`reward.answer_format`):
   A final `<answer>` left unclosed (the model stopped or hit the token cap) yields the rest of
   its line, so correctness still counts; the format score marks the difference.
 - "boxed": the final answer inside the last `\\boxed{...}` (braces may nest).
+
+With no answer in the format, `last_number` is the fallback (VERL's gsm8k "flexible" extraction).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ _CLOSED_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _OPEN_TAG = "<answer>"
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?$")
+_NUMBERS = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def _boxed_contents(text: str) -> list[tuple[str, bool]]:
@@ -46,6 +49,12 @@ def extract_answer(response: str, answer_format: str = "answer_tag") -> str | No
         line = tail[1].strip().split("\n", 1)[0].strip()
         return line or (closed[-1].strip() if closed else None)
     return closed[-1].strip() if closed else None
+
+
+def last_number(response: str) -> str | None:
+    """The last number written in the response (commas and a trailing period dropped), or None."""
+    found = _NUMBERS.findall(response)
+    return found[-1].rstrip(",").rstrip(".") if found else None
 
 
 def format_score(response: str, answer_format: str = "answer_tag") -> float:

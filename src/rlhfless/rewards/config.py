@@ -26,6 +26,13 @@ class RewardConfig:
             "format, 0.5 for an opened but unfinished one, 0 for none; 0 disables"
         },
     )
+    flexible_credit: float = field(
+        default=0.5,
+        metadata={
+            "help": "when a response has no answer in answer_format, its last number is scored instead "
+            "(VERL gsm8k's 'flexible' extraction) and earns this share of the correctness score; 0 = strict"
+        },
+    )
     correct_weight: float = field(
         default=1.0, metadata={"help": "weight of the correctness score (0..1) in the reward"}
     )
@@ -62,6 +69,8 @@ class RewardConfig:
             raise ValueError(
                 f"answer_format: got {self.answer_format!r}, expected one of {', '.join(ANSWER_FORMATS)}"
             )
+        if not 0 <= self.flexible_credit <= 1:
+            raise ValueError(f"flexible_credit: got {self.flexible_credit!r}, expected a number in [0, 1]")
         for name in ("format_weight", "correct_weight", "rule_weight", "model_weight"):
             value = getattr(self, name)
             if (

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlhfless.data.gym import GYM_KEY, create_gym_dataset
 from rlhfless.data.prompts import Prompt
-from rlhfless.rewards.answers import answers_match, extract_answer, format_score
+from rlhfless.rewards.answers import answers_match, extract_answer, format_score, last_number
 from rlhfless.rewards.config import RewardConfig
 
 if TYPE_CHECKING:
@@ -105,7 +105,10 @@ class RewardFn:
         return self._model
 
     def correctness(self, prompt: Prompt, response: str) -> float:
-        """User function if configured; else reasoning-gym's own scorer or a match against ground_truth."""
+        """User function if configured; else reasoning-gym's own scorer or a match against ground_truth.
+
+        An answer found only by the last-number fallback earns `flexible_credit` of the score.
+        """
         if self._user_fn is not None:
             value = self._user_fn(prompt, response)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -113,16 +116,18 @@ class RewardFn:
                     f"reward.function {self.cfg.function}: returned {value!r}, expected a finite float"
                 )
             return float(value)
-        answer = extract_answer(response, self.cfg.answer_format)
+        answer, credit = extract_answer(response, self.cfg.answer_format), 1.0
+        if answer is None and self.cfg.flexible_credit > 0:
+            answer, credit = last_number(response), self.cfg.flexible_credit
         info = prompt.extra_info.get(GYM_KEY)
         if isinstance(info, dict):
-            return self._gym_score(info, answer)
+            return credit * self._gym_score(info, answer)
         if prompt.ground_truth is None:
             raise RewardError(
                 f"prompt {prompt.uid} ({prompt.data_source}) has no ground_truth: "
                 "add an answer column or set reward.function"
             )
-        return 1.0 if answers_match(answer, prompt.ground_truth) else 0.0
+        return credit if answers_match(answer, prompt.ground_truth) else 0.0
 
     def _gym_score(self, info: dict[str, Any], answer: str | None) -> float:
         key = json.dumps([info["task"], info["config"], info["seed"], info["size"]], sort_keys=True)
