@@ -5,9 +5,7 @@ prompt). Sorting the prompts groups every shared prefix into a contiguous run, s
 length of the common prefix of neighbours i and i+1 in sorted order (infinite when identical),
 D(L) = 1 + #{i : e_i < L} for every L at once. The chosen prefix length is the largest L with
 D(L) <= B_prefill (D is non-decreasing in L). Prompts are encoded as 4-byte-per-token bytes so
-the sort runs at C speed (any byte order groups shared token prefixes); the neighbours' common
-prefixes are found in numpy, comparing column blocks of doubling width for the pairs not yet told
-apart, so the work is about the total length of the common prefixes.
+the sort and the common-prefix search run at C speed.
 """
 
 from __future__ import annotations
@@ -29,11 +27,6 @@ class PackedPrompts:
 
     keys: list[bytes]
     lengths: np.ndarray
-
-    @property
-    def flat(self) -> np.ndarray:
-        """All tokens, prompt after prompt (int32)."""
-        return np.frombuffer(b"".join(self.keys), dtype=np.int32)
 
     @classmethod
     def pack(cls, token_lists: Sequence[Any]) -> PackedPrompts:
@@ -86,26 +79,14 @@ class Dedup:
         return sorted(groups, key=lambda g: (-len(g), g[0]))
 
 
-def _neighbour_lcp(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Common prefix (tokens) of each pair of neighbours in `order`, capped at the shorter length."""
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    a, b = starts[order[:-1]], starts[order[1:]]
-    limit = np.minimum(lengths[order[:-1]], lengths[order[1:]])
-    lcp = limit.copy()
-    pending = np.flatnonzero(limit > 0)
-    col, width = 0, 32
-    while pending.size:
-        cols = np.arange(col, col + width)
-        inside = cols < limit[pending, None]
-        left = np.where(inside, a[pending, None] + cols, 0)
-        right = np.where(inside, b[pending, None] + cols, 0)
-        differ = (flat[left] != flat[right]) & inside
-        hit = differ.any(axis=1)
-        lcp[pending[hit]] = col + differ[hit].argmax(axis=1)
-        col += width
-        pending = pending[~hit & (limit[pending] > col)]
-        width *= 2
-    return lcp
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Common prefix of two token strings, in tokens (first differing byte via big-int XOR).
+
+    Measured against a numpy version comparing column blocks of the sorted pairs: no faster at
+    16,384 prompts, so the simpler one stays."""
+    n = min(len(a), len(b))
+    diff = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    return (8 * n - diff.bit_length()) // 32
 
 
 def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
@@ -114,7 +95,10 @@ def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
     n = len(keys)
     longest = int(lengths.max()) if n else 0
     order = np.array(sorted(range(n), key=keys.__getitem__), dtype=np.int64)
-    lcp = _neighbour_lcp(prompts.flat, lengths, order)
+    sorted_keys = [keys[i] for i in order]
+    lcp = np.fromiter(
+        map(_common_prefix, sorted_keys[:-1], sorted_keys[1:]), dtype=np.int64, count=max(n - 1, 0)
+    )
     la, lb = lengths[order[:-1]], lengths[order[1:]]
     identical = (lcp == la) & (la == lb)
     e = np.where(identical, longest + 1, lcp)

@@ -104,7 +104,11 @@ class LengthPredictor:
 
     def update(self, uid: str, observed_lengths: Sequence[int]) -> None:
         """Record the response lengths (one per sample) this step produced for `uid`."""
-        self.update_many([uid], [observed_lengths])
+        if len(observed_lengths) == 0:
+            raise ValueError(f"observed_lengths for {uid!r}: got none, expected one length per sample")
+        rows = self._rows([uid])
+        self._push(rows, np.array([max(observed_lengths)], float), np.array([np.mean(observed_lengths)]))
+        self._truth.pop(uid, None)
 
     def update_many(self, uids: Sequence[str], observed_lengths: Any) -> None:
         """`update` for many uids at once: `observed_lengths` is a (uids, samples) array or one
