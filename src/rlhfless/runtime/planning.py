@@ -70,6 +70,5 @@ def observe_lengths(plan: StepPlan, samples: list[Sample], predictor: LengthPred
     quality = prediction_quality(
         np.array([plan.predicted_length[u] for u in uids]), np.array([max(lengths[u]) for u in uids])
     )
-    for uid in uids:
-        predictor.update(uid, lengths[uid])
+    predictor.update_many(uids, [lengths[u] for u in uids])
     return {f"predictor/{k}": v for k, v in quality.items()}
