@@ -28,7 +28,7 @@ class RuntimeConfig:
     """Where generation, preparation and learning run, and how serverless functions are kept."""
 
     executor: str = field(
-        default="inprocess",
+        default="ray",
         metadata={
             "help": f"step executor: one of {', '.join(EXECUTORS)} (ray: serverless functions; "
             "inprocess: everything in this process, for debugging)"

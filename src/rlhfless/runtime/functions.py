@@ -25,7 +25,8 @@ from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import EngineStats, Request, SequenceResult, SequenceState
 from rlhfless.models import load_model
 from rlhfless.rewards import RewardConfig, build_reward_fn
-from rlhfless.runtime.learner import MicroBatch, micro_batches, response_logprobs
+from rlhfless.runtime.executor import score
+from rlhfless.runtime.learner import pack, response_logprobs
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.transfer import KVBundle, from_numpy, load_flat_weights
 
@@ -213,22 +214,17 @@ class PrepareFunction:
     def run(self, prompts: list[StepPrompt], samples: list[Sample]) -> dict:
         """Rewards per sample, reference log-probs per sample (or None), and phase seconds."""
         begin = time.time()
-        by_uid = {p.uid: p.prompt for p in prompts}
-        scores = []
-        for s in samples:
-            out = self.reward_fn(by_uid[s.uid], s.response)
-            scores.append((float(out.score), dict(out.components)))
+        score(prompts, samples, self.reward_fn)
+        scores = [(s.reward, s.reward_components) for s in samples]
         rewards_s = time.time() - begin
         ref = None if self.reference is None else self._logprobs(samples)
         return {"scores": scores, "ref": ref, "begin": begin, "end": time.time(), "time/reward": rewards_s}
 
     @torch.no_grad()
     def _logprobs(self, samples: list[Sample]) -> list[np.ndarray]:
-        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(samples)
-        for rows in micro_batches(lengths, self.micro_batch_tokens):
-            mb = MicroBatch.build(samples, rows, self.pad_id)
+        for mb in pack(samples, list(range(len(samples))), self.micro_batch_tokens, self.pad_id):
             values = response_logprobs(self.reference, mb, self.temperature)
-            for b, i in enumerate(rows):
+            for b, i in enumerate(mb.rows):
                 out[i] = values[b, : len(samples[i].response_ids)].float().numpy()
         return out

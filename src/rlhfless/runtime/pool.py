@@ -31,10 +31,14 @@ class Lease:
 
 
 class FunctionPool:
-    """Keeps idle functions warm for `keep_alive_s` seconds; `create(shape)` starts a new one."""
+    """Keeps idle functions warm for `keep_alive_s` seconds; `create(shape)` starts a new one and
+    `stop(handle)` ends one."""
 
-    def __init__(self, create: Callable[[Shape], Any], keep_alive_s: float) -> None:
+    def __init__(
+        self, create: Callable[[Shape], Any], keep_alive_s: float, stop: Callable[[Any], None] | None = None
+    ) -> None:
         self.create, self.keep_alive_s = create, keep_alive_s
+        self.stop = stop or _kill
         self.idle: list[Lease] = []
         self.leased: set[Lease] = set()
         self._serial = itertools.count()
@@ -60,24 +64,24 @@ class FunctionPool:
     def drop(self, lease: Lease) -> None:
         """Forget a lease whose process died (or stop it when it is still there)."""
         self.leased.discard(lease)
-        _kill(lease)
+        self.stop(lease.handle)
 
     def evict(self, now: float) -> int:
         """Stop functions idle for longer than the keep-alive; returns how many."""
         expired = [lease for lease in self.idle if now - lease.idle_since > self.keep_alive_s]
         for lease in expired:
             self.idle.remove(lease)
-            _kill(lease)
+            self.stop(lease.handle)
         return len(expired)
 
     def close(self) -> None:
         for lease in [*self.idle, *self.leased]:
-            _kill(lease)
+            self.stop(lease.handle)
         self.idle, self.leased = [], set()
 
 
-def _kill(lease: Lease) -> None:
+def _kill(handle: Any) -> None:
     try:
-        ray.kill(lease.handle)
+        ray.kill(handle)
     except Exception:  # already gone: nothing to stop
         pass

@@ -36,7 +36,7 @@ from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.config import RuntimeConfig
-from rlhfless.runtime.executor import sampling_params
+from rlhfless.runtime.executor import build_critic, sampling_params
 from rlhfless.runtime.functions import DecodeFunction, LiveSequence, PrepareFunction, Report, Work
 from rlhfless.runtime.learner import Learner
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
@@ -128,6 +128,7 @@ class RayExecutor:
             temperature=cfg.generation.temperature,
             pad_id=tokenizer.pad_token_id,
         )
+        self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)  # PPO: lives with the learner
         self.serverful = cfg.scheduler.policy == "verl"
         self.meter = Meter(cfg.scheduler.price_per_gpu_hour)
         self.pool = FunctionPool(self._create, float("inf") if self.serverful else self.rt.keep_alive_s)
@@ -524,10 +525,32 @@ class RayExecutor:
             "time/reference": out["end"] - out["begin"] - out["time/reward"],
         }
 
-    def learn(self, samples: list[Sample], advantages: list[Tensor], ref: list[Tensor] | None) -> dict:
+    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        start = time.time()
+        out = self.learner.logprobs(self.policy, samples)
+        self.learner_inv.mark_busy(start, time.time())
+        return out
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        if self.critic is None:
+            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
         start = time.time()
         self.meter.phase("learning", start)
-        metrics = self.learner.learn(samples, advantages, ref)
+        out = self.critic.update(samples, rewards)
+        self.learner_inv.mark_busy(start, time.time())
+        return out
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None = None,
+    ) -> dict:
+        start = time.time()
+        if self.meter.phases[-1][0] != "learning":
+            self.meter.phase("learning", start)
+        metrics = self.learner.learn(samples, advantages, ref, old)
         self.version += 1
         self.prefill_engine.weight_version = self.version  # the prefill engine shares the learner's weights
         self.learner_inv.mark_busy(start, time.time())
@@ -545,11 +568,16 @@ class RayExecutor:
     # ----- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"learner": self.learner.state_dict(), "version": self.version}
+        state = {"learner": self.learner.state_dict(), "version": self.version}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the learner; every function re-syncs from the (checkpoint-loaded) policy."""
         self.learner.load_state_dict(state["learner"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         self.version = state["version"]
         self.prefill_engine.weight_version = self.version
         self.weights = None

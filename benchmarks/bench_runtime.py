@@ -1,0 +1,136 @@
+"""verl vs rlhfless on the Ray runtime: same model, same seed, same prompts, side by side.
+
+Runs the default model for a few training steps under each policy on one embedded Ray, with the
+planner given this machine's actor slots, and prints per policy: cost per step, step time, prefill
+tokens saved, migrations, cold starts, and how many samples came out token-identical.
+
+    .venv/bin/python benchmarks/bench_runtime.py --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import ray
+
+from rlhfless.config import load_config
+from rlhfless.data import PromptLoader, load_prompts
+from rlhfless.models import load_model, load_tokenizer
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.runtime.planning import StepPlanner, machine_profile, observe_lengths
+from rlhfless.runtime.ray_executor import machine_slots, start_ray
+from rlhfless.runtime.trainer import advantages, build_executor, seed_everything, tokenize_prompts
+
+
+def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...]) -> list[dict]:
+    """The training loop of `rlhfless train`, on a cluster of this machine's slots."""
+    cfg = load_config(preset=preset, overrides=("runtime.executor=ray", f"scheduler.policy={policy}", *extra))
+    seed_everything(cfg.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    loader = PromptLoader(load_prompts(cfg.data), cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
+    model = load_model(cfg.model, len(tokenizer), cfg.seed)
+    executor = build_executor(cfg, tokenizer, model)
+    predictor = LengthPredictor.from_config(cfg.scheduler)
+    slots = machine_slots(cfg.runtime) * cfg.scheduler.gpus_per_actor
+    planner = StepPlanner(
+        cfg.scheduler,
+        machine_profile(model.config.to_dict(), None),
+        ClusterSpec(nodes=1, gpus_per_node=slots),
+        cfg.algorithm.group_size,
+    )
+    history = []
+    try:
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            prompts = tokenize_prompts(next(loader), tokenizer, cfg.generation.max_prompt_tokens)
+            plan = planner.plan(prompts, [None] * len(prompts), predictor)
+            samples, gen = executor.generate(prompts, plan, step)
+            ref, _ = executor.prepare(prompts, samples)
+            executor.learn(samples, advantages(cfg, samples), ref)
+            billing, _ = executor.finish_step(step)
+            observe_lengths(plan, samples, predictor)
+            history.append(
+                {
+                    "step": step,
+                    "time": time.perf_counter() - t0,
+                    "n_actors": plan.n_actors,
+                    "tokens": [(s.uid, s.sample, tuple(s.response_ids)) for s in samples],
+                    "reward": statistics.fmean(s.reward for s in samples),
+                    **gen,
+                    **billing,
+                }
+            )
+            print(
+                f"{policy} step {step}: {history[-1]['time']:.1f} s, cost {billing['cost/step']:.6f}",
+                flush=True,
+            )
+    finally:
+        executor.close()
+    return history
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--preset", default="default")
+    parser.add_argument("--skip-first", type=int, default=1, help="warm-up steps left out of the means")
+    parser.add_argument("--json", help="write the per-step records here")
+    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
+    args = parser.parse_args()
+    start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
+    runs = {p: run_policy(p, args.steps, args.preset, tuple(args.overrides)) for p in ("verl", "rlhfless")}
+    ray.shutdown()
+
+    def mean(policy: str, key: str, skip: int = args.skip_first) -> float:
+        return statistics.fmean(h[key] for h in runs[policy][skip:])
+
+    def total(policy: str, key: str) -> float:
+        return sum(h[key] for h in runs[policy])
+
+    rows = [
+        ("cost per step ($, steps > warm-up)", mean("verl", "cost/step"), mean("rlhfless", "cost/step")),
+        ("cost per step ($, all steps)", mean("verl", "cost/step", 0), mean("rlhfless", "cost/step", 0)),
+        ("step time (s, steps > warm-up)", mean("verl", "time"), mean("rlhfless", "time")),
+        ("generation cost ($/step)", mean("verl", "cost/generation"), mean("rlhfless", "cost/generation")),
+        ("decode actors (mean)", mean("verl", "n_actors", 0), mean("rlhfless", "n_actors", 0)),
+        (
+            "prefill tokens saved (all steps)",
+            total("verl", "prefill/tokens_naive") - total("verl", "prefill/tokens_computed"),
+            total("rlhfless", "prefill/tokens_naive") - total("rlhfless", "prefill/tokens_computed"),
+        ),
+        ("migrations (all steps)", total("verl", "migrations"), total("rlhfless", "migrations")),
+        (
+            "cold starts (all steps)",
+            total("verl", "actors/cold_starts"),
+            total("rlhfless", "actors/cold_starts"),
+        ),
+        ("idle billed seconds (all steps)", total("verl", "time/idle"), total("rlhfless", "time/idle")),
+    ]
+    print(f"\n{'':38s} {'verl':>12s} {'rlhfless':>12s} {'rlhfless/verl':>14s}")
+    for name, a, b in rows:
+        print(f"{name:38s} {a:12.6g} {b:12.6g} {b / a if a else float('nan'):14.3f}")
+    same_steps, same_samples, n_samples = 0, 0, 0
+    for hv, hr in zip(runs["verl"], runs["rlhfless"], strict=True):
+        same = sum(a == b for a, b in zip(hv["tokens"], hr["tokens"], strict=True))
+        same_samples += same
+        n_samples += len(hv["tokens"])
+        same_steps += same == len(hv["tokens"])
+        print(f"step {hv['step']}: {same}/{len(hv['tokens'])} samples identical")
+    print(f"identical samples: {same_samples}/{n_samples}; identical steps: {same_steps}/{len(runs['verl'])}")
+    print(
+        f"cost reduction {1 - mean('rlhfless', 'cost/step') / mean('verl', 'cost/step'):.1%}, "
+        f"speedup {mean('verl', 'time') / mean('rlhfless', 'time'):.2f}x (steps after the warm-up)"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {p: [{k: v for k, v in h.items() if k != "tokens"} for h in hs] for p, hs in runs.items()}, f
+            )
+
+
+if __name__ == "__main__":
+    main()
