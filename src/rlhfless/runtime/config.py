@@ -49,7 +49,7 @@ class RuntimeConfig:
     )
     threads_per_actor: int = field(default=1, metadata={"help": "torch threads inside each function"})
     keep_alive_s: float = field(
-        default=60.0,
+        default=300.0,
         metadata={"help": "seconds a released function stays warm for reuse before it is stopped"},
     )
     slice_s: float = field(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import ray
 import torch
-from ray.exceptions import RayActorError
+from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from torch import Tensor
 
@@ -44,6 +44,7 @@ from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 from rlhfless.runtime.transfer import KVBundle, flat_weights
 
 Key = tuple[str, int]  # (uid, sample index)
+LOST = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # the function's process is gone
 
 
 def start_ray(rt: RuntimeConfig) -> bool:
@@ -214,7 +215,7 @@ class RayExecutor:
             hello = ray.get(lease.hello)
             # A pre-started worker process is older than the request: billing starts at the request.
             inv.started, inv.ready = max(inv.requested, hello.started), hello.ready
-        except RayActorError:
+        except LOST:
             inv.started = inv.started or inv.requested
         lease.hello = None
 
@@ -346,7 +347,7 @@ class RayExecutor:
             run = inflight.pop(ref)
             try:
                 report: Report = ray.get(ref)
-            except RayActorError:
+            except LOST:
                 for new in self._recover(run, runs, step):
                     inflight[new.lease.handle.advance.remote(self.rt.slice_s)] = new
                 continue
@@ -479,12 +480,12 @@ class RayExecutor:
             if run.sync is not None:
                 try:
                     sync_seconds.append(ray.get(run.sync))
-                except RayActorError:
+                except LOST:
                     pass
         for ref in assign_refs:
             try:
                 assign_seconds.append(ray.get(ref))
-            except RayActorError:
+            except LOST:
                 pass
         self.metrics["time/weight_sync"] = self.metrics.pop("time/weight_put") + max(sync_seconds)
         self.metrics["time/kv_transfer"] += max(assign_seconds)
