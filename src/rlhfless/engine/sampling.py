@@ -3,11 +3,11 @@
 Each sampled token takes Gumbel noise over the vocabulary from a generator seeded by a hash of
 (seed, training step, uid, sample index, response position) and picks argmax(log-probs + noise)
 (the Gumbel-max trick: an exact sample of the tempered, top-p filtered distribution). No generator
-state is carried, so a sequence gets the same tokens in any batch, on any actor, in any order, and
-after being cut and resumed elsewhere. Gumbel-max rather than inverse-CDF sampling because a tiny
-change of the logits (another batch shape) flips the token only when the two best noisy scores
-nearly tie, whereas a CDF sums the changes of every token in front of the sampled one. The noise is
-drawn on the CPU whatever the model's device, so CPU and GPU actors draw the same numbers.
+state is carried, so a sequence gets the same tokens in any batch, on any actor of one device type,
+in any order, and after being cut and resumed elsewhere. Gumbel-max rather than inverse-CDF
+sampling because a tiny change of the logits (another batch shape) flips the token only when the
+two best noisy scores nearly tie, whereas a CDF sums the changes of every token in front of the
+sampled one.
 """
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ def token_seed(key: int, position: int) -> int:
     return _splitmix64(key ^ position)
 
 
-def gumbel_noise(seeds: list[int], vocab: int) -> torch.Tensor:
-    """[len(seeds), vocab] float32 standard Gumbel noise, row i a pure function of seeds[i]."""
-    noise = torch.empty(len(seeds), vocab)
-    generator = torch.Generator()
+def gumbel_noise(seeds: list[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[len(seeds), vocab] float32 standard Gumbel noise, row i a pure function of seeds[i].
+
+    Drawn on `device` by its own generator type (CPU: Mersenne Twister, CUDA: Philox), so the
+    numbers agree between actors of the same device type, not between a CPU and a GPU actor.
+    """
+    noise = torch.empty(len(seeds), vocab, device=device)
+    generator = torch.Generator(device=device)
     for row, seed in zip(noise, seeds, strict=True):
         generator.manual_seed(seed)
         torch.rand(vocab, generator=generator, out=row)
@@ -93,6 +97,6 @@ def sample_tokens(
         probs = sorted_logp.exp()
         outside = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
         scores = logp.masked_fill(torch.zeros_like(outside).scatter_(-1, order, outside), float("-inf"))
-    noise = gumbel_noise(seeds, logits.shape[-1]).to(logits.device)
+    noise = gumbel_noise(seeds, logits.shape[-1], logits.device)
     tokens = (scores + noise).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
