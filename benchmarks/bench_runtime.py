@@ -22,7 +22,7 @@ from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.runtime.planning import StepPlanner, machine_profile, observe_lengths
-from rlhfless.runtime.ray_executor import machine_slots, start_ray
+from rlhfless.runtime.ray_executor import start_ray
 from rlhfless.runtime.trainer import advantages, build_executor, seed_everything, tokenize_prompts
 
 
@@ -35,7 +35,7 @@ def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...]) -> 
     model = load_model(cfg.model, len(tokenizer), cfg.seed)
     executor = build_executor(cfg, tokenizer, model)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    slots = machine_slots(cfg.runtime) * cfg.scheduler.gpus_per_actor
+    slots = cfg.runtime.slots() * cfg.scheduler.gpus_per_actor
     planner = StepPlanner(
         cfg.scheduler,
         machine_profile(model.config.to_dict(), None),

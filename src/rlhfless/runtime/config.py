@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -67,7 +68,20 @@ class RuntimeConfig:
             "iterations (its unfinished sequences are re-run elsewhere); empty = none"
         },
     )
+    profile: str | None = field(
+        default=None,
+        metadata={
+            "help": "time table measured by `rlhfless profile --output FILE` for the planner; "
+            "null derives one from the model's shape (rough on CPUs)"
+        },
+    )
     dashboard: bool = field(default=False, metadata={"help": "embedded Ray: start the dashboard"})
+
+    def slots(self) -> int:
+        """Actor slots (the learner's included) this machine offers: the planner's cluster size."""
+        if self.executor == "inprocess":
+            return 1
+        return max(1, (self.num_cpus or os.cpu_count() or 1) // self.cpus_per_actor)
 
     def __post_init__(self) -> None:
         _check(self.executor in EXECUTORS, "executor", self.executor, f"one of {', '.join(EXECUTORS)}")

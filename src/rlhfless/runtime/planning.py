@@ -15,6 +15,7 @@ from rlhfless.planner import (
     prediction_quality,
 )
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.samples import Sample, StepPrompt
 
 # A 2-core CPU slot as an "accelerator" for the derived default profile: rough peak figures
@@ -31,11 +32,21 @@ CPU_SLOT = GpuSpec(
 )
 
 
-def machine_profile(model_config: dict, profile_path: str | None) -> Profile:
+def machine_profile(shape: ModelShape, profile_path: str | None) -> Profile:
     """The measured table when given, else one derived from the model's shape on a CPU slot."""
     if profile_path:
         return Profile.load(profile_path)
-    return roofline_profile(ModelShape.from_hf_config(model_config), CPU_SLOT)
+    return roofline_profile(shape, CPU_SLOT)
+
+
+def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelShape) -> ClusterSpec:
+    """One node with the executor's actor slots; transfers sized by the model's weights and KV."""
+    return ClusterSpec(
+        nodes=1,
+        gpus_per_node=runtime.slots() * gpus_per_actor,
+        model_bytes=shape.weight_bytes,
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+    )
 
 
 class StepPlanner:

@@ -70,11 +70,6 @@ def start_ray(rt: RuntimeConfig) -> bool:
     return True
 
 
-def machine_slots(rt: RuntimeConfig) -> int:
-    """Actor slots (learner's included) this machine offers: what the planner's cluster should hold."""
-    return max(1, (rt.num_cpus or os.cpu_count() or 1) // rt.cpus_per_actor)
-
-
 @dataclass(eq=False)
 class Run:
     """One decode function's part of this step."""

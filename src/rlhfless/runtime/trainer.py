@@ -30,11 +30,18 @@ from rlhfless.algo import (
 from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.planner import ClusterSpec, LengthPredictor
+from rlhfless.planner import LengthPredictor
+from rlhfless.planner.hardware import ModelShape
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
-from rlhfless.runtime.planning import StepPlanner, machine_profile, observe_lengths, plan_metrics
+from rlhfless.runtime.planning import (
+    StepPlanner,
+    machine_cluster,
+    machine_profile,
+    observe_lengths,
+    plan_metrics,
+)
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -183,10 +190,11 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
+    shape = ModelShape.from_hf_config(policy.config.to_dict())
     planner = StepPlanner(
         cfg.scheduler,
-        machine_profile(policy.config.to_dict(), None),
-        ClusterSpec(nodes=1, gpus_per_node=1),
+        machine_profile(shape, cfg.runtime.profile),
+        machine_cluster(cfg.runtime, cfg.scheduler.gpus_per_actor, shape),
         cfg.algorithm.group_size,
     )
 
