@@ -69,12 +69,8 @@ class Started:
 
 
 def live_sequences(engine: Engine) -> list[LiveSequence]:
-    """Running and queued sequences of `engine`, without removing them.
-
-    Reads the engine's queues directly: the engine has no public non-destructive snapshot yet.
-    """
-    seqs = list(engine._running) + [seq for row in engine._queue for seq in row.seqs]
-    return [LiveSequence(s.uid, s.sample, list(s.generated), list(s.logprobs)) for s in seqs]
+    """Running and queued sequences of `engine` (left in it): what a fault re-run resumes from."""
+    return [LiveSequence(s.uid, s.sample, s.generated_ids, s.logprobs) for s in engine.unfinished()]
 
 
 def _setup(threads: int) -> float:
