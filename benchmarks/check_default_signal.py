@@ -30,19 +30,19 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CANDIDATES = {
     "default": (DEFAULT_TASKS, DEFAULT_TASK_CONFIG),
-    "numeric-easy": (
+    "words+numbers": (
         {
+            "spell_backward": 1.0,
             "letter_counting": 1.0,
             "chain_sum": 1.0,
-            "leg_counting": 1.0,
-            "basic_arithmetic": 1.0,
+            "sentence_reordering": 1.0,
             "gsm_symbolic": 0.5,
         },
         {
+            "spell_backward": {"min_word_len": 3, "max_word_len": 6},
             "letter_counting": {"min_words": 3, "max_words": 6},
-            "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-            "leg_counting": {"min_animals": 1, "max_animals": 2, "max_instances": 3},
-            "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ("+", "-")},
+            "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+            "sentence_reordering": {"min_words_in_sentence": 3, "max_words_in_sentence": 6},
         },
     ),
 }
@@ -128,6 +128,7 @@ def evaluate(model, tokenizer, tasks, task_config, args) -> dict[str, float]:
     return {
         "prompts with reward variance": sum(max(g) > min(g) for g in groups) / len(groups),
         "prompts with correctness variance": sum(max(g) > min(g) for g in correct_groups) / len(groups),
+        "prompts with a sample correct >= 0.5": sum(max(g) >= 0.5 for g in correct_groups) / len(groups),
         "reward mean": statistics.fmean(s for g in groups for s in g),
         "correct mean": statistics.fmean(s for g in correct_groups for s in g),
         "complete <answer> format": complete / n,

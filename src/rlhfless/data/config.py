@@ -17,21 +17,23 @@ DEFAULT_SYSTEM_PROMPT = (
     "Response: A dog has 4 legs, so 3 dogs have 3 * 4 = 12 legs. <answer>12</answer>"
 )
 
-# Chosen with benchmarks/check_default_signal.py: easy enough that SmolLM2-135M-Instruct scores
-# differently across the samples of a prompt (a GRPO signal), and a mix of one-word answers and
-# longer step-by-step tasks so response lengths vary widely.
+# Chosen with benchmarks/check_default_signal.py (16 prompts x 4 samples, cap 160, T=1.0): easy
+# numeric answers, which the reward's last-number fallback reads before the model learns the tags.
+# Half the prompts had reward variance within their group and 19% a sample at least half correct
+# (a mix with word answers: 56% and 12%, its variance mostly tiny partial credits); gsm_symbolic
+# adds long step-by-step responses, so lengths span 2..160 tokens (median 30, 17% at the cap).
 DEFAULT_TASKS: dict[str, float] = {
-    "spell_backward": 1.0,
     "letter_counting": 1.0,
     "chain_sum": 1.0,
-    "sentence_reordering": 1.0,
+    "leg_counting": 1.0,
+    "basic_arithmetic": 1.0,
     "gsm_symbolic": 0.5,
 }
 DEFAULT_TASK_CONFIG: dict[str, dict[str, Any]] = {
-    "spell_backward": {"min_word_len": 3, "max_word_len": 6},
     "letter_counting": {"min_words": 3, "max_words": 6},
-    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
-    "sentence_reordering": {"min_words_in_sentence": 3, "max_words_in_sentence": 6},
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "leg_counting": {"min_animals": 1, "max_animals": 2, "max_instances": 3},
+    "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"]},
 }
 
 # Appended to each generated question: a 135M model follows an instruction next to the question
