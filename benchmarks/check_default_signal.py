@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -55,9 +56,11 @@ def load_model() -> tuple[AutoModelForCausalLM, AutoTokenizer]:
         quant = {"quant_method": "gguf", "dequantize": True}
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF, quantization_config=quant)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(CACHE)
-        tokenizer.save_pretrained(CACHE)
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(dir=CACHE.parent))  # renamed when complete: no half cache
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(CACHE)
     return AutoModelForCausalLM.from_pretrained(CACHE), AutoTokenizer.from_pretrained(CACHE)
 
 
@@ -65,8 +68,8 @@ def load_model() -> tuple[AutoModelForCausalLM, AutoTokenizer]:
 def sample(model, tokenizer, texts: list[str], samples: int, max_new_tokens: int) -> list[tuple[str, int]]:
     """`samples` responses per text, in order: (decoded response, generated token count).
 
-    Each prompt is prefilled once and its KV cache repeated for its samples; finished rows leave
-    the batch. On this shared 2-core machine that is several times faster than `generate`.
+    Each prompt is prefilled once and its KV cache repeated for its samples, and finished rows
+    leave the batch, so the scarce CPU computes no repeated prefill and no padding after EOS.
     """
     tokenizer.padding_side = "left"
     batch = tokenizer(texts, return_tensors="pt", padding=True)
