@@ -8,7 +8,8 @@ seconds show the work done, wall seconds what other load adds):
   without (every sample prefills its full prompt), from runs that sample one token only (no
   decode step), best of `--repeats`; goal: >= 60% fewer prefill seconds;
 - generated tokens per second of the engine (continuous batching, dedup off, so only batching
-  differs) vs Hugging Face `generate` on the same 64 sequences in one batch; goal: >= 1.3x;
+  differs) vs Hugging Face `generate` on the same 64 sequences in one batch, end to end and decode
+  only (minus a prefill-only run for HF; the engine's own decode seconds); goal: >= 1.3x;
 - the share of sequences that came out identical across placements: dedup on vs off (different
   prefill batches), and cut at half the sequences finished then resumed by re-prefill on another
   engine with fewer slots; goal: >= 99%.
@@ -181,26 +182,44 @@ def main() -> None:
         f"at cap {sum(n >= args.max_new_tokens for n in lengths)}/{len(lengths)}; decode steps {off_stats.decode_steps}"
     )
     if not args.skip_hf:
-        (hf_tokens, hf_wall, hf_cpu) = timed(lambda: hf_generate(model, tokenizer, prompts, group, params))
+        hf_tokens, hf_wall, hf_cpu = timed(lambda: hf_generate(model, tokenizer, prompts, group, params))
+        _, hf_prefill_wall, hf_prefill_cpu = timed(
+            lambda: hf_generate(model, tokenizer, prompts, group, first_token)
+        )
         print("\n== generated tokens per second on one long-tail batch (all sequences admitted at once) ==")
         print(
             f"{'':36}{'tokens':>8}{'wall s':>9}{'CPU s':>9}{'tok/s wall':>12}{'x HF':>6}{'tok/s CPU':>11}{'x HF':>6}"
         )
-        hf_rate = (hf_tokens / hf_wall, hf_tokens / hf_cpu)
-        for name, tokens, wall, cpu in (
+        # decode only: without the first token of each sequence, which its prefill produces
+        rows = (
             ("HF generate", hf_tokens, hf_wall, hf_cpu),
             ("engine: continuous batching", off_stats.tokens_generated, off_wall, off_cpu),
             ("engine: continuous batching + dedup", on_stats.tokens_generated, on_wall, on_cpu),
-        ):
-            print(
-                f"{name:36}{tokens:>8}{wall:>9.1f}{cpu:>9.1f}{tokens / wall:>12.1f}{tokens / wall / hf_rate[0]:>6.2f}"
-                f"{tokens / cpu:>11.1f}{tokens / cpu / hf_rate[1]:>6.2f}"
-            )
-        gain = (
-            off_stats.tokens_generated / off_wall / hf_rate[0],
-            off_stats.tokens_generated / off_cpu / hf_rate[1],
+            (
+                "HF generate, decode only",
+                hf_tokens - n_seq,
+                hf_wall - hf_prefill_wall,
+                hf_cpu - hf_prefill_cpu,
+            ),
+            (
+                "engine: cont. batching, decode only",
+                off_stats.tokens_generated - n_seq,
+                off_stats.decode_seconds,
+                off_cpu - best["off"][1],
+            ),
         )
-        print(f"continuous batching vs HF generate: {gain[0]:.2f}x wall, {gain[1]:.2f}x CPU (goal >= 1.3x)")
+        rates = [(tokens / wall, tokens / cpu) for _, tokens, wall, cpu in rows]
+        for i, (name, tokens, wall, cpu) in enumerate(rows):
+            base = rates[0] if i < 3 else rates[3]
+            print(
+                f"{name:36}{tokens:>8}{wall:>9.1f}{cpu:>9.1f}{rates[i][0]:>12.1f}{rates[i][0] / base[0]:>6.2f}"
+                f"{rates[i][1]:>11.1f}{rates[i][1] / base[1]:>6.2f}"
+            )
+        print(
+            f"continuous batching vs HF generate: {rates[1][0] / rates[0][0]:.2f}x wall, "
+            f"{rates[1][1] / rates[0][1]:.2f}x CPU end to end; decode only {rates[4][0] / rates[3][0]:.2f}x wall, "
+            f"{rates[4][1] / rates[3][1]:.2f}x CPU (goal >= 1.3x)"
+        )
 
     first = engine(max_running=n_seq // 2)
     first.add([Request(uid, ids, group) for uid, ids in prompts], params, step=1)
