@@ -211,6 +211,8 @@ def test_prefix_must_match_the_prompt(model):
     [kv] = make_engine(model).prefill([SYSTEM])
     with pytest.raises(ValueError, match="not a prefix"):
         Request("a", BODIES[0] + SYSTEM, 1, prefix=kv)
+    with pytest.raises(ValueError, match="empty prefix"):
+        make_engine(model).prefill([SYSTEM, []])
     with pytest.raises(ValueError, match="shape"):
         PrefixKV([1, 2], [torch.zeros(2, 3, 4)], [torch.zeros(2, 3, 4)], 0)
 

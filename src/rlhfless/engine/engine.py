@@ -246,6 +246,8 @@ class Engine:
 
     def prefill(self, prefixes: Sequence[Sequence[int]]) -> list[PrefixKV]:
         """KV caches of `prefixes`, each computed once, tagged with the current weight version."""
+        if any(len(p) == 0 for p in prefixes):
+            raise ValueError("prefixes: got an empty prefix, expected >= 1 token each")
         out: list[PrefixKV] = []
         rows = [(list(p), None) for p in prefixes]
         start = time.perf_counter()
