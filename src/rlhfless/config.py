@@ -132,7 +132,11 @@ class AlgorithmConfig:
     )
     lam: float = field(default=0.95, metadata={"help": "ppo: GAE lambda, in [0, 1]"})
     critic_lr: float = field(
-        default=1e-5, metadata={"help": "ppo: the critic's AdamW learning rate (its own optimizer)"}
+        default=1e-4,
+        metadata={
+            "help": "ppo: the critic's AdamW learning rate (its own optimizer); its value head starts "
+            "at 0, and at 1e-5 it needs far more steps than a CPU run makes to reach the returns"
+        },
     )
     value_clip: float | None = field(
         default=0.2,
