@@ -12,64 +12,46 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
+import tempfile
+from pathlib import Path
 
 import ray
 
 from rlhfless.config import load_config
-from rlhfless.data import PromptLoader, load_prompts
-from rlhfless.models import load_model, load_tokenizer
-from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.runtime.planning import StepPlanner, machine_profile, observe_lengths
 from rlhfless.runtime.ray_executor import start_ray
-from rlhfless.runtime.trainer import advantages, build_executor, seed_everything, tokenize_prompts
+from rlhfless.runtime.trainer import train
 
 
-def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...]) -> list[dict]:
-    """The training loop of `rlhfless train`, on a cluster of this machine's slots."""
-    cfg = load_config(preset=preset, overrides=("runtime.executor=ray", f"scheduler.policy={policy}", *extra))
-    seed_everything(cfg.seed)
-    tokenizer = load_tokenizer(cfg.model)
-    loader = PromptLoader(load_prompts(cfg.data), cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
-    model = load_model(cfg.model, len(tokenizer), cfg.seed)
-    executor = build_executor(cfg, tokenizer, model)
-    predictor = LengthPredictor.from_config(cfg.scheduler)
-    slots = cfg.runtime.slots() * cfg.scheduler.gpus_per_actor
-    planner = StepPlanner(
-        cfg.scheduler,
-        machine_profile(model.config.to_dict(), None),
-        ClusterSpec(nodes=1, gpus_per_node=slots),
-        cfg.algorithm.group_size,
+def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...], out: Path) -> list[dict]:
+    """`rlhfless train` itself under one policy; per step its metrics and sampled responses."""
+    cfg = load_config(
+        preset=preset,
+        overrides=(
+            "runtime.executor=ray",
+            f"scheduler.policy={policy}",
+            f"trainer.steps={steps}",
+            f"output_dir={out / policy}",
+            "trainer.save_every=0",
+            "trainer.report=false",
+            "trainer.progress=false",
+            *extra,
+        ),
     )
-    history = []
-    try:
-        for step in range(1, steps + 1):
-            t0 = time.perf_counter()
-            prompts = tokenize_prompts(next(loader), tokenizer, cfg.generation.max_prompt_tokens)
-            plan = planner.plan(prompts, [None] * len(prompts), predictor)
-            samples, gen = executor.generate(prompts, plan, step)
-            ref, _ = executor.prepare(prompts, samples)
-            executor.learn(samples, advantages(cfg, samples), ref)
-            billing, _ = executor.finish_step(step)
-            observe_lengths(plan, samples, predictor)
-            history.append(
-                {
-                    "step": step,
-                    "time": time.perf_counter() - t0,
-                    "n_actors": plan.n_actors,
-                    "tokens": [(s.uid, s.sample, tuple(s.response_ids)) for s in samples],
-                    "reward": statistics.fmean(s.reward for s in samples),
-                    **gen,
-                    **billing,
-                }
-            )
+
+    def show(kind: str, info: dict) -> None:
+        if kind == "step":
             print(
-                f"{policy} step {step}: {history[-1]['time']:.1f} s, cost {billing['cost/step']:.6f}",
+                f"{policy} step {info['step']}: {info['time/step']:.1f} s, cost {info['cost/step']:.6f}",
                 flush=True,
             )
-    finally:
-        executor.close()
+
+    result = train(cfg, show)
+    history = []
+    for row in result.history:
+        lines = (out / policy / "rollouts" / f"step_{row['step']:06d}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        tokens = [(r["uid"], r["sample"], r["response"]) for r in records]
+        history.append({**row, "time": row["time/step"], "n_actors": row["plan/n_actors"], "tokens": tokens})
     return history
 
 
@@ -82,7 +64,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
     args = parser.parse_args()
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
-    runs = {p: run_policy(p, args.steps, args.preset, tuple(args.overrides)) for p in ("verl", "rlhfless")}
+    out = Path(tempfile.mkdtemp(prefix="bench_runtime."))
+    runs = {
+        p: run_policy(p, args.steps, args.preset, tuple(args.overrides), out) for p in ("verl", "rlhfless")
+    }
     ray.shutdown()
 
     def mean(policy: str, key: str, skip: int = args.skip_first) -> float:

@@ -83,8 +83,9 @@ def score(prompts: list[StepPrompt], samples: list[Sample], reward_fn: RewardFn)
         s.reward, s.reward_components = float(out.score), dict(out.components)
 
 
-class InProcessExecutor:
-    """Every phase in this process, on one engine that shares the learner's weights (no sync)."""
+class LocalLearner:
+    """The learner's side, common to every executor: the policy with its optimizer (and PPO's
+    critic), and an engine on the very same parameters, which serves as the prefill actor."""
 
     def __init__(
         self,
@@ -116,6 +117,43 @@ class InProcessExecutor:
         )
         self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)
 
+    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        return self.learner.logprobs(self.policy, samples)
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        if self.critic is None:
+            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
+        return self.critic.update(samples, rewards)
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None = None,
+    ) -> dict:
+        metrics = self.learner.learn(samples, advantages, ref, old)
+        self.version += 1
+        self.engine.weight_version = self.version  # same parameters as the learner: nothing to copy
+        return metrics
+
+    def state_dict(self) -> dict:
+        state = {"learner": self.learner.state_dict(), "version": self.version}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state["learner"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+        self.version = state["version"]
+        self.engine.weight_version = self.version
+
+
+class InProcessExecutor(LocalLearner):
+    """Every phase in this process, on the learner's own engine (no weight sync, one actor)."""
+
     def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
         self.policy.eval()
         results, stats = rollout(
@@ -140,41 +178,8 @@ class InProcessExecutor:
         ref = None if self.reference is None else self.learner.logprobs(self.reference, samples)
         return ref, {"time/reward": rewards, "time/reference": time.perf_counter() - start - rewards}
 
-    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        return self.learner.logprobs(self.policy, samples)
-
-    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        if self.critic is None:
-            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
-        return self.critic.update(samples, rewards)
-
-    def learn(
-        self,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-        old: list[Tensor] | None = None,
-    ) -> dict:
-        metrics = self.learner.learn(samples, advantages, ref, old)
-        self.version += 1
-        self.engine.weight_version = self.version  # same parameters as the learner: nothing to copy
-        return metrics
-
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         return {}, None
-
-    def state_dict(self) -> dict:
-        state = {"learner": self.learner.state_dict(), "version": self.version}
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.learner.load_state_dict(state["learner"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-        self.version = state["version"]
-        self.engine.weight_version = self.version
 
     def close(self) -> None:
         pass

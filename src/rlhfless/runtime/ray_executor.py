@@ -29,16 +29,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from torch import Tensor
 
 from rlhfless.config import Config
-from rlhfless.engine.engine import Engine
 from rlhfless.engine.sequences import SequenceResult, SequenceState
 from rlhfless.planner.migration import ActorProgress, Migration, decide
 from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.config import RuntimeConfig
-from rlhfless.runtime.executor import build_critic, sampling_params
+from rlhfless.runtime.executor import LocalLearner
 from rlhfless.runtime.functions import DecodeFunction, LiveSequence, PrepareFunction, Report, Work
-from rlhfless.runtime.learner import Learner
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 from rlhfless.runtime.transfer import KVBundle, flat_weights
@@ -88,7 +86,7 @@ class Run:
         return self.assigned - self.finished
 
 
-class RayExecutor:
+class RayExecutor(LocalLearner):
     """Executes step plans on Ray functions; see the module docstring."""
 
     def __init__(
@@ -99,32 +97,13 @@ class RayExecutor:
         tokenizer,
         reward_fn: RewardFn,
     ) -> None:
-        self.cfg, self.policy, self.reference, self.tokenizer = cfg, policy, reference, tokenizer
+        super().__init__(cfg, policy, reference, tokenizer, reward_fn)  # learner + prefill engine
         self.rt = cfg.runtime
         self.owns_ray = start_ray(self.rt)
         self.gpu = ray.cluster_resources().get("GPU", 0) > 0
         self.driver_node = ray.get_runtime_context().get_node_id()
         others = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != self.driver_node)
         self.nodes = [self.driver_node, *others]
-        self.params = sampling_params(cfg)
-        self.version = 0
-        self.prefill_engine = Engine(
-            policy,
-            eos_token_ids=[tokenizer.eos_token_id],
-            pad_token_id=tokenizer.pad_token_id,
-            weight_version=self.version,
-            max_running=cfg.generation.max_running,
-        )
-        self.learner = Learner(
-            policy,
-            cfg.algorithm,
-            cfg.optim,
-            total_steps=cfg.trainer.steps,
-            micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-            temperature=cfg.generation.temperature,
-            pad_id=tokenizer.pad_token_id,
-        )
-        self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)  # PPO: lives with the learner
         self.serverful = cfg.scheduler.policy == "verl"
         self.meter = Meter(cfg.scheduler.price_per_gpu_hour)
         self.pool = FunctionPool(self._create, float("inf") if self.serverful else self.rt.keep_alive_s)
@@ -315,7 +294,7 @@ class RayExecutor:
         index: dict[tuple[int, ...], int] = {}
         for p in prompts:
             index.setdefault(tuple(p.prompt_ids[:length]), len(index))
-        kvs = self.prefill_engine.prefill([list(key) for key in index])
+        kvs = self.engine.prefill([list(key) for key in index])
         computed = time.time()
         bundle = KVBundle.pack(kvs)
         ref = ray.put(bundle)
@@ -523,16 +502,14 @@ class RayExecutor:
 
     def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
         start = time.time()
-        out = self.learner.logprobs(self.policy, samples)
+        out = super().policy_logprobs(samples)
         self.learner_inv.mark_busy(start, time.time())
         return out
 
     def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        if self.critic is None:
-            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
         start = time.time()
         self.meter.phase("learning", start)
-        out = self.critic.update(samples, rewards)
+        out = super().critic_update(samples, rewards)
         self.learner_inv.mark_busy(start, time.time())
         return out
 
@@ -546,9 +523,7 @@ class RayExecutor:
         start = time.time()
         if self.meter.phases[-1][0] != "learning":
             self.meter.phase("learning", start)
-        metrics = self.learner.learn(samples, advantages, ref, old)
-        self.version += 1
-        self.prefill_engine.weight_version = self.version  # the prefill engine shares the learner's weights
+        metrics = super().learn(samples, advantages, ref, old)
         self.learner_inv.mark_busy(start, time.time())
         return metrics
 
@@ -563,19 +538,9 @@ class RayExecutor:
 
     # ----- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
-        state = {"learner": self.learner.state_dict(), "version": self.version}
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        return state
-
     def load_state_dict(self, state: dict) -> None:
         """Restore the learner; every function re-syncs from the (checkpoint-loaded) policy."""
-        self.learner.load_state_dict(state["learner"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-        self.version = state["version"]
-        self.prefill_engine.weight_version = self.version
+        super().load_state_dict(state)
         self.weights = None
         for lease in self.pool.idle:
             lease.version = None
