@@ -20,6 +20,7 @@ from typing import Any
 import pydantic
 import yaml
 
+from rlhfless.checks import check
 from rlhfless.data import DataConfig
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.rewards import RewardConfig
@@ -35,11 +36,6 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", 
 
 class ConfigError(ValueError):
     """A config problem, said in one line."""
-
-
-def _check(ok: bool, name: str, value: Any, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}: got {value!r}, expected {expected}")
 
 
 @dataclass
@@ -91,11 +87,11 @@ class GenerationConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        _check(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
-        _check(0 < self.top_p <= 1, "top_p", self.top_p, "a number in (0, 1]")
-        _check(self.max_running >= 1, "max_running", self.max_running, "an integer >= 1")
-        _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "an integer >= 1")
+        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        check(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "a number in (0, 1]")
+        check(self.max_running >= 1, "max_running", self.max_running, "an integer >= 1")
+        check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "an integer >= 1")
 
 
 @dataclass
@@ -166,45 +162,45 @@ class AlgorithmConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self.name in ALGORITHMS, "name", self.name, f"one of {', '.join(ALGORITHMS)}")
-        _check(self.group_size >= 1, "group_size", self.group_size, "an integer >= 1")
-        _check(0 <= self.clip_low < 1, "clip_low", self.clip_low, "a number in [0, 1)")
-        _check(self.clip_high >= 0, "clip_high", self.clip_high, "a number >= 0")
-        _check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", self.dual_clip, "null or > 1")
-        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
-        _check(
+        check(self.name in ALGORITHMS, "name", self.name, f"one of {', '.join(ALGORITHMS)}")
+        check(self.group_size >= 1, "group_size", self.group_size, "an integer >= 1")
+        check(0 <= self.clip_low < 1, "clip_low", self.clip_low, "a number in [0, 1)")
+        check(self.clip_high >= 0, "clip_high", self.clip_high, "a number >= 0")
+        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", self.dual_clip, "null or > 1")
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
+        check(
             self.kl_estimator in KL_ESTIMATORS, "kl_estimator", self.kl_estimator, f"one of {KL_ESTIMATORS}"
         )
-        _check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg, f"one of {LOSS_AGGREGATIONS}")
-        _check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
-        _check(self.mini_batches >= 1, "mini_batches", self.mini_batches, "an integer >= 1")
-        _check(0 <= self.gamma <= 1, "gamma", self.gamma, "a number in [0, 1]")
-        _check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
-        _check(self.critic_lr > 0, "critic_lr", self.critic_lr, "a number > 0")
-        _check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip, "null or > 0")
-        _check(self.critic_warmup >= 0, "critic_warmup", self.critic_warmup, "an integer >= 0")
+        check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg, f"one of {LOSS_AGGREGATIONS}")
+        check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
+        check(self.mini_batches >= 1, "mini_batches", self.mini_batches, "an integer >= 1")
+        check(0 <= self.gamma <= 1, "gamma", self.gamma, "a number in [0, 1]")
+        check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
+        check(self.critic_lr > 0, "critic_lr", self.critic_lr, "a number > 0")
+        check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip, "null or > 0")
+        check(self.critic_warmup >= 0, "critic_warmup", self.critic_warmup, "an integer >= 0")
         token_level = ("ppo", "reinforce_pp")
-        _check(
+        check(
             not self.kl_in_reward or self.name in token_level,
             "kl_in_reward",
             self.kl_in_reward,
             f"false unless name is one of {token_level} (per-token rewards)",
         )
-        _check(
+        check(
             not self.kl_in_reward or self.kl_coef > 0,
             "kl_in_reward",
             self.kl_in_reward,
             "false unless kl_coef > 0 (kl_coef is the initial beta)",
         )
-        _check(self.kl_ctrl in ("fixed", "adaptive"), "kl_ctrl", self.kl_ctrl, "'fixed' or 'adaptive'")
-        _check(
+        check(self.kl_ctrl in ("fixed", "adaptive"), "kl_ctrl", self.kl_ctrl, "'fixed' or 'adaptive'")
+        check(
             self.kl_ctrl == "fixed" or self.kl_in_reward,
             "kl_ctrl",
             self.kl_ctrl,
             "'fixed' unless kl_in_reward=true",
         )
-        _check(self.target_kl > 0, "target_kl", self.target_kl, "a number > 0")
-        _check(self.kl_horizon >= 1, "kl_horizon", self.kl_horizon, "an integer >= 1")
+        check(self.target_kl > 0, "target_kl", self.target_kl, "a number > 0")
+        check(self.kl_horizon >= 1, "kl_horizon", self.kl_horizon, "an integer >= 1")
 
 
 @dataclass
@@ -220,12 +216,12 @@ class OptimConfig:
     schedule: str = field(default="constant", metadata={"help": "after warm-up: constant or cosine"})
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, "lr", self.lr, "a number > 0")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
-        _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two numbers in [0, 1)")
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
-        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
-        _check(self.schedule in ("constant", "cosine"), "schedule", self.schedule, "constant or cosine")
+        check(self.lr > 0, "lr", self.lr, "a number > 0")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two numbers in [0, 1)")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
+        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        check(self.schedule in ("constant", "cosine"), "schedule", self.schedule, "constant or cosine")
 
 
 @dataclass
@@ -249,13 +245,13 @@ class TrainerConfig:
     report: bool = field(default=False, metadata={"help": "write report.html when the run ends"})
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, "steps", self.steps, "an integer >= 1")
-        _check(self.save_every >= 0, "save_every", self.save_every, "an integer >= 0")
-        _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
-        _check(
+        check(self.steps >= 1, "steps", self.steps, "an integer >= 1")
+        check(self.save_every >= 0, "save_every", self.save_every, "an integer >= 0")
+        check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
+        check(
             self.micro_batch_tokens >= 16, "micro_batch_tokens", self.micro_batch_tokens, "an integer >= 16"
         )
-        _check(self.threads >= 0, "threads", self.threads, "an integer >= 0")
+        check(self.threads >= 0, "threads", self.threads, "an integer >= 0")
 
 
 @dataclass

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfless.checks import check
+
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
-
-
-def _check(ok: bool, name: str, value: object, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}: got {value!r}, expected {expected}")
 
 
 @dataclass
@@ -79,36 +76,36 @@ class SchedulerConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self.policy in POLICIES, "policy", self.policy, f"one of {', '.join(POLICIES)}")
-        _check(self.predictor in PREDICTORS, "predictor", self.predictor, f"one of {', '.join(PREDICTORS)}")
-        _check(
+        check(self.policy in POLICIES, "policy", self.policy, f"one of {', '.join(POLICIES)}")
+        check(self.predictor in PREDICTORS, "predictor", self.predictor, f"one of {', '.join(PREDICTORS)}")
+        check(
             self.assignment_method in METHODS,
             "assignment_method",
             self.assignment_method,
             f"one of {', '.join(METHODS)}",
         )
-        _check(0 < self.tau <= 1, "tau", self.tau, "a number in (0, 1]")
-        _check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
-        _check(self.ewma_window >= 1, "ewma_window", self.ewma_window, "an integer >= 1")
-        _check(self.n_min >= 1, "n_min", self.n_min, "an integer >= 1")
-        _check(
+        check(0 < self.tau <= 1, "tau", self.tau, "a number in (0, 1]")
+        check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
+        check(self.ewma_window >= 1, "ewma_window", self.ewma_window, "an integer >= 1")
+        check(self.n_min >= 1, "n_min", self.n_min, "an integer >= 1")
+        check(
             self.n_max is None or self.n_max >= self.n_min,
             "n_max",
             self.n_max,
             f"null or an integer >= n_min ({self.n_min})",
         )
-        _check(self.gpus_per_actor >= 1, "gpus_per_actor", self.gpus_per_actor, "an integer >= 1")
-        _check(self.prefill_capacity >= 1, "prefill_capacity", self.prefill_capacity, "an integer >= 1")
-        _check(self.price_per_gpu_hour >= 0, "price_per_gpu_hour", self.price_per_gpu_hour, "a number >= 0")
-        _check(self.noise >= 0, "noise", self.noise, "a number >= 0")
-        _check(self.default_length >= 1, "default_length", self.default_length, "an integer >= 1")
-        _check(
+        check(self.gpus_per_actor >= 1, "gpus_per_actor", self.gpus_per_actor, "an integer >= 1")
+        check(self.prefill_capacity >= 1, "prefill_capacity", self.prefill_capacity, "an integer >= 1")
+        check(self.price_per_gpu_hour >= 0, "price_per_gpu_hour", self.price_per_gpu_hour, "a number >= 0")
+        check(self.noise >= 0, "noise", self.noise, "a number >= 0")
+        check(self.default_length >= 1, "default_length", self.default_length, "an integer >= 1")
+        check(
             self.answer_length_factor > 0,
             "answer_length_factor",
             self.answer_length_factor,
             "a number > 0",
         )
-        _check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
+        check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
 
     @property
     def features(self) -> dict[str, bool | str]:

@@ -6,13 +6,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from rlhfless.checks import check
+
 EXECUTORS = ("ray", "inprocess")
 FAULT = re.compile(r"^actor=(\d+),step=(\d+),after=(\d+)$")
-
-
-def _check(ok: bool, name: str, value: object, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}: got {value!r}, expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -84,13 +81,13 @@ class RuntimeConfig:
         return max(1, (self.num_cpus or os.cpu_count() or 1) // self.cpus_per_actor)
 
     def __post_init__(self) -> None:
-        _check(self.executor in EXECUTORS, "executor", self.executor, f"one of {', '.join(EXECUTORS)}")
-        _check(self.num_cpus >= 0, "num_cpus", self.num_cpus, "an integer >= 0")
-        _check(self.cpus_per_actor >= 1, "cpus_per_actor", self.cpus_per_actor, "an integer >= 1")
-        _check(self.threads_per_actor >= 1, "threads_per_actor", self.threads_per_actor, "an integer >= 1")
-        _check(self.keep_alive_s >= 0, "keep_alive_s", self.keep_alive_s, "seconds >= 0")
-        _check(self.slice_s > 0, "slice_s", self.slice_s, "seconds > 0")
-        _check(
+        check(self.executor in EXECUTORS, "executor", self.executor, f"one of {', '.join(EXECUTORS)}")
+        check(self.num_cpus >= 0, "num_cpus", self.num_cpus, "an integer >= 0")
+        check(self.cpus_per_actor >= 1, "cpus_per_actor", self.cpus_per_actor, "an integer >= 1")
+        check(self.threads_per_actor >= 1, "threads_per_actor", self.threads_per_actor, "an integer >= 1")
+        check(self.keep_alive_s >= 0, "keep_alive_s", self.keep_alive_s, "seconds >= 0")
+        check(self.slice_s > 0, "slice_s", self.slice_s, "seconds > 0")
+        check(
             not self.fault_injection or FAULT.match(self.fault_injection) is not None,
             "fault_injection",
             self.fault_injection,

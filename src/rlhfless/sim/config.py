@@ -7,16 +7,12 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhfless.checks import check
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.hardware import GpuSpec, ModelShape
 from rlhfless.planner.placement import ClusterSpec
 
 ALGORITHMS = ("grpo", "ppo")
-
-
-def _check(ok: bool, name: str, value: object, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}: got {value!r}, expected {expected}")
 
 
 @dataclass
@@ -40,10 +36,10 @@ class ClusterConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self.nodes >= 1, "nodes", self.nodes, "an integer >= 1")
-        _check(self.gpus_per_node >= 1, "gpus_per_node", self.gpus_per_node, "an integer >= 1")
+        check(self.nodes >= 1, "nodes", self.nodes, "an integer >= 1")
+        check(self.gpus_per_node >= 1, "gpus_per_node", self.gpus_per_node, "an integer >= 1")
         for name in ("intra_node_gbps", "inter_node_gbps", "price_per_gpu_hour", "cold_start_s"):
-            _check(getattr(self, name) >= 0, name, getattr(self, name), "a number >= 0")
+            check(getattr(self, name) >= 0, name, getattr(self, name), "a number >= 0")
         self.spec  # noqa: B018 - validates the GPU name now rather than mid-run
 
     @property
@@ -98,8 +94,8 @@ class SimModelConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self.tp >= 1, "tp", self.tp, "an integer >= 1")
-        _check(self.max_batch >= 0, "max_batch", self.max_batch, "an integer >= 0")
+        check(self.tp >= 1, "tp", self.tp, "an integer >= 1")
+        check(self.max_batch >= 0, "max_batch", self.max_batch, "an integer >= 0")
         self.shape  # noqa: B018 - validates the name now
 
     @property
@@ -125,10 +121,10 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         from rlhfless.sim.workload import DATASETS
 
-        _check(self.dataset in DATASETS, "dataset", self.dataset, f"one of {', '.join(DATASETS)}")
+        check(self.dataset in DATASETS, "dataset", self.dataset, f"one of {', '.join(DATASETS)}")
         for name in ("prompts_per_step", "samples", "max_response", "max_prompt"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
-        _check(self.dataset_size >= 0, "dataset_size", self.dataset_size, "an integer >= 0")
+            check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+        check(self.dataset_size >= 0, "dataset_size", self.dataset_size, "an integer >= 0")
 
 
 @dataclass
@@ -144,11 +140,11 @@ class TrainingConfig:
     sweep_steps: int = field(default=8, metadata={"help": "steps per point of each sensitivity sweep"})
 
     def __post_init__(self) -> None:
-        _check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, "grpo or ppo")
-        _check(self.steps >= 1, "steps", self.steps, "an integer >= 1")
-        _check(self.sweep_steps >= 1, "sweep_steps", self.sweep_steps, "an integer >= 1")
+        check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, "grpo or ppo")
+        check(self.steps >= 1, "steps", self.steps, "an integer >= 1")
+        check(self.sweep_steps >= 1, "sweep_steps", self.sweep_steps, "an integer >= 1")
         for name in ("learner_mfu", "inference_mfu"):
-            _check(0 < getattr(self, name) <= 1, name, getattr(self, name), "a number in (0, 1]")
+            check(0 < getattr(self, name) <= 1, name, getattr(self, name), "a number in (0, 1]")
 
 
 @dataclass
@@ -163,7 +159,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         per_actor = self.model.tp
-        _check(
+        check(
             self.cluster.gpus_per_node % per_actor == 0,
             "model.tp",
             per_actor,
@@ -182,13 +178,13 @@ def build(tree: dict[str, Any]) -> SimConfig:
         "scheduler": SchedulerConfig,
     }
     unknown = set(tree) - set(sections)
-    _check(not unknown, "config", sorted(unknown), f"sections among {sorted(sections)}")
+    check(not unknown, "config", sorted(unknown), f"sections among {sorted(sections)}")
     kwargs = {}
     for name, cls in classes.items():
         values = dict(tree.get(name) or {})
         known = {f.name for f in fields(cls)}
         bad = set(values) - known
-        _check(not bad, name, sorted(bad), f"keys among {sorted(known)}")
+        check(not bad, name, sorted(bad), f"keys among {sorted(known)}")
         kwargs[name] = cls(**values)
     return SimConfig(**kwargs)
 
@@ -203,7 +199,7 @@ def set_dotted(tree: dict[str, Any], item: str) -> None:
     """Apply one `section.key=value` override (value parsed as JSON when it can be)."""
     key, sep, raw = item.partition("=")
     parts = key.split(".")
-    _check(bool(sep) and len(parts) == 2, "override", item, "section.key=value")
+    check(bool(sep) and len(parts) == 2, "override", item, "section.key=value")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
