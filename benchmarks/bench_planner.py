@@ -45,11 +45,11 @@ def main() -> None:
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
-    system = rng.integers(0, 32000, 60).tolist()
+    system = rng.integers(0, 32000, 60)
     prompts = [
         PromptSpec(
             f"p{i}",
-            system + rng.integers(0, 32000, int(rng.integers(20, 121))).tolist(),
+            np.concatenate((system, rng.integers(0, 32000, int(rng.integers(20, 121))))).astype(np.int32),
             int(rng.integers(50, 400)),
         )
         for i in range(args.prompts)
@@ -72,35 +72,26 @@ def main() -> None:
     g = args.group_size
     uids = [p.uid for p in prompts]
     answers = [p.answer_tokens for p in prompts]
+    as_lists = [PromptSpec(p.uid, p.prompt_tokens.tolist(), p.answer_tokens) for p in prompts]
     packed = PackedPrompts.pack([p.prompt_tokens for p in prompts])
-    plan = plan_step(prompts, predictor, profile, cluster, config, g, packed=packed)
+    plan = plan_step(prompts, predictor, profile, cluster, config, g)
+    verl = SchedulerConfig(policy="verl")
+
+    def run(fn: Callable[[], Any]) -> float:
+        return best_ms(fn, args.repeat)
 
     rows = [
-        ("predict (group max/mean)", best_ms(lambda: predictor.predict(uids, answers), args.repeat)),
+        ("predict (group max/mean)", run(lambda: predictor.predict(uids, answers))),
+        ("pack token arrays", run(lambda: PackedPrompts.pack([p.prompt_tokens for p in prompts]))),
+        ("dedup (sort + LCP + D(L))", run(lambda: deduplicate(packed, config.prefill_capacity))),
+        ("full plan", run(lambda: plan_step(prompts, predictor, profile, cluster, config, g))),
         (
-            "pack token lists -> bytes",
-            best_ms(lambda: PackedPrompts.pack([p.prompt_tokens for p in prompts]), args.repeat),
-        ),
-        (
-            "dedup (sort + LCP + D(L))",
-            best_ms(lambda: deduplicate(packed, config.prefill_capacity), args.repeat),
-        ),
-        (
-            "full plan, tokens pre-packed",
-            best_ms(
-                lambda: plan_step(prompts, predictor, profile, cluster, config, g, packed=packed), args.repeat
-            ),
-        ),
-        (
-            "full plan from token lists",
-            best_ms(lambda: plan_step(prompts, predictor, profile, cluster, config, g), args.repeat),
+            "full plan from Python lists",
+            run(lambda: plan_step(as_lists, predictor, profile, cluster, config, g)),
         ),
         (
             "verl policy (no dedup, N fixed)",
-            best_ms(
-                lambda: plan_step(prompts, predictor, profile, cluster, SchedulerConfig(policy="verl"), g),
-                args.repeat,
-            ),
+            run(lambda: plan_step(prompts, predictor, profile, cluster, verl, g)),
         ),
     ]
     tokens = sum(len(p.prompt_tokens) for p in prompts)

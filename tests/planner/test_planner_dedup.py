@@ -1,6 +1,7 @@
 """Prefix dedup: D(L) against brute force, the chosen L, the groups and token counts."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,4 +50,15 @@ def test_shared_system_prompt_is_computed_once():
 def test_numpy_and_list_tokens_pack_the_same():
     a = PackedPrompts.pack([[1, 2, 3], [4]])
     b = PackedPrompts.pack([np.array([1, 2, 3]), np.array([4])])
-    assert a.keys == b.keys and list(a.lengths) == [3, 1]
+    assert a.keys.tolist() == b.keys.tolist() == [[2, 3, 4], [5, 0, 0]]
+    assert list(a.lengths) == [3, 1]
+
+
+def test_token_zero_is_not_padding():
+    d = deduplicate(PackedPrompts.pack([[5, 0], [5], [5, 0]]), capacity=1)
+    assert d.d_curve.tolist() == [1, 1, 2]
+
+
+def test_negative_token_ids_are_refused():
+    with pytest.raises(ValueError, match="token id -3"):
+        PackedPrompts.pack([[1, -3]])

@@ -4,6 +4,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhfless.planner.profile import Profile
 
@@ -44,6 +46,38 @@ def test_decode_is_bilinear_inside_and_linear_beyond_the_grid():
     np.testing.assert_allclose(p.decode_step_seconds(1, 2100) * 1e3, 30.0)
     np.testing.assert_allclose(p.decode_step_seconds(21, 100) * 1e3, 50.0)
     np.testing.assert_allclose(p.decode_step_seconds([0, 1], [500, 50]) * 1e3, [0.0, 10.0])
+
+
+def reference_lerp(grid, values, x):
+    """Scalar piecewise-linear lookup: first value below the grid, last segment extended above."""
+    if len(grid) == 1 or x <= grid[0]:
+        return values[0]
+    i = min(max(j for j in range(len(grid)) if grid[j] <= x), len(grid) - 2)
+    return values[i] + (x - grid[i]) * (values[i + 1] - values[i]) / (grid[i + 1] - grid[i])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    batches=st.lists(st.integers(1, 300), min_size=1, max_size=4, unique=True),
+    contexts=st.lists(st.integers(1, 5000), min_size=1, max_size=5, unique=True),
+    seed=st.integers(0, 2**16),
+    b=st.floats(0.5, 600),
+    c=st.floats(0, 9000),
+)
+def test_decode_lookup_matches_a_row_then_column_reference(batches, contexts, seed, b, c):
+    batches, contexts = sorted(batches), sorted(contexts)
+    ms = np.random.default_rng(seed).uniform(1, 50, (len(batches), len(contexts)))
+    points = [
+        {"batch": bb, "context": cc, "ms": float(ms[i, j])}
+        for i, bb in enumerate(batches)
+        for j, cc in enumerate(contexts)
+    ]
+    p = Profile.from_dict(
+        {"prefill": [{"tokens": 1, "ms": 1.0}], "decode": points, "gpus": 1, "max_kv_tokens": 9}
+    )
+    along_context = [reference_lerp(contexts, row, c) for row in ms]
+    expected = max(reference_lerp(batches, along_context, b), 0.0)
+    np.testing.assert_allclose(p.decode_step_seconds(b, c) * 1e3, expected, rtol=1e-9, atol=1e-9)
 
 
 def test_json_round_trip(tmp_path):

@@ -149,9 +149,8 @@ def plan_step(
     cluster: ClusterSpec,
     config: SchedulerConfig,
     group_size: int,
-    packed: PackedPrompts | None = None,
 ) -> StepPlan:
-    """Plan one step. `packed` may carry the prompts already encoded (saves re-encoding tokens)."""
+    """Plan one step."""
     t0 = time.perf_counter()
     n_prompts = len(prompts)
     _check_inputs(profile, cluster, config, n_prompts, group_size)
@@ -160,7 +159,7 @@ def plan_step(
     gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts])
 
     lengths, dedup, decode_prefill, kv_tokens, prefill = _prefill_work(
-        prompts, packed, bool(feats["dedup_prefill"]), config.prefill_capacity, group_size
+        prompts, bool(feats["dedup_prefill"]), config.prefill_capacity, group_size
     )
     prefill_s = float(profile.prefill_seconds(prefill["tokens"]))
     workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size)
@@ -203,13 +202,12 @@ def plan_step(
 
 
 def _prefill_work(
-    prompts: Sequence[PromptSpec], packed: PackedPrompts | None, dedup_on: bool, capacity: int, g: int
+    prompts: Sequence[PromptSpec], dedup_on: bool, capacity: int, g: int
 ) -> tuple[np.ndarray, Dedup | None, np.ndarray, np.ndarray, dict[str, int]]:
     """Who computes which prompt tokens: prompt lengths; per prompt, the tokens its decode actor
     prefills and the prefix tokens it receives as KV; the prefill actor's tokens; and the step's
     token counts (`tokens_computed` = prefill actor + every decode actor's own prefill)."""
-    if dedup_on:
-        packed = packed or PackedPrompts.pack([p.prompt_tokens for p in prompts])
+    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts]) if dedup_on else None
     lengths = (
         packed.lengths
         if packed
@@ -217,18 +215,13 @@ def _prefill_work(
     )
     total = int(lengths.sum())
     counts = {"tokens_naive": total * g, "tokens_per_prompt": total}
-    if not dedup_on:  # every sample prefills its whole prompt
-        decode_prefill = lengths * g
+    if packed is None:  # every sample prefills its whole prompt
         return (
             lengths,
             None,
-            decode_prefill,
+            lengths * g,
             np.zeros_like(lengths),
-            {
-                "tokens": 0,
-                **counts,
-                "tokens_computed": total * g,
-            },
+            {"tokens": 0, **counts, "tokens_computed": total * g},
         )
     dedup = deduplicate(packed, capacity)
     prefill_tokens = int(dedup.group_prefix_tokens.sum())

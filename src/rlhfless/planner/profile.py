@@ -23,24 +23,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def _weights(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Indices (lo, hi) and weight t with value = (1 - t) * v[lo] + t * v[hi].
-
-    t is clamped at 0 below the grid and left unclamped above it (extrapolation).
-    """
+def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Grid cell of each x and its offset from the cell's low point: 0 below the grid (clamped),
+    past the last point the last cell goes on (linear extrapolation)."""
     if grid.size == 1:
-        zeros = np.zeros(x.shape, dtype=np.intp)
-        return zeros, zeros, np.zeros(x.shape)
-    lo = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
-    hi = lo + 1
-    t = (x - grid[lo]) / (grid[hi] - grid[lo])
-    return lo, hi, np.maximum(t, 0.0)
+        return np.zeros(x.shape, dtype=np.intp), np.zeros(x.shape)
+    cell = np.searchsorted(grid[1:-1], x, side="right")
+    return cell, np.maximum(x - grid[cell], 0.0)
 
 
 def _require_sorted_unique(values: np.ndarray, what: str) -> None:
@@ -102,8 +98,13 @@ class Profile:
         return float(self.prefill_chunk or self.prefill_tokens[-1])
 
     def _prefill_ms(self, x: np.ndarray) -> np.ndarray:
-        lo, hi, t = _weights(self.prefill_tokens, x)
-        return np.maximum((1.0 - t) * self.prefill_ms[lo] + t * self.prefill_ms[hi], 0.0)
+        cell, offset = _cell(self.prefill_tokens, x)
+        slope = (
+            np.diff(self.prefill_ms) / np.diff(self.prefill_tokens)
+            if self.prefill_ms.size > 1
+            else np.zeros(1)
+        )
+        return np.maximum(self.prefill_ms[cell] + offset * slope[cell], 0.0)
 
     def prefill_seconds(self, tokens: Any) -> np.ndarray:
         """Seconds to prefill `tokens` prompt tokens, chunk by chunk (0 for no tokens)."""
@@ -123,17 +124,28 @@ class Profile:
     def decode_step_seconds(self, batch: Any, context: Any) -> np.ndarray:
         """Seconds for one decode step of `batch` sequences of mean length `context` (broadcasts)."""
         b, c = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(context, dtype=float))
-        bl, bh, bt = _weights(self.decode_batch, b)
-        cl, ch, ct = _weights(self.decode_context, c)
-        flat, width = self.decode_ms.ravel(), self.decode_context.size
-        bl *= width
-        bh *= width
-        low = flat[bl + cl]
-        low += ct * (flat[bl + ch] - low)
-        high = flat[bh + cl]
-        high += ct * (flat[bh + ch] - high)
-        low += bt * (high - low)
-        return np.where(b > 0, np.maximum(low, 0.0), 0.0) / 1e3
+        bi, db = _cell(self.decode_batch, b)
+        ci, dc = _cell(self.decode_context, c)
+        k = bi * max(self.decode_context.size - 1, 1) + ci
+        base, along_c, along_b, cross = self._bilinear
+        ms = base[k] + dc * along_c[k] + db * (along_b[k] + dc * cross[k])
+        return np.where(b > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+
+    @cached_property
+    def _bilinear(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per grid cell (flattened): the value at its low corner, the slopes along context and
+        along batch, and the cross term, so that one lookup is four gathers."""
+        v, gb, gc = self.decode_ms, self.decode_batch, self.decode_context
+        step_b = np.diff(gb)[:, None] if gb.size > 1 else np.ones((1, 1))
+        step_c = np.diff(gc)[None, :] if gc.size > 1 else np.ones((1, 1))
+        along_b = np.diff(v, axis=0) / step_b if gb.size > 1 else np.zeros((1, gc.size))
+        along_c = np.diff(v, axis=1) / step_c if gc.size > 1 else np.zeros((gb.size, 1))
+        cells_b, cells_c = along_b.shape[0], along_c.shape[1]
+        cross = np.diff(along_c, axis=0) / step_b if gb.size > 1 else np.zeros((1, cells_c))
+        return tuple(
+            np.ascontiguousarray(t).ravel()
+            for t in (v[:cells_b, :cells_c], along_c[:cells_b], along_b[:, :cells_c], cross)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         decode = [

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.dedup import PackedPrompts
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.migration import ActorProgress, decide
 from rlhfless.planner.placement import ClusterSpec
@@ -130,7 +129,6 @@ class Simulator:
         self.serverful = config.policy == "verl"
         cold = 0.0 if self.serverful else stage.cold_start_s
         self.planner_profile = replace(stage.profile, cold_start_s=cold)
-        self._keys: dict[str, bytes] = {}
 
     def plan(self, prompts: StepPrompts) -> StepPlan:
         specs = [
@@ -142,21 +140,8 @@ class Simulator:
         if self.config.predictor == "oracle":
             for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
                 self.predictor.reveal(uid, lengths)
-        packed = self._packed(prompts)
         g = prompts.lengths.shape[1]
-        return plan_step(
-            specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g, packed
-        )
-
-    def _packed(self, prompts: StepPrompts) -> PackedPrompts:
-        """The step's prompts as the planner's bytes, each prompt encoded once per simulation."""
-        cache = self._keys
-        fresh = [i for i, uid in enumerate(prompts.uids) if uid not in cache]
-        if fresh:
-            new = PackedPrompts.pack([prompts.prompt_tokens[i] for i in fresh])
-            cache.update(zip((prompts.uids[i] for i in fresh), new.keys, strict=True))
-        keys = list(map(cache.__getitem__, prompts.uids))
-        return PackedPrompts(keys, np.fromiter((len(k) >> 2 for k in keys), dtype=np.int64, count=len(keys)))
+        return plan_step(specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g)
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         plan = self.plan(prompts)
