@@ -21,7 +21,9 @@ def test_presets_resolve_with_overrides_applied_last():
 
 
 def test_override_values_are_parsed_as_yaml():
-    cfg = load_config(preset="tiny", overrides=("trainer.tensorboard=false", "optim.lr=3e-4", "data.tasks={chain_sum: 1}"))
+    cfg = load_config(
+        preset="tiny", overrides=("trainer.tensorboard=false", "optim.lr=3e-4", "data.tasks={chain_sum: 1}")
+    )
     assert cfg.trainer.tensorboard is False
     assert cfg.optim.lr == pytest.approx(3e-4)
     assert cfg.data.tasks == {"chain_sum": 1}
@@ -81,7 +83,8 @@ def test_saved_config_loads_back_identically(tmp_path):
 def test_console_script_exits_2_without_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "rlhfless.cli", "train", "--preset", "tiny", "generation.top_p=2"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

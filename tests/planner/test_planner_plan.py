@@ -10,6 +10,7 @@ from planner_support import make_cluster, make_profile
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.scaling import ActorEstimates, candidate_table, choose
 
 PROFILE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
 
@@ -68,11 +69,11 @@ def test_sorted_actors_do_not_overlap_in_predicted_length(work):
 
 
 @settings(max_examples=40, deadline=None)
-@given(workloads())
-def test_lam_one_is_fastest_and_lam_zero_cheapest(work):
+@given(workloads(), st.sampled_from(["relative", "range"]))
+def test_lam_one_is_fastest_and_lam_zero_cheapest(work, normalise):
     prompts, predictor = work
-    fast = plan(prompts, predictor, lam=1.0)
-    cheap = plan(prompts, predictor, lam=0.0)
+    fast = plan(prompts, predictor, lam=1.0, normalise=normalise)
+    cheap = plan(prompts, predictor, lam=0.0, normalise=normalise)
     assert fast.predicted_time == min(c["time"] for c in fast.candidates)
     assert cheap.predicted_cost == min(c["cost"] for c in cheap.candidates)
 
@@ -153,3 +154,23 @@ def test_prompt_tokens_computed_are_the_prefill_actor_plus_every_decode_actor(wo
         assert p.prefill["tokens"] == 0 and p.prefill["tokens_computed"] == 2 * total
     else:
         assert p.prefill["tokens_computed"] <= total
+
+
+def _estimates(times, costs):
+    n = np.arange(1, len(times) + 1)
+    one = np.ones(len(times))
+    return ActorEstimates(
+        n, 0 * n, n, np.array(times, float), np.array(costs, float), 0 * n, 0 * one, one > 0, one, one
+    )
+
+
+def test_range_normalisation_lets_a_tiny_cost_spread_outweigh_a_large_time_gain():
+    # N = 1 is very slow; N = 2..4 differ by 2% in cost and 40% in time.
+    actors = _estimates([1000.0, 140.0, 120.0, 100.0], [100.0, 100.0, 101.0, 102.0])
+    paper = candidate_table(actors, 0.7, "range")
+    relative = candidate_table(actors, 0.7, "relative")
+    assert paper.n[choose(paper)] == 2  # 40% slower than N = 4 to save 2%
+    assert relative.n[choose(relative)] == 4
+    np.testing.assert_allclose(
+        relative.score, 0.7 * np.array([9.0, 0.4, 0.2, 0.0]) + 0.3 * np.array([0, 0, 0.01, 0.02])
+    )

@@ -9,6 +9,7 @@ from rlhfless.checks import check
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
+NORMALISATIONS = ("relative", "range")
 
 
 @dataclass
@@ -29,6 +30,13 @@ class SchedulerConfig:
         },
     )
     lam: float = field(default=0.7, metadata={"help": "actor scaling weight: 1 favours step time, 0 cost"})
+    normalise: str = field(
+        default="relative",
+        metadata={
+            "help": "actor scaling: relative (T/T_min - 1 and C/C_min - 1: lam weighs percentages) or "
+            "range (the paper's (x - min)/(max - min), which inflates a 2% cost spread to 1)"
+        },
+    )
     ewma_window: int = field(default=1, metadata={"help": "length predictor: observations per prompt kept"})
     n_min: int = field(default=1, metadata={"help": "fewest decode actors considered"})
     n_max: int | None = field(
@@ -83,6 +91,12 @@ class SchedulerConfig:
             "assignment_method",
             self.assignment_method,
             f"one of {', '.join(METHODS)}",
+        )
+        check(
+            self.normalise in NORMALISATIONS,
+            "normalise",
+            self.normalise,
+            f"one of {', '.join(NORMALISATIONS)}",
         )
         check(0 < self.tau <= 1, "tau", self.tau, "a number in (0, 1]")
         check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")

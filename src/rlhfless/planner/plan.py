@@ -178,7 +178,7 @@ def plan_step(
         model = RangeModel(workload, order, profile, config.segments)
         actors = estimate_actors(model, starts, ends, n_of, profile=profile, **kw)
         orders = [order] * ns.size
-    table = candidate_table(actors, config.lam)
+    table = candidate_table(actors, config.lam, config.normalise)
     pick = choose(table)
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile)
 

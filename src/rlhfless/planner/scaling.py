@@ -1,8 +1,14 @@
 """Cost-aware actor scaling: time and cost of every candidate N, and the choice between them.
 
 T_total(N) = max_i T_i and C(N) = rho * sum_i G_i * (T_i + cold start), where T_i includes the
-actor's start delay from placement. Both are min-max normalised over the candidates (a constant
-term normalises to 0) and N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N.
+actor's start delay from placement. Both are normalised over the candidates and
+N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N.
+
+Normalisation (`scheduler.normalise`): `range` is the paper's (x - min) / (max - min) (a constant
+term normalises to 0). It stretches any spread to [0, 1]: on the simulated 20 x 8 H100 cluster the
+decode cost of N = 7..20 actors differs by 2% while N = 1 takes hours, so the 2% counts as much as
+the whole time range and lam = 0.7 picked N = 7, 40% slower for 2% less. `relative` (the default)
+uses x / min - 1, so lam weighs relative excess time against relative excess cost.
 """
 
 from __future__ import annotations
@@ -79,17 +85,19 @@ class CandidateTable:
         ]
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
+def _normalise(x: np.ndarray, how: str) -> np.ndarray:
+    if how == "relative":
+        return x / x.min() - 1.0 if x.min() > 0 else np.zeros_like(x)
     span = x.max() - x.min()
     return np.zeros_like(x) if span <= 0 else (x - x.min()) / span
 
 
-def candidate_table(actors: ActorEstimates, lam: float) -> CandidateTable:
+def candidate_table(actors: ActorEstimates, lam: float, normalise: str) -> CandidateTable:
     first = np.flatnonzero(np.r_[True, actors.n_of[1:] != actors.n_of[:-1]])
     time = np.maximum.reduceat(actors.time, first)
     cost = np.add.reduceat(actors.cost, first)
     hidden = np.logical_and.reduceat(actors.hidden, first)
-    score = lam * _normalise(time) + (1.0 - lam) * _normalise(cost)
+    score = lam * _normalise(time, normalise) + (1.0 - lam) * _normalise(cost, normalise)
     return CandidateTable(actors.n_of[first], time, cost, score, hidden)
 
 

@@ -20,7 +20,8 @@ NODES = (1, 2, 5, 10, 20)
 
 
 def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float]]:
-    """Per variant: mean step time and cost, and speedup / cost reduction against verl."""
+    """Per variant: mean step time and cost, and speedup / cost reduction against verl, for the
+    whole step and for the generation phase alone."""
     base = results.get("verl")
     out = {}
     for name, steps in results.items():
@@ -28,6 +29,7 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
             "mean_step_time": mean_of(steps, "time"),
             "mean_generation_time": mean_of(steps, "generation"),
             "mean_cost": mean_of(steps, "cost"),
+            "mean_generation_cost": mean_of(steps, "cost_generation"),
             "mean_actors": mean_of(steps, "n_actors"),
             "mean_migrations": mean_of(steps, "migrations"),
             "mean_plan_seconds": mean_of(steps, "plan_seconds"),
@@ -35,6 +37,10 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
         if base:
             row["speedup"] = mean_of(base, "time") / row["mean_step_time"]
             row["cost_reduction"] = 1.0 - row["mean_cost"] / mean_of(base, "cost")
+            row["generation_speedup"] = mean_of(base, "generation") / row["mean_generation_time"]
+            row["generation_cost_reduction"] = 1.0 - row["mean_generation_cost"] / mean_of(
+                base, "cost_generation"
+            )
         out[name] = row
     return out
 
