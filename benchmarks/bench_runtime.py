@@ -48,8 +48,8 @@ def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...], out
     result = train(cfg, show)
     history = []
     for row in result.history:
-        lines = (out / policy / "rollouts" / f"step_{row['step']:06d}.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines]
+        lines = (out / policy / "rollouts" / f"step_{row['step']:06d}.jsonl").read_text().split("\n")
+        records = [json.loads(line) for line in lines if line]
         tokens = [(r["uid"], r["sample"], r["response"]) for r in records]
         history.append({**row, "time": row["time/step"], "n_actors": row["plan/n_actors"], "tokens": tokens})
     return history

@@ -4,6 +4,8 @@ One embedded Ray for the module; each scenario runs the first step of the tiny p
 decode functions (placement slot 0 is colocated with the learner) and is compared with the others.
 """
 
+import json
+
 import pytest
 import ray
 
@@ -14,7 +16,7 @@ from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.runtime.planning import StepPlanner, machine_profile
-from rlhfless.runtime.trainer import advantages, build_executor, tokenize_prompts
+from rlhfless.runtime.trainer import advantages, build_executor, tokenize_prompts, train
 
 BASE = (
     "runtime.executor=ray",
@@ -145,3 +147,26 @@ def test_a_killed_decode_function_is_rerun_elsewhere_and_the_step_is_unchanged(r
     assert metrics["faults/resumed_tokens"] > 0  # resumed from the last report, not from scratch
     assert any(e["kind"] == "fault" for f in functions for e in f["events"])
     assert tokens(faulty["samples"]) == tokens(rlhfless[0]["samples"])
+
+
+def test_ppo_critic_runs_under_ray_as_a_colocated_function_billed_through_the_learner(tmp_path):
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            *BASE,
+            "algorithm.name=ppo",
+            "trainer.steps=1",
+            f"output_dir={tmp_path}",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+        ),
+    )
+    train(cfg)
+    timeline = json.loads((tmp_path / "timeline" / "step_000001.json").read_text())
+    critic = next(f for f in timeline["functions"] if f["kind"] == "critic")
+    learner = next(f for f in timeline["functions"] if f["kind"] == "learner")
+    assert critic["colocated_with"] == "learner" and critic["cost"] == 0
+    assert learner["started"] <= critic["busy"][0][0] < critic["busy"][0][1] <= learner["released"]
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().split("\n")[0])
+    assert row["cost/step"] == pytest.approx(sum(f["cost"] for f in timeline["functions"]), rel=1e-9)
+    assert row["cost/learning"] > 0 and "loss/value" in row

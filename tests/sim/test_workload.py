@@ -55,3 +55,32 @@ def test_trace_replays_recorded_lengths_per_step(tmp_path):
     step = trace.step(5)  # cycles over the one recorded step
     assert step.uids == ["a", "b"] and step.lengths.tolist() == [[12, 30], [7, 9]]
     assert step.prompt_tokens[0][0] == step.prompt_tokens[1][0]  # the shared word "q"
+
+
+def test_trace_uses_recorded_prompt_ids_and_survives_unicode_line_separators(tmp_path):
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    rows = [
+        {
+            "uid": "a",
+            "sample": 0,
+            "prompt": "x",
+            "prompt_ids": [5, 6, 7],
+            "response": "one\u2028two",
+            "response_tokens": 4,
+        },
+        {
+            "uid": "b",
+            "sample": 0,
+            "prompt": "y",
+            "prompt_ids": [5, 8],
+            "response": "ok",
+            "response_tokens": 2,
+        },
+    ]
+    (rollouts / "step_000001.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    )
+    step = TraceWorkload(tmp_path).step(0)
+    assert [t.tolist() for t in step.prompt_tokens] == [[5, 6, 7], [5, 8]]
+    assert step.lengths.tolist() == [[4], [2]]

@@ -58,7 +58,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     rows, seen = [], set()
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(path.read_text().split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"

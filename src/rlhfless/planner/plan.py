@@ -91,6 +91,11 @@ class StepPlan:
             "plan_seconds": self.plan_seconds,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepPlan:
+        """Read back `to_dict` (a run's `plans/step_*.json`), e.g. to replay it in the simulator."""
+        return cls(**{**data, "actors": [ActorPlan(**a) for a in data["actors"]]})
+
 
 def candidate_bounds(
     config: SchedulerConfig, cluster: ClusterSpec, prompts: int, scaling: bool

@@ -126,7 +126,7 @@ def _int(value: object) -> int | None:
 def _json_lines(path: Path, problems: list[str]) -> Iterator[dict]:
     """Objects of a .jsonl file; a line that does not parse (a truncated write) is reported."""
     text = path.read_text(encoding="utf-8", errors="replace")
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -17,7 +17,7 @@ class Invocation:
     """One function invocation in one step."""
 
     name: str
-    kind: str  # learner, prefill, decode, reference, reward
+    kind: str  # learner, prefill, decode, reference, reward, critic
     resources: dict[str, float]  # what the function holds, e.g. {"CPU": 1} or {"GPU": 1}
     units: float  # billed accelerator units (GPUs, or the CPU slot standing in for them)
     requested: float

@@ -507,10 +507,20 @@ class RayExecutor(LocalLearner):
         return out
 
     def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        """The critic lives on the learner's resources (colocated, billed through the learner) and
+        appears in the timeline as its own function."""
         start = time.time()
         self.meter.phase("learning", start)
         out = super().critic_update(samples, rewards)
-        self.learner_inv.mark_busy(start, time.time())
+        end = time.time()
+        inv = self.meter.open(
+            Invocation(
+                "critic", "critic", dict(self.slot), 0.0, start, start, start, colocated_with="learner"
+            )
+        )
+        inv.mark_busy(start, end)
+        inv.released = end
+        self.learner_inv.mark_busy(start, end)
         return out
 
     def learn(

@@ -40,7 +40,7 @@ class RunLog:
         """On resume, forget metrics of steps after the checkpoint (they will be redone)."""
         if not self.metrics_path.exists():
             return
-        kept = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        kept = [line for line in self.metrics_path.read_text().split("\n") if line.strip()]
         kept = [line for line in kept if json.loads(line).get("step", 0) <= step]
         write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
 

@@ -157,6 +157,7 @@ def rollout_records(
             "uid": s.uid,
             "sample": s.sample,
             "prompt": text[s.uid],
+            "prompt_ids": s.prompt_ids,
             "response": s.response,
             "response_tokens": len(s.response_ids),
             "reward": s.reward,

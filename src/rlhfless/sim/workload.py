@@ -140,19 +140,22 @@ class TraceWorkload:
     @staticmethod
     def _read(path: Path) -> StepPrompts:
         groups: dict[str, list[int]] = {}
-        prompts: dict[str, str] = {}
-        for line in path.read_text().splitlines():
+        tokens: dict[str, np.ndarray] = {}
+        for line in path.read_text().split("\n"):
             if line.strip():
                 row = json.loads(line)
                 groups.setdefault(row["uid"], []).append(int(row["response_tokens"]))
-                prompts[row["uid"]] = row.get("prompt", "")
+                ids = row.get("prompt_ids")  # older runs only have the text
+                tokens[row["uid"]] = (
+                    np.array(ids, dtype=np.int64) if ids else _word_tokens(row.get("prompt", ""))
+                )
         width = max(len(v) for v in groups.values())
         # A group with a missing sample repeats its last one so the step stays rectangular.
         lengths = np.array([v + v[-1:] * (width - len(v)) for v in groups.values()], dtype=np.int64)
         uids = list(groups)
         return StepPrompts(
             uids=uids,
-            prompt_tokens=[_word_tokens(prompts[u]) for u in uids],
+            prompt_tokens=[tokens[u] for u in uids],
             answer_tokens=np.zeros(len(uids), dtype=np.int64),
             lengths=np.maximum(lengths, 1),
         )
