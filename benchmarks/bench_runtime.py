@@ -61,10 +61,11 @@ def main() -> None:
     parser.add_argument("--preset", default="default")
     parser.add_argument("--skip-first", type=int, default=1, help="warm-up steps left out of the means")
     parser.add_argument("--json", help="write the per-step records here")
+    parser.add_argument("--out", type=Path, help="keep both run directories here (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
     args = parser.parse_args()
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
-    out = Path(tempfile.mkdtemp(prefix="bench_runtime."))
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_runtime."))
     runs = {
         p: run_policy(p, args.steps, args.preset, tuple(args.overrides), out) for p in ("verl", "rlhfless")
     }
@@ -80,6 +81,16 @@ def main() -> None:
         ("cost per step ($, steps > warm-up)", mean("verl", "cost/step"), mean("rlhfless", "cost/step")),
         ("cost per step ($, all steps)", mean("verl", "cost/step", 0), mean("rlhfless", "cost/step", 0)),
         ("step time (s, steps > warm-up)", mean("verl", "time"), mean("rlhfless", "time")),
+        (
+            "generation time (s, steps > warm-up)",
+            mean("verl", "time/generation"),
+            mean("rlhfless", "time/generation"),
+        ),
+        (
+            "learning time (s, steps > warm-up)",
+            mean("verl", "time/learning"),
+            mean("rlhfless", "time/learning"),
+        ),
         ("generation cost ($/step)", mean("verl", "cost/generation"), mean("rlhfless", "cost/generation")),
         ("decode actors (mean)", mean("verl", "n_actors", 0), mean("rlhfless", "n_actors", 0)),
         (

@@ -237,7 +237,13 @@ class TrainerConfig:
         default=4096,
         metadata={"help": "learner token budget per micro-batch (length-bucketed, padding included)"},
     )
-    threads: int = field(default=0, metadata={"help": "torch intra-op threads; 0 uses every core"})
+    threads: int = field(
+        default=0,
+        metadata={
+            "help": "torch intra-op threads of the learner; 0 = every core in-process, and under the "
+            "Ray executor on CPUs the learner's slot (runtime.threads_per_actor)"
+        },
+    )
     tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard events under tb/"})
     wandb: bool = field(default=False, metadata={"help": "also log to Weights & Biases (needs wandb)"})
     wandb_project: str = field(default="rlhfless", metadata={"help": "W&B project name"})

@@ -114,6 +114,10 @@ class RayExecutor(LocalLearner):
             if self.gpu
             else {"CPU": float(self.rt.cpus_per_actor)}
         )
+        if not self.gpu and not cfg.trainer.threads:
+            # The learner holds one CPU slot like every function: more threads would use cores
+            # that nobody is billed for (and that a decode function of the same step is using).
+            torch.set_num_threads(self.rt.threads_per_actor)
         self.held: list[Lease] = []
         self.metrics: dict[str, float] = {}
         self.learner_inv: Invocation | None = None
@@ -180,6 +184,16 @@ class RayExecutor(LocalLearner):
             cold=lease.cold,
         )
         return self.meter.open(inv)
+
+    def _on_learner(self, kind: str, start: float, done: float, end: float) -> None:
+        """Record a function that ran inside the learner (busy until `done`, alive until `end`):
+        on its resources, billed through it."""
+        inv = self.meter.open(
+            Invocation(kind, kind, dict(self.slot), 0.0, start, start, start, colocated_with="learner")
+        )
+        inv.mark_busy(start, done)
+        inv.released = end
+        self.learner_inv.mark_busy(start, end)
 
     def _settle(self, lease: Lease, inv: Invocation) -> None:
         """Fill a cold start's started/ready times from the function's own clock."""
@@ -299,14 +313,7 @@ class RayExecutor(LocalLearner):
         bundle = KVBundle.pack(kvs)
         ref = ray.put(bundle)
         end = time.time()
-        inv = self.meter.open(
-            Invocation(
-                "prefill", "prefill", dict(self.slot), 0.0, start, start, start, colocated_with="learner"
-            )
-        )
-        inv.mark_busy(start, computed)
-        inv.released = end
-        self.learner_inv.mark_busy(start, end)
+        self._on_learner("prefill", start, computed, end)
         self.metrics["time/prefill"] += computed - start
         self.metrics["time/kv_transfer"] += end - computed
         self.metrics["prefill/tokens_computed"] += float(sum(len(k) for k in index))
@@ -513,14 +520,7 @@ class RayExecutor(LocalLearner):
         self.meter.phase("learning", start)
         out = super().critic_update(samples, rewards)
         end = time.time()
-        inv = self.meter.open(
-            Invocation(
-                "critic", "critic", dict(self.slot), 0.0, start, start, start, colocated_with="learner"
-            )
-        )
-        inv.mark_busy(start, end)
-        inv.released = end
-        self.learner_inv.mark_busy(start, end)
+        self._on_learner("critic", start, end, end)
         return out
 
     def learn(
