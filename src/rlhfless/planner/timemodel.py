@@ -118,14 +118,13 @@ class RangeModel:
         cap = self.profile.concurrency(mean_prompt + work / np.maximum(seqs, 1))
         tokens = self._tokens[ends] - self._tokens[starts]
         start, width = self.edges[:-1], np.diff(self.edges)
-        steps = np.minimum(np.maximum(self.range_max(starts, ends)[:, None] - start, 0.0), width)
-        batch = tokens / np.maximum(steps, 1e-12)
-        head = batch > cap[:, None]
-        batch = np.where(head, cap[:, None], batch)
-        steps = np.where(head, tokens / cap[:, None], steps)
+        steps = np.clip(self.range_max(starts, ends)[:, None] - start, 0.0, width)
+        # Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
+        batch = np.minimum(tokens / np.maximum(steps, 1e-12), cap[:, None])
+        steps = np.maximum(steps, tokens / cap[:, None])
         context = mean_prompt[:, None] + start + 0.5 * np.minimum(steps, width)
         step_s = self.profile.decode_step_seconds(batch, context)
-        decode = (steps * step_s).sum(axis=1)
+        decode = np.einsum("ij,ij->i", steps, step_s)
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
             "decode": decode,
