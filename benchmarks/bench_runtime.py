@@ -61,14 +61,17 @@ def main() -> None:
     parser.add_argument("--preset", default="default")
     parser.add_argument("--skip-first", type=int, default=1, help="warm-up steps left out of the means")
     parser.add_argument("--json", help="write the per-step records here")
+    parser.add_argument(
+        "--order", nargs=2, default=["verl", "rlhfless"], help="which policy runs first (machine drift)"
+    )
     parser.add_argument("--out", type=Path, help="keep both run directories here (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
     args = parser.parse_args()
+    if sorted(args.order) != ["rlhfless", "verl"]:
+        parser.error(f"--order: got {args.order}, expected verl and rlhfless in some order")
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_runtime."))
-    runs = {
-        p: run_policy(p, args.steps, args.preset, tuple(args.overrides), out) for p in ("verl", "rlhfless")
-    }
+    runs = {p: run_policy(p, args.steps, args.preset, tuple(args.overrides), out) for p in args.order}
     ray.shutdown()
 
     def mean(policy: str, key: str, skip: int = args.skip_first) -> float:
