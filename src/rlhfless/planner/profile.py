@@ -99,12 +99,14 @@ class Profile:
 
     def _prefill_ms(self, x: np.ndarray) -> np.ndarray:
         cell, offset = _cell(self.prefill_tokens, x)
-        slope = (
-            np.diff(self.prefill_ms) / np.diff(self.prefill_tokens)
-            if self.prefill_ms.size > 1
-            else np.zeros(1)
-        )
-        return np.maximum(self.prefill_ms[cell] + offset * slope[cell], 0.0)
+        return np.maximum(self.prefill_ms[cell] + offset * self._prefill_slope[cell], 0.0)
+
+    @cached_property
+    def _prefill_slope(self) -> np.ndarray:
+        """ms per token between neighbouring prefill points (0 for a one-point table)."""
+        if self.prefill_ms.size == 1:
+            return np.zeros(1)
+        return np.diff(self.prefill_ms) / np.diff(self.prefill_tokens)
 
     def prefill_seconds(self, tokens: Any) -> np.ndarray:
         """Seconds to prefill `tokens` prompt tokens, chunk by chunk (0 for no tokens)."""
