@@ -143,6 +143,14 @@ class AlgorithmConfig:
     critic_warmup: int = field(
         default=0, metadata={"help": "ppo: first N steps train only the critic (the policy stays put)"}
     )
+    normalize_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "ppo, reinforce_pp: whiten the step's sequence rewards (zero mean, unit std) before "
+            "the KL penalty and the returns, so the critic's targets and value loss keep one scale "
+            "while the policy's reward climbs"
+        },
+    )
     kl_in_reward: bool = field(
         default=False,
         metadata={
@@ -180,6 +188,12 @@ class AlgorithmConfig:
         check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip, "null or > 0")
         check(self.critic_warmup >= 0, "critic_warmup", self.critic_warmup, "an integer >= 0")
         token_level = ("ppo", "reinforce_pp")
+        check(
+            not self.normalize_reward or self.name in token_level,
+            "normalize_reward",
+            self.normalize_reward,
+            f"false unless name is one of {token_level} (per-token rewards)",
+        )
         check(
             not self.kl_in_reward or self.name in token_level,
             "kl_in_reward",

@@ -52,3 +52,18 @@ def test_reinforce_pp_whitens_returns_to_go_over_the_batch_and_rloo_leaves_one_o
 def test_ppo_advantages_are_whitened_over_all_response_tokens():
     got = whiten_tokens([torch.tensor([1.0, 3.0]), torch.tensor([5.0])])
     torch.testing.assert_close(torch.cat(got), torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6, rtol=1e-6)
+
+
+def test_normalize_reward_whitens_the_step_before_the_kl_is_paid():
+    batch = samples(("a", 2, 1.0), ("a", 1, 3.0), ("b", 1, 5.0))
+    kl = [torch.tensor([0.5, 0.5]), torch.tensor([0.0]), torch.tensor([1.0])]
+    got = token_rewards(batch, kl, beta=1.0, normalize=True)
+    # scores 1, 3, 5: mean 3, unbiased std 2 -> -1, 0, 1; the KL is not rescaled
+    torch.testing.assert_close(got[0], torch.tensor([-0.5, -1.5]))
+    torch.testing.assert_close(got[1], torch.tensor([0.0]))
+    torch.testing.assert_close(got[2], torch.tensor([0.0]))
+
+
+def test_normalize_reward_is_refused_where_rewards_are_not_per_token():
+    with pytest.raises(ConfigError, match="algorithm.normalize_reward: got True"):
+        load_config(preset="tiny", overrides=("algorithm.normalize_reward=true",))

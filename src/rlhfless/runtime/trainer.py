@@ -91,13 +91,19 @@ def _unpad(batch: Tensor, like: list[Tensor]) -> list[Tensor]:
     return [batch[b, : t.numel()].clone() for b, t in enumerate(like)]
 
 
-def token_rewards(samples: list[Sample], kl: list[Tensor] | None, beta: float) -> list[Tensor]:
+def token_rewards(
+    samples: list[Sample], kl: list[Tensor] | None, beta: float, normalize: bool = False
+) -> list[Tensor]:
     """Per-token rewards for the token-level estimators (ppo, reinforce_pp): the sample's reward on
-    its last response token, and `-beta * kl_t` on every response token when `kl` is given."""
+    its last response token, and `-beta * kl_t` on every response token when `kl` is given.
+    `normalize` whitens the rewards over the step first (`algorithm.normalize_reward`)."""
+    scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    if normalize:
+        scores = whiten(scores, torch.ones_like(scores))
     out = []
     for i, s in enumerate(samples):
         r = torch.zeros(len(s.response_ids)) if kl is None else -beta * kl[i].float()
-        r[-1] += s.reward
+        r[-1] += scores[i]
         out.append(r)
     return out
 
@@ -109,7 +115,7 @@ def advantages(cfg: Config, samples: list[Sample], rewards: list[Tensor] | None 
     algo = cfg.algorithm
     if algo.name == "reinforce_pp":
         if rewards is None:
-            rewards = token_rewards(samples, None, 0.0)
+            rewards = token_rewards(samples, None, 0.0, algo.normalize_reward)
         batch, mask = _padded(rewards)
         adv, _ = reinforce_pp_advantages(batch, mask, gamma=algo.gamma)
         return _unpad(adv, rewards)
@@ -276,13 +282,13 @@ def run_step(
     if algo.kl_in_reward:  # the KL is paid in the reward, per token, and not again in the loss
         old = executor.policy_logprobs(samples)
         kl = [kl_penalty(o, r, algo.kl_estimator) for o, r in zip(old, ref, strict=True)]
-        rewards = token_rewards(samples, kl, kl_ctrl.value)
+        rewards = token_rewards(samples, kl, kl_ctrl.value, algo.normalize_reward)
         tokens = sum(k.numel() for k in kl)
         prep_metrics |= {"kl/mean": float(sum(k.sum() for k in kl)) / tokens, "kl/coef": kl_ctrl.value}
         kl_ctrl.update(statistics.fmean(float(k.mean()) for k in kl), len(samples))
         ref = None
     elif algo.name in ("ppo", "reinforce_pp"):
-        rewards = token_rewards(samples, None, 0.0)
+        rewards = token_rewards(samples, None, 0.0, algo.normalize_reward)
     adv = None if algo.name == "ppo" else advantages(cfg, samples, rewards)
     timings["time/preparation"] = time.perf_counter() - t
 
