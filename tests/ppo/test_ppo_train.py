@@ -99,6 +99,20 @@ def test_critic_warmup_holds_the_policy(tmp_path):
     assert "loss/policy" in second
 
 
+def test_normalized_rewards_make_ppo_blind_to_the_reward_scale(tmp_path):
+    """With `normalize_reward` the critic's targets are in units of the step's reward spread, so an
+    affine change of the reward leaves every value and every update as it was."""
+    args = ("algorithm.name=ppo", "algorithm.normalize_reward=true", "trainer.save_every=0")
+    plain = train(tiny(tmp_path / "a", *args)).history
+    rescaled = train(tiny(tmp_path / "b", *args, "reward.function=ppo_reward_fns:odd_share_rescaled")).history
+    assert rescaled[0]["reward/mean"] == pytest.approx(10 * plain[0]["reward/mean"] - 3)
+    for a, b in zip(plain, rescaled, strict=True):
+        assert a["loss/value"] == pytest.approx(b["loss/value"], rel=1e-4)
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], rel=1e-3, abs=1e-7)
+        # Values are in units of the reward's std; Adam amplifies float noise in near-zero gradients.
+        assert a["value/mean"] == pytest.approx(b["value/mean"], abs=1e-3)
+
+
 class Killed(Exception):
     pass
 
