@@ -126,13 +126,7 @@ class AlgorithmConfig:
     gamma: float = field(
         default=1.0, metadata={"help": "ppo, reinforce_pp: discount per response token, in [0, 1]"}
     )
-    lam: float = field(
-        default=1.0,
-        metadata={
-            "help": "ppo: GAE lambda, in [0, 1]; at 1 (VERL's default) the critic's targets are the "
-            "observed returns, below 1 they lean on its own values"
-        },
-    )
+    lam: float = field(default=0.95, metadata={"help": "ppo: GAE lambda, in [0, 1]"})
     critic_lr: float = field(
         default=1e-4,
         metadata={
