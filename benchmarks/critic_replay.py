@@ -1,0 +1,96 @@
+"""Replay a PPO run's recorded rollouts through a fresh critic, under other critic settings.
+
+Generation dominates a CPU step; this replays only the critic's part: step by step, the critic
+scores the step's samples (its pre-update value loss and explained variance, the figures the run
+logged) and then learns from them. It answers "would more critic epochs, another lambda or another
+learning rate have fitted these very rollouts better?" without sampling anything again.
+
+    python benchmarks/critic_replay.py RUN_DIR [--steps N] [algorithm.key=value ...]
+
+The run's own `config.yaml` gives the model and the defaults; the overrides change the critic's
+settings (`algorithm.epochs`, `mini_batches`, `lam`, `critic_lr`, `value_clip`, `normalize_reward`).
+Responses are re-tokenized from their recorded text, so figures can differ from the run's by a
+few percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rlhfless.config import load_config
+from rlhfless.models import load_model, load_tokenizer
+from rlhfless.runtime.critic import Critic, ValueModel
+from rlhfless.runtime.samples import Sample, canonical
+from rlhfless.runtime.trainer import token_rewards
+
+
+def read_step(path: Path, tokenizer) -> list[Sample]:
+    samples = []
+    for line in path.read_text().split("\n"):
+        if not line:
+            continue
+        r = json.loads(line)
+        response = tokenizer(r["response"], add_special_tokens=False)["input_ids"][: r["response_tokens"]]
+        samples.append(
+            Sample(
+                uid=r["uid"],
+                sample=r["sample"],
+                prompt_ids=r["prompt_ids"],
+                response_ids=response or [tokenizer.eos_token_id],
+                finish_reason=r["finish_reason"],
+                reward=r["reward"],
+            )
+        )
+    return canonical(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a PPO run directory (config.yaml, rollouts/)")
+    parser.add_argument("--steps", type=int, default=0, help="replay the first N steps (0: all)")
+    parser.add_argument("overrides", nargs="*", help="algorithm.key=value changes to the critic")
+    args = parser.parse_args()
+    files = sorted((args.run / "rollouts").glob("step_*.jsonl"))
+    if not files:
+        sys.exit(f"{args.run}: no rollouts/step_*.jsonl files")
+    files = files[: args.steps or None]
+    cfg = load_config(path=str(args.run / "config.yaml"), overrides=("algorithm.name=ppo", *args.overrides))
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    tokenizer = load_tokenizer(cfg.model)
+    model = ValueModel.from_policy(load_model(cfg.model, len(tokenizer), cfg.seed))
+    algo = cfg.algorithm
+    critic = Critic(model, algo, cfg.optim, cfg.trainer.micro_batch_tokens, tokenizer.pad_token_id)
+    print(
+        f"critic: epochs {algo.epochs}, mini_batches {algo.mini_batches}, lam {algo.lam}, "
+        f"critic_lr {algo.critic_lr}, normalize_reward {algo.normalize_reward}"
+    )
+    print("step  loss/value  explained_var  value/mean  seconds")
+    rows = []
+    for path in files:
+        samples = read_step(path, tokenizer)
+        t = time.perf_counter()
+        _, metrics = critic.update(samples, token_rewards(samples, None, 0.0, algo.normalize_reward))
+        rows.append(metrics)
+        print(
+            f"{path.stem[5:]:>4}  {metrics['loss/value']:10.5f}  {metrics['value/explained_variance']:13.3f}"
+            f"  {metrics['value/mean']:10.4f}  {time.perf_counter() - t:7.1f}",
+            flush=True,
+        )
+    for k in range(0, len(rows), 10):
+        window = rows[k : k + 10]
+        loss = statistics.fmean(m["loss/value"] for m in window)
+        ev = statistics.fmean(m["value/explained_variance"] for m in window)
+        print(f"steps {k + 1}-{k + len(window)}: loss/value {loss:.5f}, explained variance {ev:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
