@@ -80,7 +80,7 @@ def main() -> int:
         _, metrics = critic.update(samples, token_rewards(samples, None, 0.0, algo.normalize_reward))
         rows.append(metrics)
         print(
-            f"{path.stem[5:]:>4}  {metrics['loss/value']:10.5f}  {metrics['value/explained_variance']:13.3f}"
+            f"{int(path.stem.split('_')[1]):>4}  {metrics['loss/value']:10.5f}  {metrics['value/explained_variance']:13.3f}"
             f"  {metrics['value/mean']:10.4f}  {time.perf_counter() - t:7.1f}",
             flush=True,
         )
