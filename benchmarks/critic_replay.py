@@ -1,8 +1,8 @@
 """Replay a PPO run's recorded rollouts through a fresh critic, under other critic settings.
 
 Generation dominates a CPU step; this replays only the critic's part: step by step, the critic
-scores the step's samples (its pre-update value loss and explained variance, the figures the run
-logged) and then learns from them. It answers "would more critic epochs, another lambda or another
+scores the step's samples (its value loss on them before it learns from them, and the explained
+variance) and then learns from them. It answers "would more critic epochs, another lambda or another
 learning rate have fitted these very rollouts better?" without sampling anything again.
 
     python benchmarks/critic_replay.py RUN_DIR [--steps N] [algorithm.key=value ...]
@@ -23,8 +23,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from rlhfless.config import load_config
+from rlhfless.algo import gae, value_loss
+from rlhfless.config import AlgorithmConfig, load_config
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.samples import Sample, canonical
@@ -51,12 +53,23 @@ def read_step(path: Path, tokenizer) -> list[Sample]:
     return canonical(samples)
 
 
+def unseen_loss(
+    critic: Critic, samples: list[Sample], rewards: list[torch.Tensor], algo: AlgorithmConfig
+) -> float:
+    """The value loss of the critic as it stands, before it learns from these samples. With one
+    epoch and one mini-batch it is the logged `loss/value`; otherwise that averages the updates."""
+    values = pad_sequence(critic.values(samples), batch_first=True)
+    mask = pad_sequence([torch.ones(len(s.response_ids)) for s in samples], batch_first=True)
+    _, returns = gae(pad_sequence(rewards, batch_first=True), values, mask, algo.gamma, algo.lam)
+    return float(value_loss(values, values, returns, mask, algo.value_clip, algo.loss_agg))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a PPO run directory (config.yaml, rollouts/)")
     parser.add_argument("--steps", type=int, default=0, help="replay the first N steps (0: all)")
     parser.add_argument("overrides", nargs="*", help="algorithm.key=value changes to the critic")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     files = sorted((args.run / "rollouts").glob("step_*.jsonl"))
     if not files:
         sys.exit(f"{args.run}: no rollouts/step_*.jsonl files")
@@ -72,23 +85,25 @@ def main() -> int:
         f"critic: epochs {algo.epochs}, mini_batches {algo.mini_batches}, lam {algo.lam}, "
         f"critic_lr {algo.critic_lr}, normalize_reward {algo.normalize_reward}"
     )
-    print("step  loss/value  explained_var  value/mean  seconds")
+    print("step  unseen_loss  loss/value  explained_var  value/mean  seconds")
     rows = []
     for path in files:
         samples = read_step(path, tokenizer)
         t = time.perf_counter()
-        _, metrics = critic.update(samples, token_rewards(samples, None, 0.0, algo.normalize_reward))
-        rows.append(metrics)
+        rewards = token_rewards(samples, None, 0.0, algo.normalize_reward)
+        unseen = unseen_loss(critic, samples, rewards, algo)
+        _, metrics = critic.update(samples, rewards)
+        rows.append(metrics | {"unseen": unseen})
         print(
-            f"{int(path.stem.split('_')[1]):>4}  {metrics['loss/value']:10.5f}  {metrics['value/explained_variance']:13.3f}"
+            f"{int(path.stem.split('_')[1]):>4}  {unseen:11.5f}  {metrics['loss/value']:10.5f}  {metrics['value/explained_variance']:13.3f}"
             f"  {metrics['value/mean']:10.4f}  {time.perf_counter() - t:7.1f}",
             flush=True,
         )
     for k in range(0, len(rows), 10):
         window = rows[k : k + 10]
-        loss = statistics.fmean(m["loss/value"] for m in window)
+        unseen = statistics.fmean(m["unseen"] for m in window)
         ev = statistics.fmean(m["value/explained_variance"] for m in window)
-        print(f"steps {k + 1}-{k + len(window)}: loss/value {loss:.5f}, explained variance {ev:.3f}")
+        print(f"steps {k + 1}-{k + len(window)}: unseen loss {unseen:.5f}, explained variance {ev:.3f}")
     return 0
 
 
