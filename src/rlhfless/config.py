@@ -147,8 +147,8 @@ class AlgorithmConfig:
         default=False,
         metadata={
             "help": "ppo, reinforce_pp: whiten the step's sequence rewards (zero mean, unit std) before "
-            "the KL penalty and the returns, so the critic's targets and value loss keep one scale "
-            "while the policy's reward climbs"
+            "the KL penalty and the returns, so the critic's targets keep one scale while the reward "
+            "climbs; a rare success in a step becomes a large target"
         },
     )
     kl_in_reward: bool = field(
