@@ -5,7 +5,7 @@ scores the step's samples (its value loss on them before it learns from them, an
 variance) and then learns from them. It answers "would more critic epochs, another lambda or another
 learning rate have fitted these very rollouts better?" without sampling anything again.
 
-    python benchmarks/critic_replay.py RUN_DIR [--steps N] [algorithm.key=value ...]
+    python benchmarks/critic_replay.py RUN_DIR [--start STEP] [--steps N] [algorithm.key=value ...]
 
 The run's own `config.yaml` gives the model and the defaults; the overrides change the critic's
 settings (`algorithm.epochs`, `mini_batches`, `lam`, `critic_lr`, `value_clip`, `normalize_reward`).
@@ -53,6 +53,10 @@ def read_step(path: Path, tokenizer) -> list[Sample]:
     return canonical(samples)
 
 
+def step_of(path: Path) -> int:
+    return int(path.stem.split("_")[1])
+
+
 def unseen_loss(
     critic: Critic, samples: list[Sample], rewards: list[torch.Tensor], algo: AlgorithmConfig
 ) -> float:
@@ -67,12 +71,13 @@ def unseen_loss(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a PPO run directory (config.yaml, rollouts/)")
-    parser.add_argument("--steps", type=int, default=0, help="replay the first N steps (0: all)")
+    parser.add_argument("--start", type=int, default=1, help="the first recorded step to replay")
+    parser.add_argument("--steps", type=int, default=0, help="replay N steps from --start (0: all)")
     parser.add_argument("overrides", nargs="*", help="algorithm.key=value changes to the critic")
     args = parser.parse_intermixed_args()
-    files = sorted((args.run / "rollouts").glob("step_*.jsonl"))
+    files = [f for f in sorted((args.run / "rollouts").glob("step_*.jsonl")) if step_of(f) >= args.start]
     if not files:
-        sys.exit(f"{args.run}: no rollouts/step_*.jsonl files")
+        sys.exit(f"{args.run}: no rollouts/step_*.jsonl files from step {args.start}")
     files = files[: args.steps or None]
     cfg = load_config(path=str(args.run / "config.yaml"), overrides=("algorithm.name=ppo", *args.overrides))
     if cfg.trainer.threads:
@@ -93,8 +98,8 @@ def main() -> int:
         rewards = token_rewards(samples, None, 0.0, algo.normalize_reward)
         unseen = unseen_loss(critic, samples, rewards, algo)
         _, metrics = critic.update(samples, rewards)
-        rows.append(metrics | {"unseen": unseen})
-        step = int(path.stem.split("_")[1])
+        step = step_of(path)
+        rows.append(metrics | {"unseen": unseen, "step": step})
         print(
             f"{step:>4}  {unseen:11.5f}  {metrics['loss/value']:10.5f}"
             f"  {metrics['value/explained_variance']:13.3f}  {metrics['value/mean']:10.4f}"
@@ -105,7 +110,8 @@ def main() -> int:
         window = rows[k : k + 10]
         unseen = statistics.fmean(m["unseen"] for m in window)
         ev = statistics.fmean(m["value/explained_variance"] for m in window)
-        print(f"steps {k + 1}-{k + len(window)}: unseen loss {unseen:.5f}, explained variance {ev:.3f}")
+        steps = f"steps {window[0]['step']}-{window[-1]['step']}"
+        print(f"{steps}: unseen loss {unseen:.5f}, explained variance {ev:.3f}")
     return 0
 
 

@@ -88,6 +88,10 @@ def test_killed_run_resumes_to_the_same_step_3_metrics(tmp_path):
     for key in COMPARED:
         assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "run")] == [1, 2, 3]
+    summary = json.loads((tmp_path / "b" / "run" / "summary.json").read_text())
+    assert (summary["steps"], summary["last_step"], summary["window"]) == (3, 3, 1)
+    first = straight.history[0]["reward/mean"]  # a step before the resume still counts
+    assert summary["first_reward"] == summary["first_window/reward/mean"] == pytest.approx(first)
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):

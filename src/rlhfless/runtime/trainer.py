@@ -250,7 +250,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     finally:
         log.close()
         executor.close()
-    write_summary(out, result.history)
+    write_summary(out)
     return result
 
 
@@ -324,16 +324,33 @@ def run_step(
     }
 
 
-def write_summary(out: Path, history: list[dict]) -> None:
-    if not history:
+# Curves whose first and last windows the summary compares: one step of 32 samples is noise.
+WINDOWED = ("reward/mean", "loss/value", "value/explained_variance")
+
+
+def write_summary(out: Path) -> None:
+    """The whole run's summary from its metrics log, steps before a resume included, with the mean of
+    each windowed curve over the first and the last `window` steps."""
+    path = out / "metrics.jsonl"
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+    if not rows:
         return
+    window = max(1, min(10, len(rows) // 2))
     summary = {
-        "steps": len(history),
-        "last_step": history[-1]["step"],
-        "mean_step_seconds": statistics.fmean(h["time/step"] for h in history),
-        "first_reward": history[0]["reward/mean"],
-        "last_reward": history[-1]["reward/mean"],
+        "steps": len(rows),
+        "last_step": rows[-1]["step"],
+        "mean_step_seconds": statistics.fmean(r["time/step"] for r in rows),
+        "first_reward": rows[0]["reward/mean"],
+        "last_reward": rows[-1]["reward/mean"],
+        "window": window,
     }
-    if all("cost/step" in h for h in history):
-        summary["mean_cost_per_step"] = statistics.fmean(h["cost/step"] for h in history)
+    for key in WINDOWED:
+        for name, part in (("first", rows[:window]), ("last", rows[-window:])):
+            values = [r[key] for r in part if r.get(key) is not None]
+            if values:
+                summary[f"{name}_window/{key}"] = statistics.fmean(values)
+    if all("cost/step" in r for r in rows):
+        summary["mean_cost_per_step"] = statistics.fmean(r["cost/step"] for r in rows)
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))
