@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Each module exposes `add_parser(subparsers)` and `run(args) -> int`.
-COMMANDS = ("train", "plan", "profile", "simulate", "report")
+COMMANDS = ("train", "export", "plan", "profile", "simulate", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
