@@ -22,7 +22,7 @@ class ExportError(ValueError):
     """A source that is not a checkpoint, or a target that is already there."""
 
 
-def locate(source: Path) -> tuple[Path, Path]:
+def _locate(source: Path) -> tuple[Path, Path]:
     """(checkpoint, run directory) for a run directory (its newest checkpoint) or one checkpoint."""
     if (source / "trainer_state.json").exists():
         checkpoint, run = source, source.parent.parent
@@ -48,7 +48,7 @@ def export_checkpoint(source: Path, target: Path) -> Path:
     """
     if target.exists():
         raise ExportError(f"{target}: already exists; expected a new directory")
-    checkpoint, run = locate(source)
+    checkpoint, run = _locate(source)
     cfg = load_config(path=str(run / "config.yaml"))
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, len(tokenizer), cfg.seed)
