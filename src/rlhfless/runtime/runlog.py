@@ -36,13 +36,18 @@ class RunLog:
                 ) from err
             self.wandb = wandb.init(project=wandb_project, name=root.name, config=config, dir=str(root))
 
+    def rows(self) -> list[dict]:
+        """Every step's metrics recorded so far, steps before a resume included."""
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
     def truncate_after(self, step: int) -> None:
         """On resume, forget metrics of steps after the checkpoint (they will be redone)."""
         if not self.metrics_path.exists():
             return
-        kept = [line for line in self.metrics_path.read_text().split("\n") if line.strip()]
-        kept = [line for line in kept if json.loads(line).get("step", 0) <= step]
-        write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
+        kept = [row for row in self.rows() if row.get("step", 0) <= step]
+        write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in values.items()}}

@@ -250,7 +250,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     finally:
         log.close()
         executor.close()
-    write_summary(out)
+    write_summary(out, log.rows())
     return result
 
 
@@ -328,13 +328,9 @@ def run_step(
 WINDOWED = ("reward/mean", "loss/value", "value/explained_variance")
 
 
-def write_summary(out: Path) -> None:
-    """The whole run's summary from its metrics log, steps before a resume included, with the mean of
-    each windowed curve over the first and the last `window` steps."""
-    path = out / "metrics.jsonl"
-    rows = (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
+def write_summary(out: Path, rows: list[dict]) -> None:
+    """The whole run's summary from its metrics log's `rows`, steps before a resume included, with the
+    mean of each windowed curve over the first and the last `window` steps."""
     if not rows:
         return
     window = max(1, min(10, len(rows) // 2))
