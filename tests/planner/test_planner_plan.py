@@ -1,6 +1,7 @@
 """plan_step invariants on random workloads, and the baseline policies."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import given, settings
@@ -10,7 +11,8 @@ from planner_support import make_cluster, make_profile
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.planner.scaling import ActorEstimates, candidate_table, choose
+from rlhfless.planner.pricing import Pricing
+from rlhfless.planner.scaling import ActorEstimates, Billing, candidate_table, choose
 
 PROFILE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
 
@@ -160,15 +162,24 @@ def _estimates(times, costs):
     n = np.arange(1, len(times) + 1)
     one = np.ones(len(times))
     return ActorEstimates(
-        n, 0 * n, n, np.array(times, float), np.array(costs, float), 0 * n, 0 * one, one > 0, one, one
+        n, 0 * n, n, np.array(times, float), np.array(costs, float), 0 * n, 0 * one, one > 0, one, one,
+        0 * one, one,
     )
+
+
+BILLING = Billing(Pricing(1.0))
+ONE_GPU = SimpleNamespace(gpus=1, cold_start_s=0.0)
+
+
+def _table(actors, normalise):
+    return candidate_table(actors, BILLING, False, 0.7, normalise, ONE_GPU)
 
 
 def test_range_normalisation_lets_a_tiny_cost_spread_outweigh_a_large_time_gain():
     # N = 1 is very slow; N = 2..4 differ by 2% in cost and 40% in time.
     actors = _estimates([1000.0, 140.0, 120.0, 100.0], [100.0, 100.0, 101.0, 102.0])
-    paper = candidate_table(actors, 0.7, "range")
-    relative = candidate_table(actors, 0.7, "relative")
+    paper = _table(actors, "range")
+    relative = _table(actors, "relative")
     assert paper.n[choose(paper)] == 2  # 40% slower than N = 4 to save 2%
     assert relative.n[choose(relative)] == 4
     np.testing.assert_allclose(

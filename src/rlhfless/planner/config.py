@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhfless.checks import check
+from rlhfless.planner.pricing import Pricing
 
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
@@ -48,7 +49,36 @@ class SchedulerConfig:
     prefill_capacity: int = field(
         default=256, metadata={"help": "B_prefill: most unique prefixes the prefill actor computes at once"}
     )
-    price_per_gpu_hour: float = field(default=1.95, metadata={"help": "rho, dollars per GPU-hour"})
+    price_per_gpu_hour: float = field(
+        default=1.95,
+        metadata={"help": "rho, USD per accelerator unit-hour (a GPU, or the CPU slot standing in for one)"},
+    )
+    bill_cold_start: bool = field(
+        default=True,
+        metadata={"help": "pricing: a function's start-up is billed (serverless GPU platforms do)"},
+    )
+    bill_keep_alive: bool = field(
+        default=True,
+        metadata={
+            "help": "pricing: a released function kept warm is billed while idle, since it holds its "
+            "resources (serverless GPU platforms do); the planner then stops a function at release "
+            "unless its next use is nearer than a cold start is worth"
+        },
+    )
+    budget_per_step: float | None = field(
+        default=None,
+        metadata={
+            "help": "USD: each step takes the fastest plan whose forecast step cost fits (instead of "
+            "lam); a budget below the cheapest plan is an error naming it; null = lam decides"
+        },
+    )
+    deadline_per_step: float | None = field(
+        default=None,
+        metadata={
+            "help": "seconds: each step takes the cheapest plan whose forecast step time fits "
+            "(instead of lam); a deadline below the fastest plan is an error naming it; null = lam"
+        },
+    )
     dedup_prefill: bool = field(default=True, metadata={"help": "rlhfless: prefill shared prefixes once"})
     sorted_assignment: bool = field(
         default=True,
@@ -111,6 +141,24 @@ class SchedulerConfig:
         check(self.gpus_per_actor >= 1, "gpus_per_actor", self.gpus_per_actor, "an integer >= 1")
         check(self.prefill_capacity >= 1, "prefill_capacity", self.prefill_capacity, "an integer >= 1")
         check(self.price_per_gpu_hour >= 0, "price_per_gpu_hour", self.price_per_gpu_hour, "a number >= 0")
+        check(
+            self.budget_per_step is None or self.budget_per_step > 0,
+            "budget_per_step",
+            self.budget_per_step,
+            "null or USD > 0",
+        )
+        check(
+            self.deadline_per_step is None or self.deadline_per_step > 0,
+            "deadline_per_step",
+            self.deadline_per_step,
+            "null or seconds > 0",
+        )
+        check(
+            self.budget_per_step is None or self.deadline_per_step is None,
+            "deadline_per_step",
+            self.deadline_per_step,
+            "null when budget_per_step is set (one target at a time)",
+        )
         check(self.noise >= 0, "noise", self.noise, "a number >= 0")
         check(self.default_length >= 1, "default_length", self.default_length, "an integer >= 1")
         check(
@@ -120,6 +168,10 @@ class SchedulerConfig:
             "a number > 0",
         )
         check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
+
+    @property
+    def pricing(self) -> Pricing:
+        return Pricing(self.price_per_gpu_hour, self.bill_cold_start, self.bill_keep_alive)
 
     @property
     def features(self) -> dict[str, bool | str]:

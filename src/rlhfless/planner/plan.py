@@ -20,7 +20,14 @@ from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.scaling import ActorEstimates, CandidateTable, candidate_table, choose, estimate_actors
+from rlhfless.planner.scaling import (
+    ActorEstimates,
+    Billing,
+    CandidateTable,
+    candidate_table,
+    choose,
+    estimate_actors,
+)
 from rlhfless.planner.timemodel import RangeModel, Workload
 
 
@@ -31,6 +38,7 @@ class PromptSpec:
     uid: str
     prompt_tokens: Sequence[int] | np.ndarray
     answer_tokens: int | None = None
+    source: str = ""  # data source or task: unseen prompts are predicted from their source's lengths
 
 
 @dataclass
@@ -46,6 +54,8 @@ class ActorPlan:
     hidden: bool
     predicted_tokens: float
     prefill_tokens: float  # prompt tokens this actor computes itself (the rest arrive as prefix KV)
+    cold_start: float = 0.0  # seconds of start-up the plan expects (0: a warm or the learner's function)
+    keep_warm: bool = True  # after release: stay warm for the next step (idle billed), else stop
 
 
 @dataclass
@@ -67,6 +77,9 @@ class StepPlan:
     predicted_length: dict[str, float]
     plan_seconds: float = 0.0
     features: dict[str, Any] = field(default_factory=dict)
+    predicted_step_time: float = 0.0  # generation + the forecast rest of the step (`Billing`)
+    predicted_step_cost: float = 0.0
+    target: dict[str, float] = field(default_factory=dict)  # {"budget_per_step": $} or {"deadline_per_step": s}
 
     def actor_of(self) -> dict[str, int]:
         """uid -> actor index."""
@@ -89,6 +102,9 @@ class StepPlan:
             "tau": self.tau,
             "predicted_length": self.predicted_length,
             "plan_seconds": self.plan_seconds,
+            "predicted_step_time": self.predicted_step_time,
+            "predicted_step_cost": self.predicted_step_cost,
+            "target": self.target,
         }
 
     @classmethod
@@ -154,14 +170,23 @@ def plan_step(
     cluster: ClusterSpec,
     config: SchedulerConfig,
     group_size: int,
+    billing: Billing | None = None,
+    max_length: float | None = None,
 ) -> StepPlan:
-    """Plan one step."""
+    """Plan one step. `billing` says how the executor starts and bills functions (default: on
+    demand, no resident learner, `config.pricing`); `max_length` caps predicted response lengths
+    (the engine's max_new_tokens)."""
     t0 = time.perf_counter()
     n_prompts = len(prompts)
     _check_inputs(profile, cluster, config, n_prompts, group_size)
+    billing = billing or Billing(config.pricing)
     feats = config.features
     uids = [p.uid for p in prompts]
-    gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts])
+    gmax, gmean = predictor.predict(
+        uids, [p.answer_tokens for p in prompts], [p.source for p in prompts]
+    )
+    if max_length is not None:
+        gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
 
     lengths, dedup, decode_prefill, kv_tokens, prefill = _prefill_work(
         prompts, bool(feats["dedup_prefill"]), config.prefill_capacity, group_size
@@ -170,7 +195,7 @@ def plan_step(
     workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size)
 
     ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))
-    kw = {"prefill_s": prefill_s, "cluster": cluster, "price_per_gpu_hour": config.price_per_gpu_hour}
+    kw = {"prefill_s": prefill_s, "cluster": cluster, "billing": billing}
     if feats["sorted_assignment"] and config.assignment_method == "lpt":
         orders, actors = _lpt_estimates(workload, ns, profile, config, **kw)
     else:
@@ -183,9 +208,17 @@ def plan_step(
         model = RangeModel(workload, order, profile, config.segments)
         actors = estimate_actors(model, starts, ends, n_of, profile=profile, **kw)
         orders = [order] * ns.size
-    table = candidate_table(actors, config.lam, config.normalise)
-    pick = choose(table)
+    serverful = config.policy == "verl"
+    tokens = float(workload.work.sum() + group_size * lengths.sum())
+    after = billing.after_generation(tokens)
+    table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
+    pick = choose(table, after, config.budget_per_step, config.deadline_per_step)
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile)
+    target = {
+        k: v
+        for k, v in (("budget_per_step", config.budget_per_step), ("deadline_per_step", config.deadline_per_step))
+        if v is not None
+    }
 
     return StepPlan(
         policy=config.policy,
@@ -203,6 +236,9 @@ def plan_step(
         predicted_length=dict(zip(uids, gmax.tolist(), strict=True)),
         plan_seconds=time.perf_counter() - t0,
         features=dict(feats),
+        predicted_step_time=float(table.time[pick]) + after[0],
+        predicted_step_cost=float(table.cost[pick]) + after[1],
+        target=target,
     )
 
 
@@ -272,6 +308,8 @@ def _chosen_actors(
                 hidden=bool(actors.hidden[r]),
                 predicted_tokens=float(actors.work[r]),
                 prefill_tokens=float(actors.prefill_tokens[r]),
+                cold_start=float(actors.cold[r]),
+                keep_warm=bool(table.warm[r]),
             )
         )
     return out

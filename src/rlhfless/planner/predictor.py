@@ -4,7 +4,11 @@ A prompt is sampled again every epoch and its response length is stable across s
 prediction is an EWMA over the prompt's last `window` observations (window 1 = last observation).
 With G samples per prompt the planner needs the group's max (when the group finishes) and mean
 (how much work it is), so both are tracked. A prompt never seen uses its ground-truth answer's
-token count times a factor, else a default. Modes: `ewma`; `oracle` (told the true lengths of the
+token count times a factor, else a default. A prompt never seen whose data source (or task) has
+been seen takes that source's recent group lengths (an EWMA over steps of the source's mean group
+max and mean), and its answer's length only where answers have been seen to fit that source's
+responses (`ANSWER_FIT`): reasoning-gym answers are a number or a word, a response is a sentence
+or more. A source never seen takes the default (the planner caps it at max_new_tokens). Modes: `ewma`; `oracle` (told the true lengths of the
 coming step via `reveal`); `noisy` (EWMA times a deterministic log-normal factor, for sensitivity
 studies: the same state and uids always give the same predictions).
 """
@@ -23,6 +27,8 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 
 MODES = ("ewma", "oracle", "noisy")
+SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's length estimate
+ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -73,6 +79,9 @@ class LengthPredictor:
         self._count = np.zeros(0, dtype=np.uint64)
         self._hash = np.zeros(0, dtype=np.uint64)
         self._truth: dict[str, tuple[float, float]] = {}
+        self._source_of: dict[str, str] = {}  # uid -> source, as told by `predict`
+        self._answer_of: dict[str, float] = {}  # uid -> answer tokens, as told by `predict`
+        self._sources: dict[str, list[float]] = {}  # source -> [max, mean, answer misfit or nan]
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -106,8 +115,9 @@ class LengthPredictor:
         """Record the response lengths (one per sample) this step produced for `uid`."""
         if len(observed_lengths) == 0:
             raise ValueError(f"observed_lengths for {uid!r}: got none, expected one length per sample")
-        rows = self._rows([uid])
-        self._push(rows, np.array([max(observed_lengths)], float), np.array([np.mean(observed_lengths)]))
+        obs_max, obs_mean = np.array([max(observed_lengths)], float), np.array([np.mean(observed_lengths)])
+        self._observe_sources([uid], obs_max, obs_mean)
+        self._push(self._rows([uid]), obs_max, obs_mean)
         self._truth.pop(uid, None)
 
     def update_many(self, uids: Sequence[str], observed_lengths: Any) -> None:
@@ -135,6 +145,7 @@ class LengthPredictor:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
+        self._observe_sources(uids, obs_max, obs_mean)
         rows = self._rows(uids)
         order = np.arange(rows.size)
         while order.size:  # each pass records at most one observation per row, in input order
@@ -145,6 +156,32 @@ class LengthPredictor:
         if self._truth:
             for uid in uids:
                 self._truth.pop(uid, None)
+
+    def _observe_sources(self, uids: Sequence[str], obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
+        """Fold one step's group lengths into each source's estimate (uids whose source is known)."""
+        by_source: dict[str, list[int]] = {}
+        for i, uid in enumerate(uids):
+            source = self._source_of.get(uid)
+            if source is not None:
+                by_source.setdefault(source, []).append(i)
+        for source, idx in by_source.items():
+            gmax, gmean = float(obs_max[idx].mean()), float(obs_mean[idx].mean())
+            answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
+            has = ~np.isnan(answers)
+            misfit = (
+                float(np.mean(np.abs(obs_mean[idx][has] - answers[has] * self.answer_length_factor)
+                              / np.maximum(obs_mean[idx][has], 1.0)))
+                if has.any()
+                else np.nan
+            )
+            old = self._sources.get(source)
+            if old is None:
+                self._sources[source] = [gmax, gmean, misfit]
+                continue
+            a = SOURCE_ALPHA
+            old[0], old[1] = a * gmax + (1 - a) * old[0], a * gmean + (1 - a) * old[1]
+            if not np.isnan(misfit):
+                old[2] = misfit if np.isnan(old[2]) else a * misfit + (1 - a) * old[2]
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -169,21 +206,26 @@ class LengthPredictor:
         self._truth[uid] = (float(max(true_lengths)), float(np.mean(true_lengths)))
 
     def predict(
-        self, uids: Sequence[str], answer_tokens: Sequence[int | None] | None = None
+        self,
+        uids: Sequence[str],
+        answer_tokens: Sequence[int | None] | None = None,
+        sources: Sequence[str] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(group max, group mean) predicted response lengths, one entry per uid."""
+        """(group max, group mean) predicted response lengths, one entry per uid. `sources` (data
+        source or task per uid) are remembered, so that observations teach the source estimate."""
+        if sources is not None:
+            self._source_of.update((u, s) for u, s in zip(uids, sources, strict=True) if s)
+        if answer_tokens is not None:
+            self._answer_of.update((u, float(a)) for u, a in zip(uids, answer_tokens, strict=True) if a is not None)
         rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         seen = rows >= 0
         safe = np.where(seen, rows, 0)
         gmax = np.where(seen, self._max[safe] if self._max.size else 0.0, np.nan)
         gmean = np.where(seen, self._mean[safe] if self._mean.size else 0.0, np.nan)
         if not seen.all():
-            fallback = np.full(len(uids), float(self.default_length))
-            if answer_tokens is not None:
-                answers = np.array(answer_tokens, dtype=float)  # None -> nan
-                fallback = np.where(np.isnan(answers), fallback, answers * self.answer_length_factor)
-            gmax = np.where(seen, gmax, fallback)
-            gmean = np.where(seen, gmean, fallback)
+            fallback_max, fallback_mean = self._first_sight(uids, answer_tokens, sources)
+            gmax = np.where(seen, gmax, fallback_max)
+            gmean = np.where(seen, gmean, fallback_mean)
         if self.mode == "oracle" and self._truth:
             for i, uid in enumerate(uids):
                 truth = self._truth.get(uid)
@@ -193,6 +235,32 @@ class LengthPredictor:
             factor = self._noise_factor(uids, rows, seen)
             gmax, gmean = gmax * factor, gmean * factor
         return np.maximum(gmax, 1.0), np.clip(gmean, 1.0, np.maximum(gmax, 1.0))
+
+    def _first_sight(
+        self,
+        uids: Sequence[str],
+        answer_tokens: Sequence[int | None] | None,
+        sources: Sequence[str] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(max, mean) for prompts never seen: the answer's length where it fits the prompt's source
+        (or the prompt names no source), else the source's estimate, else the default."""
+        n = len(uids)
+        answers = (
+            np.array([np.nan if a is None else a for a in answer_tokens], dtype=float)
+            if answer_tokens is not None
+            else np.full(n, np.nan)
+        )
+        out_max = np.full(n, float(self.default_length))
+        out_mean = out_max.copy()
+        for i in range(n):
+            source = sources[i] if sources is not None else ""
+            stats = self._sources.get(source) if source else None
+            fits = stats is not None and not np.isnan(stats[2]) and stats[2] <= ANSWER_FIT
+            if not np.isnan(answers[i]) and (fits or not source):
+                out_max[i] = out_mean[i] = answers[i] * self.answer_length_factor
+            elif stats is not None:
+                out_max[i], out_mean[i] = stats[0], stats[1]
+        return out_max, out_mean
 
     def _noise_factor(self, uids: Sequence[str], rows: np.ndarray, seen: np.ndarray) -> np.ndarray:
         """exp(N(0, noise)) keyed on (seed, uid, observations so far): deterministic, not stateful."""
@@ -215,6 +283,8 @@ class LengthPredictor:
             "window": self.window,
             "history": {uid: obs[r][self.window - kept[r] :] for r, uid in enumerate(self._uids)},
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
+            "sources": {k: [None if np.isnan(x) else x for x in v] for k, v in self._sources.items()},
+            "source_of": dict(self._source_of),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -229,6 +299,10 @@ class LengthPredictor:
             uids = [u for u, past in history.items() if len(past) > k]
             observed = np.array([history[u][k] for u in uids], dtype=float)
             self._push(self._rows(uids), observed[:, 0], observed[:, 1])
+        self._sources = {
+            k: [float("nan") if x is None else float(x) for x in v] for k, v in state.get("sources", {}).items()
+        }
+        self._source_of = dict(state.get("source_of", {}))
         counts = state.get("counts", {})
         if counts:
             rows = self._rows(list(counts))

@@ -1,8 +1,16 @@
 """Cost-aware actor scaling: time and cost of every candidate N, and the choice between them.
 
-T_total(N) = max_i T_i and C(N) = rho * sum_i G_i * (T_i + cold start), where T_i includes the
-actor's start delay from placement. Both are normalised over the candidates and
-N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N.
+T_total(N) = max_i T_i, where T_i includes the actor's start delay from placement (and its cold
+start when functions start on demand). C(N) is the generation phase's bill under the one pricing
+model (`planner.pricing.charge`): each decode function from its request to its release (its cold
+start as the platform bills it), then its keep-alive idle to the end of generation when it is kept
+warm; the resident learner's units for the whole phase (the actor on them is billed through it);
+a serverful policy's whole allocation for the whole phase. The paper's C = rho * sum G_i T_i is
+the case of no learner, no keep-alive and no cold start.
+
+The choice: with `scheduler.budget_per_step` the fastest N whose forecast step cost fits it, with
+`scheduler.deadline_per_step` the cheapest N whose forecast step time fits it; otherwise both are
+normalised over the candidates and N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N.
 
 Normalisation (`scheduler.normalise`): `range` is the paper's (x - min) / (max - min) (a constant
 term normalises to 0). It stretches any spread to [0, 1]: on the simulated 20 x 8 H100 cluster the
@@ -18,8 +26,42 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlhfless.planner.placement import ClusterSpec, rank_within, start_delays
+from rlhfless.planner.pricing import Pricing, charge, keep_warm
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.timemodel import RangeModel
+
+
+class PlanError(ValueError):
+    """The step cannot be planned as asked (an infeasible budget or deadline), said in one line."""
+
+
+@dataclass(frozen=True)
+class Billing:
+    """How the executor starts and bills the step's functions: the planner prices its plans so.
+
+    The runtime's learner is a resident process holding `resident_units` all step; the simulated
+    learner takes every GPU only to learn (0). Functions start on demand at the step's start
+    (the runtime) or are pre-started while the previous step learns (`cold_start_hidden`, the
+    simulator). The rest of the step (preparation and learning) takes `after_fixed_s` plus
+    `after_per_token_s` per predicted token on `after_units`, whatever N is: a budget or deadline
+    is for the whole step, and a released function's next use is that far away unless
+    `next_use_after` is False (the learner takes its resources: never).
+    """
+
+    pricing: Pricing
+    resident_units: float = 0.0
+    warm_actors: int = 0
+    cold_start_hidden: bool = False
+    overhead_s: float = 0.0  # the executor's own seconds on every actor's time (learned: `Calibration`)
+    after_units: float = 0.0
+    after_fixed_s: float = 0.0
+    after_per_token_s: float = 0.0
+    next_use_after: bool = False
+
+    def after_generation(self, tokens: float) -> tuple[float, float]:
+        """(seconds, USD) of the rest of the step for `tokens` predicted prompt + response tokens."""
+        seconds = self.after_fixed_s + self.after_per_token_s * tokens
+        return seconds, charge(self.pricing, self.after_units, seconds)
 
 
 @dataclass
@@ -36,6 +78,8 @@ class ActorEstimates:
     hidden: np.ndarray
     work: np.ndarray
     prefill_tokens: np.ndarray
+    cold: np.ndarray
+    units: np.ndarray  # billed units of its own (0: on the resident learner's)
 
 
 def estimate_actors(
@@ -46,19 +90,25 @@ def estimate_actors(
     prefill_s: float,
     cluster: ClusterSpec,
     profile: Profile,
-    price_per_gpu_hour: float,
+    billing: Billing,
 ) -> ActorEstimates:
-    """Time, cost and placement of each range, placement ranked by workload within its N."""
+    """Time and placement of each range, placement ranked by workload within its N; `cost` is
+    the function's own bill until its release (keep-alive and the learner come per N)."""
     parts = model.times(starts, ends)
     busy = parts["prefill"] + parts["decode"]
     slot = rank_within(n_of, busy)
     delay = start_delays(slot, parts["kv_tokens"], prefill_s, cluster, profile.gpus)
-    time = delay + busy
+    on_learner = (slot == 0) & (billing.resident_units > 0)
+    # Slot 0 is the learner's GPUs: never a cold start; the next `warm_actors` reuse warm functions.
+    cold = np.where((slot == 0) | (slot <= billing.warm_actors), 0.0, profile.cold_start_s)
+    time = delay + busy + billing.overhead_s + (0.0 if billing.cold_start_hidden else cold)
+    units = np.where(on_learner, 0.0, float(profile.gpus))
+    held = time + (cold if billing.cold_start_hidden else 0.0)
+    cost = charge(billing.pricing, units, held, cold_s=cold)
     anchor = _group_value_at_slot0(n_of, slot, time)
-    cost = price_per_gpu_hour / 3600.0 * profile.gpus * (time + profile.cold_start_s)
     hidden = time <= anchor + 1e-9
     return ActorEstimates(
-        n_of, starts, ends, time, cost, slot, delay, hidden, parts["work"], parts["prefill_tokens"]
+        n_of, starts, ends, time, cost, slot, delay, hidden, parts["work"], parts["prefill_tokens"], cold, units
     )
 
 
@@ -77,6 +127,7 @@ class CandidateTable:
     cost: np.ndarray
     score: np.ndarray
     hidden: np.ndarray
+    warm: np.ndarray  # per actor (ActorEstimates order): kept warm after release, idle billed in `cost`
 
     def rows(self) -> list[dict[str, float | int | bool]]:
         return [
@@ -92,15 +143,65 @@ def _normalise(x: np.ndarray, how: str) -> np.ndarray:
     return np.zeros_like(x) if span <= 0 else (x - x.min()) / span
 
 
-def candidate_table(actors: ActorEstimates, lam: float, normalise: str) -> CandidateTable:
+def candidate_table(
+    actors: ActorEstimates,
+    billing: Billing,
+    serverful: bool,
+    lam: float,
+    normalise: str,
+    profile: Profile,
+    after_s: float = 0.0,
+) -> CandidateTable:
+    """Per candidate N: generation time and cost (see the module docstring), and the lam score;
+    `after_s` is the forecast rest of the step (a released function's wait for its next use)."""
     first = np.flatnonzero(np.r_[True, actors.n_of[1:] != actors.n_of[:-1]])
+    counts = np.diff(np.r_[first, actors.n_of.size])
     time = np.maximum.reduceat(actors.time, first)
-    cost = np.add.reduceat(actors.cost, first)
     hidden = np.logical_and.reduceat(actors.hidden, first)
+    pricing = billing.pricing
+    if serverful:
+        units = np.maximum(actors.n_of[first] * float(profile.gpus), billing.resident_units)
+        cost = charge(pricing, units, time)
+        warm = np.ones(actors.n_of.size, dtype=bool)
+    else:
+        end = np.repeat(time, counts)
+        idle = end - actors.time
+        gap = idle + (after_s if billing.next_use_after else np.inf)
+        warm = keep_warm(pricing, gap, profile.cold_start_s, lam) & (actors.units > 0)
+        idle_cost = charge(pricing, actors.units, 0.0, idle_s=np.where(warm, idle, 0.0))
+        cost = np.add.reduceat(actors.cost + idle_cost, first) + charge(pricing, billing.resident_units, time)
     score = lam * _normalise(time, normalise) + (1.0 - lam) * _normalise(cost, normalise)
-    return CandidateTable(actors.n_of[first], time, cost, score, hidden)
+    return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm)
 
 
-def choose(table: CandidateTable) -> int:
-    """Index of N' (first minimum: the smallest N among equal scores)."""
+def choose(
+    table: CandidateTable,
+    after: tuple[float, float] = (0.0, 0.0),
+    budget: float | None = None,
+    deadline: float | None = None,
+) -> int:
+    """Index of N': the fastest within `budget` ($ per step), the cheapest within `deadline`
+    (s per step), else the first minimum of the lam score (the smallest N among equal scores).
+    `after` is the rest of the step's (seconds, USD). PlanError when no candidate fits, naming
+    the cheapest or fastest plan there is."""
+    step_time = table.time + after[0]
+    step_cost = table.cost + after[1]
+    if budget is not None:
+        fits = np.flatnonzero(step_cost <= budget * (1 + 1e-9))
+        if fits.size == 0:
+            best = int(np.argmin(step_cost))
+            raise PlanError(
+                f"scheduler.budget_per_step: got {budget:.6g} $, expected at least the cheapest plan's "
+                f"forecast {step_cost[best]:.6g} $ (N={int(table.n[best])}, {step_time[best]:.1f} s)"
+            )
+        return int(fits[np.lexsort((step_cost[fits], step_time[fits]))[0]])
+    if deadline is not None:
+        fits = np.flatnonzero(step_time <= deadline * (1 + 1e-9))
+        if fits.size == 0:
+            best = int(np.argmin(step_time))
+            raise PlanError(
+                f"scheduler.deadline_per_step: got {deadline:.6g} s, expected at least the fastest plan's "
+                f"forecast {step_time[best]:.1f} s (N={int(table.n[best])}, {step_cost[best]:.6g} $)"
+            )
+        return int(fits[np.lexsort((step_time[fits], step_cost[fits]))[0]])
     return int(np.argmin(table.score))

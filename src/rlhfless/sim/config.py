@@ -11,6 +11,7 @@ from rlhfless.checks import check
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.hardware import GpuSpec, ModelShape
 from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.pricing import PRICE_SHEETS, Pricing
 
 ALGORITHMS = ("grpo", "ppo")
 
@@ -30,7 +31,16 @@ class ClusterConfig:
     inter_node_gbps: float = field(
         default=0.0, metadata={"help": "bandwidth between nodes, GB/s; 0 = the GPU spec's figure"}
     )
-    price_per_gpu_hour: float = field(default=0.0, metadata={"help": "USD per GPU-hour; 0 = the GPU's price"})
+    price_per_gpu_hour: float = field(
+        default=0.0, metadata={"help": "USD per GPU-hour; 0 = the price sheet's, else the GPU spec's"}
+    )
+    price_sheet: str = field(
+        default="",
+        metadata={
+            "help": f"a published price sheet for this GPU ({', '.join(PRICE_SHEETS)}): its price and "
+            "billing rules (cold start, keep-alive) replace the scheduler's; empty = none"
+        },
+    )
     cold_start_s: float = field(
         default=2.0, metadata={"help": "seconds from requesting a serverless actor to its container running"}
     )
@@ -41,6 +51,21 @@ class ClusterConfig:
         for name in ("intra_node_gbps", "inter_node_gbps", "price_per_gpu_hour", "cold_start_s"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "a number >= 0")
         self.spec  # noqa: B018 - validates the GPU name now rather than mid-run
+        if self.price_sheet:
+            self.sheet_pricing()  # validates the sheet and its price for this GPU now
+
+    def sheet_pricing(self) -> Pricing:
+        try:
+            return Pricing.from_sheet(self.price_sheet, self.spec.name)
+        except ValueError as err:
+            raise ValueError(str(err)) from None
+
+    def pricing(self, scheduler: SchedulerConfig) -> Pricing:
+        """The one pricing model for this cluster: the sheet's, else `scheduler`'s rules at `price`."""
+        if self.price_sheet and not self.price_per_gpu_hour:
+            return self.sheet_pricing()
+        base = scheduler.pricing
+        return Pricing(self.price, base.bill_cold_start, base.bill_keep_alive)
 
     @property
     def spec(self) -> GpuSpec:
@@ -53,7 +78,9 @@ class ClusterConfig:
 
     @property
     def price(self) -> float:
-        return self.price_per_gpu_hour or self.spec.price_per_hour
+        if self.price_per_gpu_hour or not self.price_sheet:
+            return self.price_per_gpu_hour or self.spec.price_per_hour
+        return self.sheet_pricing().unit_hour
 
     def bandwidths(self) -> tuple[float, float]:
         """(intra-node, inter-node) bytes/s."""

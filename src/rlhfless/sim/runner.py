@@ -55,7 +55,7 @@ def make_stage(cfg: SimConfig) -> Stage:
         profile=profile,
         cluster=cfg.cluster.planner_spec(shape),
         total_gpus=cfg.cluster.total_gpus,
-        price_per_gpu_hour=cfg.cluster.price,
+        pricing=cfg.cluster.pricing(cfg.scheduler),
         cold_start_s=cfg.cluster.cold_start_s,
         tflops=spec.bf16_tflops,
         learner_mfu=cfg.training.learner_mfu,

@@ -7,8 +7,12 @@ batching (`execution.schedule`). Cut-and-migrate events are found analytically f
 at each one the planner's `migration.decide` is asked what moves, and the receiving actors are
 rescheduled from that moment (migrated sequences are resumed by re-prefilling prompt + partial
 response, or by receiving their KV when that is cheaper). Then preparation (reference and, for
-PPO, critic forward) and learning run on all GPUs. Billing: `verl` holds every GPU for the whole
-step (serverful); other policies pay each function from its request to its release.
+PPO, critic forward) and learning run on all GPUs. Billing goes through the one pricing model
+(`planner.pricing.charge`): `verl` holds every GPU for the whole step (serverful); other policies
+pay each function from its request (its cold start runs while the previous step learns) to its
+release, plus keep-alive idle to the end of generation where the plan keeps it warm (it never
+does here: the learner takes every GPU next, so a warm function would have no next use), and
+every GPU for preparation and learning.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from typing import Any
 import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.forecast import PhaseModel
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.migration import ActorProgress, decide
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import Pricing, charge
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.scaling import Billing
 from rlhfless.sim.execution import Schedule, schedule, slot_cap
 from rlhfless.sim.workload import StepPrompts
 
@@ -64,7 +71,7 @@ class Stage:
     profile: Profile  # one decode actor (tp GPUs), the truth the simulator executes
     cluster: ClusterSpec
     total_gpus: int
-    price_per_gpu_hour: float
+    pricing: Pricing
     cold_start_s: float
     tflops: float  # peak BF16 per GPU
     learner_mfu: float
@@ -114,6 +121,9 @@ class StepResult:
     plan_seconds: float
     predicted_time: float
     predicted_cost: float
+    predicted_step_time: float
+    predicted_step_cost: float
+    tokens: float
     mean_response: float
     actors: list[dict[str, float]]
 
@@ -129,6 +139,17 @@ class Simulator:
         self.serverful = config.policy == "verl"
         cold = 0.0 if self.serverful else stage.cold_start_s
         self.planner_profile = replace(stage.profile, cold_start_s=cold)
+        self.phases = PhaseModel()  # preparation + learning seconds per token, learned per step
+
+    def billing(self) -> Billing:
+        """The simulated executor: cold starts hidden behind the previous step's learning, no
+        resident learner, the rest of the step on every GPU."""
+        return Billing(
+            self.stage.pricing,
+            cold_start_hidden=True,
+            after_units=float(self.stage.total_gpus),
+            after_per_token_s=self.phases.per_token_s or 0.0,
+        )
 
     def plan(self, prompts: StepPrompts) -> StepPlan:
         specs = [
@@ -141,12 +162,15 @@ class Simulator:
             for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
                 self.predictor.reveal(uid, lengths)
         g = prompts.lengths.shape[1]
-        return plan_step(specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g)
+        return plan_step(
+            specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g, self.billing()
+        )
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         plan = self.plan(prompts)
         result = self.execute(step, prompts, plan)
         self.predictor.update_many(prompts.uids, prompts.lengths)
+        self.phases.observe(result.tokens, result.preparation + result.learning)
         return result
 
     def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
@@ -160,14 +184,20 @@ class Simulator:
         preparation = 2.0 * st.model.params * tokens * passes / (flops_per_s * st.inference_mfu)
         learning = 6.0 * st.model.params * tokens * passes / (flops_per_s * st.learner_mfu)
         total = generation + preparation + learning
-        rate = st.price_per_gpu_hour / 3600.0
         if self.serverful:
-            cost_generation = rate * st.total_gpus * generation
-            cost = rate * st.total_gpus * total
-        else:
-            decode = sum(r.gpus * (r.released - r.requested) for r in gen.runs)
-            cost_generation = rate * (decode + st.profile.gpus * gen.prefill_s)
-            cost = cost_generation + rate * st.total_gpus * (preparation + learning)
+            cost_generation = charge(st.pricing, st.total_gpus, generation)
+        else:  # the prefill runs on the colocated actor's GPUs, inside its bill
+            cost_generation = sum(
+                charge(
+                    st.pricing,
+                    r.gpus,
+                    r.released - r.requested,
+                    cold_s=-r.requested,
+                    idle_s=generation - r.released if a.keep_warm else 0.0,
+                )
+                for r, a in zip(gen.runs, plan.actors, strict=True)
+            )
+        cost = cost_generation + charge(st.pricing, st.total_gpus, preparation + learning)
         return StepResult(
             step=step,
             time=total,
@@ -182,6 +212,9 @@ class Simulator:
             plan_seconds=plan.plan_seconds,
             predicted_time=plan.predicted_time,
             predicted_cost=plan.predicted_cost,
+            predicted_step_time=plan.predicted_step_time,
+            predicted_step_cost=plan.predicted_step_cost,
+            tokens=tokens,
             mean_response=float(gen.true.mean()),
             actors=[
                 {

@@ -1,0 +1,119 @@
+"""Forecast inputs learned from the run, and the forecast's error against what happened.
+
+A profile measured with dummy batches, or derived from the model's shape, misses what a real step
+adds: the engine's Python work per decode step, slicing, weight sync. `Calibration` learns two
+numbers from every finished step and corrects the next plan's inputs (never its mechanisms):
+- `decode_scale`: measured decode seconds over what the profile gives for the same sequences at
+  their observed lengths (so a length misprediction does not bend the time model);
+- `overhead_s`: the rest of the measured generation time, beyond the scaled model's.
+`PhaseModel` learns the seconds of the phases after generation (preparation and learning) per
+token. Both are EWMAs over steps, so they follow a run whose responses shrink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rlhfless.planner.plan import StepPlan
+from rlhfless.planner.profile import Profile
+from rlhfless.planner.timemodel import RangeModel, Workload
+
+ALPHA = 0.5  # weight of the newest step in every learned figure
+
+
+def _ewma(old: float | None, new: float, alpha: float = ALPHA) -> float:
+    return new if old is None else alpha * new + (1.0 - alpha) * old
+
+
+@dataclass
+class Calibration:
+    """The time model's correction, learned from finished steps (None: nothing observed yet)."""
+
+    decode_scale: float | None = None
+    overhead_s: float | None = None
+    steps: int = 0
+
+    def profile(self, base: Profile) -> Profile:
+        """`base` with its prefill and decode times scaled by what the run measured."""
+        k = self.decode_scale or 1.0
+        return replace(base, prefill_ms=base.prefill_ms * k, decode_ms=base.decode_ms * k)
+
+    def observe(self, measured_busy_s: float, model_busy_s: float, measured_s: float, model_s: float) -> None:
+        """Fold in one step: the functions' measured busy (prefill + decode) seconds against the
+        base profile's for the same sequences (`model_busy_s`), and the generation's wall time
+        against the base model's (`model_s`, the slowest actor)."""
+        if model_busy_s > 0 and measured_busy_s > 0:
+            self.decode_scale = _ewma(self.decode_scale, measured_busy_s / model_busy_s)
+        k = self.decode_scale or 1.0
+        self.overhead_s = _ewma(self.overhead_s, max(0.0, measured_s - k * model_s))
+        self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.decode_scale, self.overhead_s = state.get("decode_scale"), state.get("overhead_s")
+        self.steps = int(state.get("steps", 0))
+
+
+@dataclass
+class PhaseModel:
+    """Seconds per prompt + response token of the phases after generation, learned per step."""
+
+    per_token_s: float | None = None
+    steps: int = 0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        if tokens > 0:
+            self.per_token_s = _ewma(self.per_token_s, seconds / tokens)
+            self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.per_token_s, self.steps = state.get("per_token_s"), int(state.get("steps", 0))
+
+
+def replay_times(
+    plan: StepPlan,
+    observed: dict[str, Sequence[int]],
+    prompt_tokens: dict[str, int],
+    profile: Profile,
+    segments: int = 16,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(busy seconds, busy + start delay seconds) of each of the plan's actors as `profile`
+    times its prompts at their observed response lengths (`observed`: uid -> sample lengths)."""
+    order = [uid for a in plan.actors for uid in a.uids]
+    if not order:
+        return np.zeros(0), np.zeros(0)
+    g = max(len(observed[u]) for u in order)
+    lengths = [np.asarray(observed[u], dtype=float) for u in order]
+    plen = np.array([prompt_tokens[u] for u in order], dtype=float)
+    own = np.array([a.prefill_tokens for a in plan.actors], dtype=float)
+    sizes = np.array([len(a.uids) for a in plan.actors])
+    # Each actor's own prefill, spread over its prompts so that ranges sum back to it.
+    per_prompt = np.repeat(own / np.maximum(sizes, 1), sizes)
+    workload = Workload(
+        np.array([x.max() for x in lengths]),
+        np.array([x.mean() for x in lengths]),
+        plen,
+        per_prompt,
+        np.zeros(plen.size),
+        g,
+    )
+    model = RangeModel(workload, np.arange(len(order)), profile, segments)
+    ends = np.cumsum(sizes)
+    parts = model.times(ends - sizes, ends)
+    busy = parts["decode"] + parts["prefill"]
+    delay = np.array([a.start_delay for a in plan.actors], dtype=float)
+    return busy, busy + delay
+
+
+def relative_error(forecast: float, actual: float) -> float:
+    """forecast / actual - 1 (0: exact; +0.2: 20% over); nan when nothing happened."""
+    return forecast / actual - 1.0 if actual > 0 else float("nan")
