@@ -20,18 +20,16 @@ from typing import Any
 import pydantic
 import yaml
 
+from rlhfless.algo import ALGORITHMS, KL_ESTIMATORS, LOSS_AGGREGATIONS
 from rlhfless.checks import check
 from rlhfless.data import DataConfig
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.rewards import RewardConfig
-from rlhfless.runtime.config import RuntimeConfig
+from rlhfless.runtime_config import RuntimeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
 PRESETS = ("default", "tiny")
-ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 class ConfigError(ValueError):
@@ -177,9 +175,17 @@ class AlgorithmConfig:
         check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", self.dual_clip, "null or > 1")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
         check(
-            self.kl_estimator in KL_ESTIMATORS, "kl_estimator", self.kl_estimator, f"one of {KL_ESTIMATORS}"
+            self.kl_estimator in KL_ESTIMATORS,
+            "kl_estimator",
+            self.kl_estimator,
+            f"one of {', '.join(KL_ESTIMATORS)}",
         )
-        check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg, f"one of {LOSS_AGGREGATIONS}")
+        check(
+            self.loss_agg in LOSS_AGGREGATIONS,
+            "loss_agg",
+            self.loss_agg,
+            f"one of {', '.join(LOSS_AGGREGATIONS)}",
+        )
         check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
         check(self.mini_batches >= 1, "mini_batches", self.mini_batches, "an integer >= 1")
         check(0 <= self.gamma <= 1, "gamma", self.gamma, "a number in [0, 1]")

@@ -1,4 +1,7 @@
-"""The `runtime.` config section: which executor runs the step's functions, and how Ray runs them."""
+"""The `runtime.` config section: which executor runs the step's functions, and how Ray runs them.
+
+It sits beside `config.py`, not inside `runtime/`, so that configs flow one way: the run config
+imports no module of the runtime that consumes it."""
 
 from __future__ import annotations
 

@@ -89,3 +89,29 @@ def test_console_script_exits_2_without_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "generation.top_p: got 2.0, expected a number in (0, 1]" in proc.stderr
+
+
+def test_the_algorithm_names_a_config_accepts_are_the_registries(monkeypatch):
+    """`config.py` keeps no list of its own: a name registered in `rlhfless.algo` is valid at once."""
+    from rlhfless.algo import ALGORITHMS, KL_ESTIMATORS, LOSS_AGGREGATIONS
+
+    for registry, key in (
+        (ALGORITHMS, "name"),
+        (KL_ESTIMATORS, "kl_estimator"),
+        (LOSS_AGGREGATIONS, "loss_agg"),
+    ):
+        with pytest.raises(ConfigError, match=f"algorithm.{key}: got 'new', expected one of"):
+            load_config(preset="tiny", overrides=(f"algorithm.{key}=new",))
+        monkeypatch.setitem(registry, "new", lambda *args: None)
+        assert (
+            getattr(load_config(preset="tiny", overrides=(f"algorithm.{key}=new",)).algorithm, key) == "new"
+        )
+
+
+def test_the_config_imports_nothing_of_the_runtime_it_configures():
+    code = (
+        "import sys, rlhfless.config; "
+        "print([m for m in sys.modules if m == 'rlhfless.runtime' or m.startswith('rlhfless.runtime.')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

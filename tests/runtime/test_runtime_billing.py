@@ -3,8 +3,8 @@
 import pytest
 
 from rlhfless.runtime.billing import Invocation, Meter
-from rlhfless.runtime.config import FaultSpec, RuntimeConfig
 from rlhfless.runtime.pool import FunctionPool
+from rlhfless.runtime_config import FaultSpec, RuntimeConfig
 
 PRICE = 3600.0  # $1 per unit-second keeps the arithmetic readable
 

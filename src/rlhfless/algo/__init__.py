@@ -2,7 +2,8 @@
 estimators, loss aggregations, the PPO policy and value losses, and KL coefficient controllers.
 
 Tensors in, tensors out; token-level tensors are `[batch, seq]` with `mask` 1 on response tokens.
-Estimators and aggregations are also reachable by name through the registries.
+Algorithms, estimators and aggregations are also reachable by name through the registries, which
+are the one list of the names a config may use.
 """
 
 from rlhfless.algo.advantages import gae, grpo_advantages, reinforce_pp_advantages, rloo_advantages
@@ -13,6 +14,7 @@ from rlhfless.algo.losses import policy_loss, value_loss
 from rlhfless.algo.masked import explained_variance, masked_mean, masked_var, whiten
 from rlhfless.algo.registry import (
     ADVANTAGE_ESTIMATORS,
+    ALGORITHMS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     UnknownNameError,
@@ -21,11 +23,13 @@ from rlhfless.algo.registry import (
     get_loss_aggregation,
     register_advantage,
     register_aggregation,
+    register_algorithm,
     register_kl,
 )
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "ALGORITHMS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "AdaptiveKLController",
@@ -44,6 +48,7 @@ __all__ = [
     "policy_loss",
     "register_advantage",
     "register_aggregation",
+    "register_algorithm",
     "register_kl",
     "reinforce_pp_advantages",
     "rloo_advantages",

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from rlhfless.algo.masked import whiten
-from rlhfless.algo.registry import register_advantage
+from rlhfless.algo.registry import register_advantage, register_algorithm
 
 __all__ = ["gae", "grpo_advantages", "reinforce_pp_advantages", "rloo_advantages"]
 
@@ -43,6 +43,7 @@ def _group_sum(x: Tensor, index: Tensor, n_groups: int) -> Tensor:
     return x.new_zeros(n_groups).index_add(0, index, x)[index]
 
 
+@register_algorithm("grpo")
 @register_advantage("grpo")
 def grpo_advantages(
     rewards: Tensor,
@@ -66,6 +67,7 @@ def grpo_advantages(
     return dev / (std + eps)
 
 
+@register_algorithm("rloo")
 @register_advantage("rloo")
 def rloo_advantages(rewards: Tensor, group_ids: Tensor | Sequence[Hashable]) -> Tensor:
     """RLOO: `A_i = r_i - (sum_{j in g, j != i} r_j) / (n_g - 1) = n_g / (n_g - 1) * (r_i - mean_g)`,
@@ -84,6 +86,7 @@ def _check_token_shapes(**tensors: Tensor) -> None:
         raise ValueError(f"shapes: got {shapes}, expected equal [batch, seq] shapes")
 
 
+@register_algorithm("ppo")
 @register_advantage("gae")
 def gae(
     rewards: Tensor,
@@ -114,6 +117,7 @@ def gae(
     return advantages, advantages + values
 
 
+@register_algorithm("reinforce_pp")
 @register_advantage("reinforce_pp")
 def reinforce_pp_advantages(
     token_rewards: Tensor, mask: Tensor, gamma: float = 1.0, eps: float = 1e-8

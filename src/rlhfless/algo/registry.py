@@ -1,7 +1,8 @@
-"""Name -> function tables for advantage estimators, KL estimators and loss aggregations.
+"""Name -> function tables for algorithms, advantage estimators, KL estimators and loss aggregations.
 
-Configs select the algorithm math by name; adding a variant is one decorated function, and a typo
-fails with the list of names that do exist.
+They are the one list of valid names: configs validate against them and select the algorithm math
+by name; adding a variant is one decorated function, and a typo fails with the list of names that
+do exist.
 """
 
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "ALGORITHMS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "Registry",
@@ -17,6 +19,7 @@ __all__ = [
     "get_kl_estimator",
     "get_loss_aggregation",
     "register_advantage",
+    "register_algorithm",
     "register_aggregation",
     "register_kl",
 ]
@@ -56,10 +59,13 @@ class Registry(dict[str, Callable[..., Any]]):
             raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
 
+# An RL algorithm (`algorithm.name`) maps to the advantage estimator it trains with; PPO's is GAE.
+ALGORITHMS = Registry("algorithm")
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 KL_ESTIMATORS = Registry("KL estimator")
 LOSS_AGGREGATIONS = Registry("loss aggregation")
 
+register_algorithm = ALGORITHMS.register
 register_advantage = ADVANTAGE_ESTIMATORS.register
 register_kl = KL_ESTIMATORS.register
 register_aggregation = LOSS_AGGREGATIONS.register

@@ -15,8 +15,8 @@ from rlhfless.planner import (
     prediction_quality,
 )
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
-from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime_config import RuntimeConfig
 
 # A 2-core CPU slot as an "accelerator" for the derived default profile: rough peak figures
 # (AVX2 FP32 on two cores, one DDR channel's share). Only the ranking of plans depends on it;

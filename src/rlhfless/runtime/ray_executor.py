@@ -34,12 +34,12 @@ from rlhfless.planner.migration import ActorProgress, Migration, decide
 from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
-from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.executor import LocalLearner
 from rlhfless.runtime.functions import DecodeFunction, LiveSequence, PrepareFunction, Report, Work
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 from rlhfless.runtime.transfer import KVBundle, flat_weights
+from rlhfless.runtime_config import RuntimeConfig
 
 Key = tuple[str, int]  # (uid, sample index)
 LOST = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # the function's process is gone
