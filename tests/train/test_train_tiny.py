@@ -63,7 +63,7 @@ def test_two_step_tiny_run_writes_the_run_directory(tmp_path):
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000001", "step_000002"]
     ckpt = run / "checkpoints" / "step_000002"
-    assert {"model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json"} <= {
+    assert {"model.safetensors", "optimizer.pt", "rng.json", "trainer_state.json"} <= {
         p.name for p in ckpt.iterdir()
     }
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlhfless.config import PRESETS, ConfigError, load_config
+from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
+from rlhfless.inputs import InputError, read_text
 
 SUMMARY_KEYS = (
     ("reward/mean", "reward"),
@@ -92,14 +94,26 @@ class Display:
         self.console.print(table)
 
 
+def _check_resume(cfg: Config) -> None:
+    """Before anything loads or writes: the run to resume was trained with a compatible config."""
+    from rlhfless.runtime.checkpoint import check_resume
+
+    out = resolve_output_dir(cfg)
+    if cfg.resume and (out / "config.yaml").exists():
+        check_resume(out, to_dict(cfg))
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     try:
         path, overrides = _split(args)
         if args.resume:
             overrides.append("resume=true")
+        if path:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it
+            read_text(Path(path), "a YAML config (a mapping of sections)")
         cfg = load_config(path, args.preset, tuple(overrides))
-    except ConfigError as err:
+        _check_resume(cfg)
+    except (ConfigError, InputError) as err:
         print(f"rlhfless: {err}", file=sys.stderr)
         return 2
     from rlhfless.data import DataError
@@ -110,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     display = Display(console, cfg.trainer.progress and console.is_terminal)
     try:
         result = train(cfg, display)
-    except (DataError, ModelError, RewardError, TrainError) as err:
+    except (DataError, InputError, ModelError, RewardError, TrainError) as err:
         display.finish()
         print(f"rlhfless: {err}", file=sys.stderr)
         return 2

@@ -1,28 +1,77 @@
-"""Checkpoints that a kill can never leave half-written: a temporary folder, then one rename."""
+"""Checkpoints that a kill can never leave half-written, and that can never run code when read.
+
+A checkpoint is a temporary folder, then one rename. Everything in it loads without unpickling
+objects: weights as safetensors, RNG states as JSON, optimizer state through
+`torch.load(weights_only=True)` (tensors, numbers, strings and containers only). A damaged,
+foreign or malicious checkpoint is refused with a `CheckpointError` naming the file.
+"""
 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
+from rlhfless.inputs import InputError, read_json, read_text
+
 PREFIX = "step_"
+# Settings a resumed run must share with the run that wrote the checkpoint: they fix the weights'
+# shapes, the optimizer's and critic's state, the prompt set and the predictor's history layout.
+RESUME_KEYS = (
+    "seed",
+    "model.path",
+    "model.gguf_file",
+    "model.dtype",
+    "model.tiny_hidden_size",
+    "model.tiny_layers",
+    "algorithm.name",
+    "data.source",
+    "data.path",
+    "data.format",
+    "data.size",
+    "data.tasks",
+    "data.task_config",
+    "data.dataset_seed",
+    "scheduler.ewma_window",
+)
 
 
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+class CheckpointError(InputError):
+    """A checkpoint that is damaged, unsafe, or from another model or config; names the file."""
 
 
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+def _rng_state() -> dict[str, Any]:
+    """Every RNG as JSON-able lists of ints and floats (no pickled objects)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {
+            "name": name,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    keys = np.array(npy["keys"], dtype=np.uint32)
+    np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
 def save_checkpoint(
@@ -34,7 +83,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     save_model(model, str(tmp / "model.safetensors"))
     torch.save(learner_state, tmp / "optimizer.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
+    (tmp / "rng.json").write_text(json.dumps(_rng_state()))
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     if final.exists():
         shutil.rmtree(final)
@@ -51,9 +100,119 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob(f"{PREFIX}*") if (p / "trainer_state.json").exists())
 
 
+def check_weights(path: Path, model: torch.nn.Module) -> None:
+    """Refuse a weights file whose tensors are not exactly `model`'s (another model or size)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            found = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({err}), expected model weights"
+        ) from None
+    for name, shape in expected.items():
+        # Tied weights (lm_head = embed_tokens) are stored once under one of their names.
+        if name not in found and not any(shape == s for s in found.values()):
+            raise CheckpointError(f"{path}: tensor {name!r} missing, expected the configured model's weights")
+        if name in found and found[name] != shape:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {list(found[name])}, expected {list(shape)} "
+                "(a checkpoint of another model or size?)"
+            )
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise CheckpointError(
+            f"{path}: unexpected tensor {extra[0]!r}, expected the configured model's weights"
+        )
+
+
+def load_learner_state(path: Path) -> dict:
+    """Optimizer (and critic) state, loaded with `weights_only=True`: a pickle that would build any
+    object other than tensors and plain containers is refused, never executed."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not found, expected the optimizer state of the checkpoint")
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{path}: refused ({reason[:160]}), expected tensors and plain containers only"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: got {type(state).__name__}, expected a state mapping")
+    return state
+
+
+def read_trainer_state(path: Path) -> dict:
+    """`trainer_state.json` with the keys a resume reads, checked before anything is restored."""
+    state = read_json(path, "the checkpoint's trainer state")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{path}: key 'step': got {step!r}, expected an integer >= 0")
+    for key in ("loader", "predictor"):
+        if not isinstance(state.get(key), dict):
+            raise CheckpointError(f"{path}: key {key!r}: got {state.get(key)!r:.40}, expected a mapping")
+    return state
+
+
+def _read_rng(path: Path) -> dict:
+    state = read_json(path, "the checkpoint's RNG states")
+    for key in ("python", "numpy", "torch"):
+        if key not in state:
+            raise CheckpointError(f"{path}: key {key!r} missing, expected python, numpy and torch states")
+    return state
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict, dict]:
-    """Restore weights and RNG states in place; return (trainer_state, learner_state)."""
+    """Restore weights and RNG states in place; return (trainer_state, learner_state).
+
+    Every file is read and checked before anything is restored, so a refused checkpoint leaves the
+    model and the RNGs as they were.
+    """
+    try:
+        trainer_state = read_trainer_state(path / "trainer_state.json")
+        rng = _read_rng(path / "rng.json")
+    except InputError as err:
+        raise CheckpointError(str(err)) from None
+    check_weights(path / "model.safetensors", model)
+    learner_state = load_learner_state(path / "optimizer.pt")
+    try:
+        _set_rng_state(rng)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"{path / 'rng.json'}: malformed RNG state ({err}), expected this version's layout"
+        ) from None
     load_model(model, str(path / "model.safetensors"))
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    learner_state = torch.load(path / "optimizer.pt", weights_only=False)
-    return json.loads((path / "trainer_state.json").read_text()), learner_state
+    return trainer_state, learner_state
+
+
+def _dotted(tree: dict, key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def check_resume(run_dir: Path, config: dict) -> None:
+    """Refuse to resume `run_dir` with a config that differs in a `RESUME_KEYS` setting.
+
+    `config` is the new run's config as a dict (`to_dict(cfg)`); the run's own is its config.yaml.
+    """
+    import yaml
+
+    path = run_dir / "config.yaml"
+    try:
+        saved = yaml.safe_load(read_text(path, "the run's config (written by the run)"))
+    except InputError as err:
+        raise CheckpointError(str(err)) from None
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: got {type(saved).__name__}, expected a mapping of sections")
+    for key in RESUME_KEYS:
+        old, new = _dotted(saved, key), _dotted(config, key)
+        if old != new:
+            raise CheckpointError(
+                f"{path}: {key}: the checkpoint's run has {old!r}, this config {new!r}; expected the "
+                "same value to resume (use a new output_dir to start over)"
+            )

@@ -1,0 +1,77 @@
+"""The one way a user's file is opened: present, under a size limit, UTF-8, else one line naming it.
+
+Every reader of a file the user hands us (config, data, prompts, profile, run directory) goes
+through here, so a missing, huge or non-UTF-8 file fails the same way everywhere: an `InputError`
+whose message starts with the path, which the commands print as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MB = 1 << 20
+# Files that are small by nature (configs, profiles, checkpoint metadata): refuse anything larger
+# before reading it, so a wrong path to a huge file cannot exhaust memory.
+SMALL_FILE_BYTES = 16 * MB
+
+
+class InputError(ValueError):
+    """A user's file that cannot be read as what it should be; the message names the file first."""
+
+
+def check_file(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> int:
+    """The size of `path` in bytes, after checking it is a regular file no larger than `max_bytes`."""
+    if not path.exists():
+        raise InputError(f"{path}: not found, expected {what}")
+    if not path.is_file():
+        raise InputError(f"{path}: is a directory, expected {what}")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise InputError(f"{path}: {size / MB:.1f} MB, expected {what} of at most {max_bytes / MB:.0f} MB")
+    return size
+
+
+def _decode(path: Path, raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{path}: {where}byte {err.start} is not UTF-8 ({raw[err.start : err.start + 1]!r}), "
+            "expected UTF-8 text"
+        ) from None
+
+
+def read_text(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> str:
+    """The whole file as text; empty (or blank) files are refused too."""
+    check_file(path, what, max_bytes)
+    text = _decode(path, path.read_bytes(), "")
+    if not text.strip():
+        raise InputError(f"{path}: empty, expected {what}")
+    return text
+
+
+def read_json(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> dict[str, Any]:
+    """A JSON object from `path`; truncated or non-object content is refused by name."""
+    text = read_text(path, what, max_bytes)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(
+            f"{path}: line {err.lineno}: invalid JSON ({err.msg}; truncated?), expected {what}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: got a JSON {type(data).__name__}, expected {what} (a JSON object)")
+    return data
+
+
+def iter_lines(path: Path, what: str, max_bytes: int) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of each non-blank line, streamed; the size is checked first."""
+    check_file(path, what, max_bytes)
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = _decode(path, raw, f"line {number}: ")
+            if line.strip():
+                yield number, line
