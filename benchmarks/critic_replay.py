@@ -65,7 +65,8 @@ def unseen_loss(
     values = pad_sequence(critic.values(samples), batch_first=True)
     mask = pad_sequence([torch.ones(len(s.response_ids)) for s in samples], batch_first=True)
     _, returns = gae(pad_sequence(rewards, batch_first=True), values, mask, algo.gamma, algo.lam)
-    return float(value_loss(values, values, returns, mask, algo.value_clip, algo.loss_agg))
+    loss = value_loss(values, values, returns, mask, algo.value_clip, algo.loss_agg, critic.norm_len)
+    return float(loss)
 
 
 def main() -> int:
@@ -85,7 +86,15 @@ def main() -> int:
     tokenizer = load_tokenizer(cfg.model)
     model = ValueModel.from_policy(load_model(cfg.model, len(tokenizer), cfg.seed))
     algo = cfg.algorithm
-    critic = Critic(model, algo, cfg.optim, cfg.trainer.micro_batch_tokens, tokenizer.pad_token_id)
+    critic = Critic(
+        model,
+        algo,
+        cfg.optim,
+        cfg.trainer.micro_batch_tokens,
+        tokenizer.pad_token_id,
+        seed=cfg.seed,
+        norm_len=cfg.generation.max_new_tokens,
+    )
     print(
         f"critic: epochs {algo.epochs}, mini_batches {algo.mini_batches}, lam {algo.lam}, "
         f"critic_lr {algo.critic_lr}, normalize_reward {algo.normalize_reward}"

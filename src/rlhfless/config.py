@@ -117,7 +117,11 @@ class AlgorithmConfig:
         default="k3", metadata={"help": f"KL estimator: one of {', '.join(KL_ESTIMATORS)}"}
     )
     loss_agg: str = field(
-        default="token-mean", metadata={"help": f"loss aggregation: one of {', '.join(LOSS_AGGREGATIONS)}"}
+        default="token-mean",
+        metadata={
+            "help": f"loss aggregation: one of {', '.join(LOSS_AGGREGATIONS)}; seq-mean-token-sum-norm "
+            "divides by generation.max_new_tokens, a constant whatever the micro-batching"
+        },
     )
     epochs: int = field(default=1, metadata={"help": "passes over each step's samples (policy and critic)"})
     mini_batches: int = field(default=1, metadata={"help": "optimizer steps per epoch (policy and critic)"})

@@ -32,13 +32,23 @@ def test_aggregate_loss_hand_worked_with_padding_values_excluded():
     assert float(aggregate_loss(loss, mask, "seq-mean-token-sum-norm")) == pytest.approx((6 + 4) / 2 / 3)
 
 
-def test_token_sum_norm_divides_by_width_so_padding_columns_scale_it():
+def test_token_sum_norm_without_a_length_divides_by_width_so_padding_columns_scale_it():
     loss = torch.tensor([[1.0, 2.0]], dtype=D)
     mask = torch.ones(1, 2, dtype=D)
     wider_loss = torch.tensor([[1.0, 2.0, 0.0, 0.0]], dtype=D)
     wider_mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=D)
     assert float(aggregate_loss(loss, mask, "seq-mean-token-sum-norm")) == pytest.approx(1.5)
     assert float(aggregate_loss(wider_loss, wider_mask, "seq-mean-token-sum-norm")) == pytest.approx(0.75)
+
+
+def test_token_sum_norm_with_a_fixed_length_ignores_the_padding():
+    """The learner passes the longest response, so however a micro-batch is padded the scale holds."""
+    loss = torch.tensor([[1.0, 2.0]], dtype=D)
+    wider_loss = torch.tensor([[1.0, 2.0, 0.0, 0.0]], dtype=D)
+    wider_mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=D)
+    narrow = aggregate_loss(loss, torch.ones(1, 2, dtype=D), "seq-mean-token-sum-norm", norm_len=8)
+    wide = aggregate_loss(wider_loss, wider_mask, "seq-mean-token-sum-norm", norm_len=8)
+    assert float(narrow) == float(wide) == pytest.approx(3 / 8)
 
 
 def test_seq_mean_token_mean_skips_rows_without_response_tokens():

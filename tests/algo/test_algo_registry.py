@@ -5,6 +5,7 @@ import torch
 
 from rlhfless.algo import (
     ADVANTAGE_ESTIMATORS,
+    ALGORITHMS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     UnknownNameError,
@@ -25,6 +26,12 @@ def test_registries_hold_the_documented_names():
     assert get_advantage_estimator("gae") is gae
     assert get_advantage_estimator("reinforce_pp") is reinforce_pp_advantages
     assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_pp", "gae"}
+    assert ALGORITHMS == {
+        "grpo": grpo_advantages,
+        "rloo": rloo_advantages,
+        "ppo": gae,
+        "reinforce_pp": reinforce_pp_advantages,
+    }
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "low_var_kl"}
     assert set(LOSS_AGGREGATIONS) == {
         "token-mean",
@@ -34,7 +41,7 @@ def test_registries_hold_the_documented_names():
     }
     logp, ref = torch.tensor([0.0]), torch.tensor([-1.0])
     assert float(get_kl_estimator("k1")(logp, ref)) == pytest.approx(1.0)
-    assert float(get_loss_aggregation("token-mean")(torch.ones(1, 2), torch.ones(1, 2))) == 1.0
+    assert float(get_loss_aggregation("token-mean")(torch.ones(1, 2), torch.ones(1, 2), 2)) == 1.0
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,8 @@ def value_model():
 
 
 def critic(model, budget=10_000, **algo):
-    return Critic(model, AlgorithmConfig(name="ppo", **algo), OptimConfig(grad_clip=0), budget, pad_id=0)
+    algo_cfg, optim = AlgorithmConfig(name="ppo", **algo), OptimConfig(grad_clip=0)
+    return Critic(model, algo_cfg, optim, budget, pad_id=0, seed=0, norm_len=16)
 
 
 def full_forward_values(model, s):

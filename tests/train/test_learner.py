@@ -7,15 +7,19 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlhfless.algo import LOSS_AGGREGATIONS
 from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
 from rlhfless.models import tiny_model
+from rlhfless.runtime import learner as learner_module
 from rlhfless.runtime.learner import (
     Group,
     Learner,
     MicroBatch,
     micro_batches,
     prompt_groups,
+    response_hidden,
     response_logprobs,
+    shuffle_seed,
 )
 from rlhfless.runtime.samples import Sample
 
@@ -78,17 +82,18 @@ def test_response_logprobs_match_a_full_forward_pass(model):
 
 def grads_after_one_update(model, samples, budget, agg):
     model = copy.deepcopy(model)
-    learner = Learner(
-        model, AlgorithmConfig(loss_agg=agg), OptimConfig(lr=1e-3, grad_clip=0), 1, budget, 1.0, pad_id=0
-    )
+    algo, optim = AlgorithmConfig(loss_agg=agg), OptimConfig(lr=1e-3, grad_clip=0)
+    learner = Learner(model, algo, optim, 1, budget, 1.0, pad_id=0, seed=0, norm_len=16)
     adv = [torch.full((len(s.response_ids),), (-1.0) ** i * (i + 1)) for i, s in enumerate(samples)]
     before = [p.detach().clone() for p in model.parameters()]
     metrics = learner.learn(samples, adv, None)
     return [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)], metrics
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("agg", list(LOSS_AGGREGATIONS))
 def test_micro_batching_does_not_change_the_update(model, agg):
+    """Also for `seq-mean-token-sum-norm`: its constant is the run's longest response, not a
+    micro-batch's width."""
     samples = make_samples(8)
     whole, m1 = grads_after_one_update(model, samples, budget=10_000, agg=agg)
     split, m2 = grads_after_one_update(model, samples, budget=24, agg=agg)
@@ -106,3 +111,50 @@ def test_on_policy_loss_is_minus_the_mean_token_advantage(model):
     want = -sum(a * t for a, t in zip(adv, tokens, strict=True)) / sum(tokens)
     assert metrics["loss/policy"] == pytest.approx(want, rel=1e-5)
     assert metrics["actor/clip_frac"] == 0.0
+
+
+def full_logits_logprobs(model, mb, temperature):
+    """The learner's log-probs as they were computed before chunking: every position's logits over
+    the whole vocabulary at once, masked afterwards."""
+    logits = model.get_output_embeddings()(response_hidden(model.base_model, mb)).float() / temperature
+    chosen = logits.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+    return (chosen - torch.logsumexp(logits, dim=-1)) * mb.mask
+
+
+def test_chunked_logprobs_and_their_gradients_equal_the_full_logits_ones(model, monkeypatch):
+    monkeypatch.setattr(learner_module, "LOGIT_CHUNK", 5)  # several chunks, one of them ragged
+    samples = make_samples(9, group=3)
+    mb = MicroBatch.build(samples, prompt_groups(samples, list(range(9))), pad_id=0)
+    weights = torch.randn(mb.mask.shape, generator=torch.Generator().manual_seed(3))
+    results = []
+    for fn in (response_logprobs, full_logits_logprobs):
+        model.zero_grad(set_to_none=True)
+        logp = fn(model, mb, 0.7)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (new, new_grads), (old, old_grads) = results
+    torch.testing.assert_close(new, old, atol=1e-6, rtol=1e-5)
+    for a, b in zip(new_grads, old_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_the_shuffle_changes_every_step_and_resumes_exactly(model, monkeypatch):
+    seeds = []
+    order = learner_module.update_order
+    monkeypatch.setattr(learner_module, "update_order", lambda *a: seeds.append(a[-1]) or order(*a))
+    samples = make_samples(8)
+    adv = [torch.full((len(s.response_ids),), float(i % 3 - 1)) for i, s in enumerate(samples)]
+    algo, optim = AlgorithmConfig(mini_batches=2), OptimConfig(lr=1e-3, grad_clip=0)
+
+    def learner(m):
+        return Learner(m, algo, optim, 3, 10_000, 1.0, pad_id=0, seed=7, norm_len=16)
+
+    first = learner(model)
+    for _ in range(2):
+        first.learn(samples, adv, None)
+    assert len(set(seeds)) == 2
+    resumed = learner(copy.deepcopy(model))
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    assert first.learn(samples, adv, None) == resumed.learn(samples, adv, None)
+    assert seeds[2] == seeds[3] and len(set(seeds)) == 3
+    assert shuffle_seed(7, 0, "policy") != shuffle_seed(7, 0, "critic") != shuffle_seed(8, 0, "critic")

@@ -11,13 +11,13 @@ __all__ = ["aggregate_loss"]
 
 
 @register_aggregation("token-mean")
-def _token_mean(loss: Tensor, mask: Tensor) -> Tensor:
+def _token_mean(loss: Tensor, mask: Tensor, norm_len: float) -> Tensor:
     """`sum_{b,t} m L / sum_{b,t} m`: every response token of the batch weighs the same."""
     return masked_mean(loss, mask)
 
 
 @register_aggregation("seq-mean-token-mean")
-def _seq_mean_token_mean(loss: Tensor, mask: Tensor) -> Tensor:
+def _seq_mean_token_mean(loss: Tensor, mask: Tensor, norm_len: float) -> Tensor:
     """`mean_b (sum_t m L / sum_t m)` over the sequences that have at least one response token."""
     tokens = mask.sum(dim=-1)
     per_seq = (loss * mask).sum(dim=-1) / tokens.clamp(min=1e-8)
@@ -26,30 +26,32 @@ def _seq_mean_token_mean(loss: Tensor, mask: Tensor) -> Tensor:
 
 
 @register_aggregation("seq-mean-token-sum")
-def _seq_mean_token_sum(loss: Tensor, mask: Tensor) -> Tensor:
+def _seq_mean_token_sum(loss: Tensor, mask: Tensor, norm_len: float) -> Tensor:
     """`mean_b sum_t m L`: each sequence's summed loss, averaged over all `batch` rows."""
     return (loss * mask).sum(dim=-1).mean()
 
 
 @register_aggregation("seq-mean-token-sum-norm")
-def _seq_mean_token_sum_norm(loss: Tensor, mask: Tensor) -> Tensor:
-    """`mean_b sum_t m L / seq` where `seq = mask.shape[-1]`, the mask's width: Dr. GRPO's
-    length-unbiased constant normaliser (keep the width fixed, e.g. padded to the maximum response
-    length, for a constant scale). VERL sums over sequences instead of averaging: its value is
-    `batch` times this one."""
-    return (loss * mask).sum(dim=-1).mean() / mask.shape[-1]
+def _seq_mean_token_sum_norm(loss: Tensor, mask: Tensor, norm_len: float) -> Tensor:
+    """`mean_b sum_t m L / norm_len`: Dr. GRPO's length-unbiased constant normaliser. It must not
+    depend on how the batch was cut or padded, so callers pass a fixed length (the maximum response
+    length, as VERL's `loss_scale_factor` advises). VERL sums over sequences instead of averaging:
+    its value is `batch` times this one."""
+    return (loss * mask).sum(dim=-1).mean() / norm_len
 
 
-def aggregate_loss(loss: Tensor, mask: Tensor, mode: str) -> Tensor:
+def aggregate_loss(loss: Tensor, mask: Tensor, mode: str, norm_len: float | None = None) -> Tensor:
     """Scalar loss from per-token `loss` and `mask` (`[batch, seq]`); `mode` names an entry of
     `LOSS_AGGREGATIONS`:
 
     - `token-mean`: `sum_{b,t} m L / sum_{b,t} m`
     - `seq-mean-token-mean`: `mean_b (sum_t m L / sum_t m)`, over rows with a response token
     - `seq-mean-token-sum`: `mean_b sum_t m L`
-    - `seq-mean-token-sum-norm`: `mean_b sum_t m L / mask.shape[-1]`
+    - `seq-mean-token-sum-norm`: `mean_b sum_t m L / norm_len`; `norm_len=None` takes the mask's
+      width, which is constant only if every batch is padded to the same length
     """
     if loss.shape != mask.shape or loss.dim() != 2:
         shapes = f"loss {tuple(loss.shape)}, mask {tuple(mask.shape)}"
         raise ValueError(f"loss: got shapes {shapes}, expected equal [batch, seq] shapes")
-    return get_loss_aggregation(mode)(loss, mask.to(loss.dtype))
+    norm = mask.shape[-1] if norm_len is None else norm_len
+    return get_loss_aggregation(mode)(loss, mask.to(loss.dtype), norm)

@@ -18,8 +18,9 @@ def policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg: str = "token-mean",
+    norm_len: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate, per token, aggregated by `agg` (see `aggregate_loss`):
+    """PPO clipped surrogate, per token, aggregated by `agg` with `norm_len` (see `aggregate_loss`):
 
     `rho = exp(logp - old_logp)` (log-ratio clamped to [-20, 20] against overflow),
     `L = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))`, and with `dual_clip = c > 1`
@@ -50,7 +51,7 @@ def policy_loss(
         "clip_frac_lower": masked_mean(dual_bounded, mask).detach(),
         "approx_kl": masked_mean(-log_ratio, mask).detach(),
     }
-    return aggregate_loss(loss, mask, agg), metrics
+    return aggregate_loss(loss, mask, agg, norm_len), metrics
 
 
 def value_loss(
@@ -60,8 +61,9 @@ def value_loss(
     mask: Tensor,
     clip: float | None = 0.2,
     agg: str = "token-mean",
+    norm_len: float | None = None,
 ) -> Tensor:
-    """Clipped value loss, per token, aggregated by `agg` (see `aggregate_loss`):
+    """Clipped value loss, per token, aggregated by `agg` with `norm_len` (see `aggregate_loss`):
 
     `0.5 * max((v - R)^2, (v_old + clip(v - v_old, -clip, clip) - R)^2)`; with `clip=None` the
     plain `0.5 * (v - R)^2`. The clipped branch keeps the critic from moving far from the values
@@ -71,4 +73,4 @@ def value_loss(
     if clip is not None:
         clipped = old_values + (values - old_values).clamp(-clip, clip)
         loss = torch.maximum(loss, (clipped - returns).square())
-    return aggregate_loss(0.5 * loss, mask, agg)
+    return aggregate_loss(0.5 * loss, mask, agg, norm_len)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rlhfless.algo import explained_variance, gae, masked_mean, value_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
-from rlhfless.runtime.learner import MicroBatch, pack, response_hidden, stack, update_order
+from rlhfless.runtime.learner import MicroBatch, pack, response_hidden, shuffle_seed, stack, update_order
 from rlhfless.runtime.samples import Sample
 
 
@@ -59,9 +59,14 @@ class Critic:
         optim: OptimConfig,
         micro_batch_tokens: int,
         pad_id: int,
+        seed: int,
+        norm_len: int,
     ) -> None:
+        """`seed` and `norm_len` as for the policy's `Learner`."""
         self.model, self.algo, self.optim_cfg = model, algo, optim
         self.micro_batch_tokens, self.pad_id = micro_batch_tokens, pad_id
+        self.seed, self.norm_len = seed, norm_len
+        self.updates = 0  # optimizer steps so far: the shuffle's counter, checkpointed
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=algo.critic_lr,
@@ -105,7 +110,8 @@ class Critic:
             adv, ret = gae(_padded(rewards, max(lengths))[0], values, mask, algo.gamma, algo.lam)
             for i, r in enumerate(lengths):
                 advantages[i], returns[i] = adv[i, :r], ret[i, :r]
-        chunks = update_order(n, algo.epochs, algo.mini_batches, seed=n + 1)
+        seed = shuffle_seed(self.seed, self.updates, "critic")
+        chunks = update_order(n, algo.epochs, algo.mini_batches, seed)
         totals = {"loss/value": 0.0, "critic/grad_norm": 0.0, "critic/vf_clip_frac": 0.0}
         self.model.train()
         for rows in chunks:
@@ -125,7 +131,7 @@ class Critic:
                         )
                 else:
                     old_v, ret = stack(old, mb.rows, width), stack(returns, mb.rows, width)
-                loss = value_loss(values, old_v, ret, mb.mask, algo.value_clip, algo.loss_agg)
+                loss = value_loss(values, old_v, ret, mb.mask, algo.value_clip, algo.loss_agg, self.norm_len)
                 token_share = float(mb.mask.sum()) / tokens
                 weight = token_share if algo.loss_agg == "token-mean" else len(mb.rows) / len(rows)
                 (loss * weight).backward()
@@ -137,6 +143,7 @@ class Critic:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             totals["critic/grad_norm"] += float(grad_norm)
             self.optimizer.step()
+            self.updates += 1
         metrics = {key: value / len(chunks) for key, value in totals.items()}
         values, mask = _padded(old, max(lengths))
         ret = _padded(returns, max(lengths))[0]
@@ -146,8 +153,13 @@ class Critic:
         return advantages, metrics
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state.get("updates", 0)  # checkpoints before the counter existed start it at 0

@@ -53,6 +53,9 @@ class Executor(Protocol):
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         """After learning: the step's billing metrics and its timeline (None when not metered)."""
 
+    def warm_functions(self) -> int:
+        """Warm decode functions (with resources of their own) the next plan can reuse."""
+
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
@@ -72,7 +75,15 @@ def build_critic(cfg: Config, policy: torch.nn.Module, pad_id: int) -> Critic | 
     if cfg.algorithm.name != "ppo":
         return None
     model = ValueModel.from_policy(policy)
-    return Critic(model, cfg.algorithm, cfg.optim, cfg.trainer.micro_batch_tokens, pad_id)
+    return Critic(
+        model,
+        cfg.algorithm,
+        cfg.optim,
+        cfg.trainer.micro_batch_tokens,
+        pad_id,
+        seed=cfg.seed,
+        norm_len=cfg.generation.max_new_tokens,
+    )
 
 
 def score(prompts: list[StepPrompt], samples: list[Sample], reward_fn: RewardFn) -> None:
@@ -114,6 +125,8 @@ class LocalLearner:
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
             temperature=cfg.generation.temperature,
             pad_id=tokenizer.pad_token_id,
+            seed=cfg.seed,
+            norm_len=cfg.generation.max_new_tokens,
         )
         self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)
 
@@ -180,6 +193,9 @@ class InProcessExecutor(LocalLearner):
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         return {}, None
+
+    def warm_functions(self) -> int:
+        return 0
 
     def close(self) -> None:
         pass

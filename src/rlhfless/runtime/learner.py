@@ -1,17 +1,19 @@
 """The learner: log-probs of responses and the policy update, without padding waste.
 
 Micro-batches are length-bucketed under a token budget, the LM head runs only on response
-positions, and with one epoch and one mini-batch the old log-probs are the current ones,
-detached, so no extra forward pass is spent on them.
+tokens, a chunk at a time, and with one epoch and one mini-batch the old log-probs are the current
+ones, detached, so no extra forward pass is spent on them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from rlhfless.algo import aggregate_loss, kl_penalty, policy_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
@@ -124,14 +126,35 @@ def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
     return torch.cat(hidden, dim=1)
 
 
-def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> Tensor:
-    """Log-probs [N, R] of the response tokens; each prompt runs once, the LM head sees only
-    response positions."""
-    logits = model.get_output_embeddings()(response_hidden(model.base_model, mb)).float()
+# Response tokens whose full-vocabulary logits exist at once: 512 x 49152 fp32 is 100 MB, where
+# a whole micro-batch's (4096 tokens) would be 800 MB, several times over with its gradient.
+LOGIT_CHUNK = 512
+
+
+def _token_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """`log softmax(head(hidden) / temperature)[target]` per row of `hidden` [M, H], in fp32."""
+    logits = head(hidden).float()
     if temperature > 0:
         logits = logits / temperature
-    chosen = logits.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
-    return (chosen - torch.logsumexp(logits, dim=-1)) * mb.mask
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> Tensor:
+    """Log-probs [N, R] of the response tokens, 0 off the mask; each prompt runs once. The LM head
+    runs on real response tokens only, `LOGIT_CHUNK` at a time, and under autograd each chunk's
+    logits are recomputed in the backward pass instead of kept: the vocabulary-wide logits of
+    only one chunk are ever alive."""
+    head, real = model.get_output_embeddings(), mb.mask.bool()
+    hidden, targets = response_hidden(model.base_model, mb)[real], mb.targets[real]
+    chunks = []
+    for start in range(0, targets.numel(), LOGIT_CHUNK):
+        h, t = hidden[start : start + LOGIT_CHUNK], targets[start : start + LOGIT_CHUNK]
+        if torch.is_grad_enabled():
+            chunks.append(checkpoint(_token_logprobs, head, h, t, temperature, use_reentrant=False))
+        else:
+            chunks.append(_token_logprobs(head, h, t, temperature))
+    out = torch.zeros(mb.mask.shape, dtype=torch.float32)
+    return out.masked_scatter(real, torch.cat(chunks)) if chunks else out
 
 
 def pack(samples: list[Sample], rows: list[int], token_budget: int, pad_id: int) -> list[MicroBatch]:
@@ -141,6 +164,14 @@ def pack(samples: list[Sample], rows: list[int], token_budget: int, pad_id: int)
         MicroBatch.build(samples, [groups[g] for g in chosen], pad_id)
         for chosen in micro_batches(groups, token_budget)
     ]
+
+
+def shuffle_seed(run_seed: int, updates: int, stream: str) -> int:
+    """The seed of the mini-batch shuffle after `updates` optimizer steps: a new one every step,
+    the same on a resumed run (the count is checkpointed); `stream` keeps the policy's and the
+    critic's orders apart."""
+    digest = hashlib.blake2b(f"{run_seed}/{updates}/{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def update_order(n: int, epochs: int, mini_batches: int, seed: int) -> list[list[int]]:
@@ -185,9 +216,14 @@ class Learner:
         micro_batch_tokens: int,
         temperature: float,
         pad_id: int,
+        seed: int,
+        norm_len: int,
     ) -> None:
+        """`seed`: the run's, for the mini-batch shuffle; `norm_len`: the constant that
+        `seq-mean-token-sum-norm` divides by, the longest response (`generation.max_new_tokens`)."""
         self.model, self.algo, self.optim_cfg = model, algo, optim
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_id
+        self.seed, self.norm_len = seed, norm_len
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optim.lr,
@@ -246,7 +282,8 @@ class Learner:
             old = self.logprobs(self.model, samples)
         self.model.train()
         totals: dict[str, float] = {}
-        chunks = update_order(len(samples), algo.epochs, algo.mini_batches, seed=len(samples))
+        seed = shuffle_seed(self.seed, self.scheduler.last_epoch, "policy")
+        chunks = update_order(len(samples), algo.epochs, algo.mini_batches, seed)
         for rows in chunks:
             stats = self._update(samples, rows, advantages, old, ref_logprobs)
             for key, value in stats.items():
@@ -272,14 +309,22 @@ class Learner:
             old_logp = logp.detach() if old is None else stack(old, mb.rows, width)
             adv = stack(advantages, mb.rows, width)
             loss, metrics = policy_loss(
-                logp, old_logp, adv, mb.mask, algo.clip_low, algo.clip_high, algo.dual_clip, algo.loss_agg
+                logp,
+                old_logp,
+                adv,
+                mb.mask,
+                algo.clip_low,
+                algo.clip_high,
+                algo.dual_clip,
+                algo.loss_agg,
+                self.norm_len,
             )
             mb_tokens = float(mb.mask.sum())
             weight = mb_tokens / max(tokens, 1) if by_tokens else len(mb.rows) / len(rows)
             kl_value = 0.0
             if ref is not None:
                 kl = kl_penalty(logp, stack(ref, mb.rows, width), algo.kl_estimator)
-                loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg)
+                loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
                 kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
             (loss * weight).backward()
             token_share = mb_tokens / max(tokens, 1)
