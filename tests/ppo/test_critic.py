@@ -9,6 +9,7 @@ import torch
 from rlhfless.algo import gae
 from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
 from rlhfless.models import tiny_model
+from rlhfless.runtime import critic as critic_module
 from rlhfless.runtime.critic import Critic, ValueModel, response_values
 from rlhfless.runtime.learner import MicroBatch, prompt_groups
 from rlhfless.runtime.samples import Sample
@@ -132,3 +133,18 @@ def test_critic_state_round_trips(value_model):
     _, ma = a.update(samples, token_rewards(samples))
     _, mb = b.update(samples, token_rewards(samples))
     assert ma == pytest.approx(mb, rel=1e-6)
+
+
+def test_the_critic_shuffle_changes_every_update_and_is_checkpointed(value_model, monkeypatch):
+    seeds = []
+    order = critic_module.update_order
+    monkeypatch.setattr(critic_module, "update_order", lambda *a: seeds.append(a[-1]) or order(*a))
+    samples = make_samples(4)
+    a = critic(value_model, mini_batches=2)
+    for _ in range(2):
+        a.update(samples, token_rewards(samples))
+    b = critic(copy.deepcopy(value_model), mini_batches=2)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    a.update(samples, token_rewards(samples))
+    b.update(samples, token_rewards(samples))
+    assert len(set(seeds[:3])) == 3 and seeds[2] == seeds[3]
