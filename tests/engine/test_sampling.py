@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from rlhfless.engine.sampling import SamplingParams, gumbel_noise, sample_tokens, sequence_key, token_seed
+from rlhfless.engine.sampling import (
+    SamplingParams,
+    _splitmix64,
+    gumbel_noise,
+    sample_tokens,
+    sequence_key,
+    token_seed,
+)
 
 
 def test_noise_is_a_pure_function_of_key_and_position():
@@ -54,3 +63,22 @@ def test_invalid_params_are_rejected(field, value):
     kwargs = {"max_new_tokens": 4, field: value}
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_noise_bits_are_the_integer_hash_whatever_the_batch_shape_and_threads(threads):
+    """Integer ops give the same bits on any device; here: the pure-Python hash, any batch, any
+    thread count."""
+    keys = [token_seed(sequence_key(3, 1, f"u{i}", i % 4), i) for i in range(37)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = gumbel_noise(keys, 5000)
+        rows = torch.cat([gumbel_noise(keys[i : i + 5], 5000) for i in range(0, len(keys), 5)])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(batch, rows)
+    for i, v in ((0, 0), (17, 4321), (36, 4999)):
+        bits = _splitmix64(_splitmix64(keys[i]) ^ v)
+        u = ((bits >> 40) + 0.5) / (1 << 24)
+        assert float(batch[i, v]) == pytest.approx(-math.log(-math.log(u)), rel=1e-6)

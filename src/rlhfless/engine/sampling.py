@@ -1,10 +1,10 @@
 """Counter-based sampling: a token's randomness is a pure function of who and where it is.
 
-Each sampled token takes Gumbel noise over the vocabulary from a generator seeded by a hash of
-(seed, training step, uid, sample index, response position) and picks argmax(log-probs + noise)
-(the Gumbel-max trick: an exact sample of the tempered, top-p filtered distribution). No generator
-state is carried, so a sequence gets the same tokens in any batch, on any actor of one device type,
-in any order, and after being cut and resumed elsewhere. Gumbel-max rather than inverse-CDF
+Each sampled token takes Gumbel noise over the vocabulary from a counter-based hash of
+(seed, training step, uid, sample index, response position, token id), computed in int64 tensor
+ops, and picks argmax(log-probs + noise) (the Gumbel-max trick: an exact sample of the tempered,
+top-p filtered distribution). No generator state is carried, so a sequence gets the same noise bits
+in any batch, on any device (CPU or CUDA), in any order, and after being cut and resumed elsewhere. Gumbel-max rather than inverse-CDF
 sampling because a tiny change of the logits (another batch shape) flips the token only when the
 two best noisy scores nearly tie, whereas a CDF sums the changes of every token in front of the
 sampled one.
@@ -59,22 +59,41 @@ def sequence_key(seed: int, step: int, uid: str, sample: int) -> int:
 
 
 def token_seed(key: int, position: int) -> int:
-    """The generator seed of the token at response `position` of the sequence with `key`."""
+    """The noise seed of the token at response `position` of the sequence with `key`."""
     return _splitmix64(key ^ position)
+
+
+def _signed(c: int) -> int:
+    """A 64-bit constant as the int64 that has its bits."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shift_right(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's `>>` is arithmetic: it copies the sign bit)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _splitmix64_tensor(x: torch.Tensor) -> torch.Tensor:
+    """`_splitmix64` elementwise on int64 tensors; products wrap modulo 2**64 as on any device."""
+    x = x + _signed(0x9E3779B97F4A7C15)
+    x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
+    return x ^ _shift_right(x, 31)
 
 
 def gumbel_noise(seeds: list[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[len(seeds), vocab] float32 standard Gumbel noise, row i a pure function of seeds[i].
 
-    Drawn on `device` by its own generator type (CPU: Mersenne Twister, CUDA: Philox), so the
-    numbers agree between actors of the same device type, not between a CPU and a GPU actor.
+    Entry (i, v) is `splitmix64(splitmix64(seeds[i]) ^ v)` in integer ops (the inner hash keeps rows
+    of nearby seeds from sharing values), so its 64 bits are the same
+    on every device and batch shape; the top 24 bits give a uniform in (0, 1) exactly, and only
+    `-log(-log(u))` is left to the device's float math (within an ulp across devices).
     """
-    noise = torch.empty(len(seeds), vocab, device=device)
-    generator = torch.Generator(device=device)
-    for row, seed in zip(noise, seeds, strict=True):
-        generator.manual_seed(seed)
-        torch.rand(vocab, generator=generator, out=row)
-    return noise.log_().neg_().log_().neg_()
+    rows = torch.tensor([_signed(seed & _MASK64) for seed in seeds], dtype=torch.int64, device=device)
+    rows = _splitmix64_tensor(rows)
+    bits = _splitmix64_tensor(rows[:, None] ^ torch.arange(vocab, dtype=torch.int64, device=device))
+    uniform = (_shift_right(bits, 40).double() + 0.5) / (1 << 24)
+    return uniform.log_().neg_().log_().neg_().float()
 
 
 def sample_tokens(
