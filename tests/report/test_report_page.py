@@ -134,7 +134,7 @@ def test_cli_writes_the_page_where_asked_and_prints_its_path(tiny_run: Path, tmp
     assert capsys.readouterr().out.strip() == str(out)
     assert out.is_file() and (tmp_path / "sub" / "r-curves.png").is_file()
     assert main(["report", str(tmp_path / "missing")]) == 2
-    assert "not a run directory" in capsys.readouterr().out
+    assert "expected a run directory" in capsys.readouterr().err
 
 
 def test_report_library_imports_neither_torch_nor_ray() -> None:

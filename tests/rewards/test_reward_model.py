@@ -91,10 +91,9 @@ def test_model_only_reward_needs_no_ground_truth_and_survives_pickling(reward_mo
     assert clone(p, "anything").score == pytest.approx(out.score, abs=1e-6)
 
 
-def test_a_missing_reward_model_is_a_clear_error(tmp_path):
-    fn = build_reward_fn(RewardConfig(model=str(tmp_path / "nowhere")))
+def test_a_missing_reward_model_is_a_clear_error_before_any_scoring(tmp_path):
     with pytest.raises(RewardError, match="reward.model: .* config.json"):
-        fn(prompt(0), "x")
+        build_reward_fn(RewardConfig(model=str(tmp_path / "nowhere")))
 
 
 def test_tiny_run_trains_on_the_reward_model(reward_model_dir, tmp_path):

@@ -25,12 +25,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rlhfless.config import ConfigError
+    from rlhfless.inputs import InputError
     from rlhfless.models import ModelError
     from rlhfless.runtime.export import ExportError, export_checkpoint
 
     try:
         checkpoint = export_checkpoint(args.source, args.target)
-    except (ExportError, ConfigError, ModelError) as err:
+    except (ExportError, ConfigError, InputError, ModelError) as err:
         print(f"rlhfless export: {err}", file=sys.stderr)
         return 2
     print(f"exported {checkpoint} to {args.target}; train from it with model.path={args.target}")

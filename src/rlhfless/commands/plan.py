@@ -15,6 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlhfless.inputs import MB, InputError, iter_lines, read_text
+
+# The planner holds every row's token ids: a larger file is refused before it is read.
+MAX_PROMPTS_BYTES = 256 * MB
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="print the planner's decision for a file of prompts")
@@ -53,14 +58,12 @@ def _history_entry(value: Any) -> list[int] | None:
     return None
 
 
-def read_prompts(path: Path) -> list[dict[str, Any]]:
-    """Rows of the prompts file; ValueError naming file, row and field on bad input."""
-    if not path.is_file():
+def read_prompts(path: Path, max_prompt_tokens: int | None = None) -> list[dict[str, Any]]:
+    """Rows of the prompts file, streamed; ValueError naming file, row and field on bad input."""
+    if not path.exists():
         raise ValueError(f"{path}: no such file")
     rows, seen = [], set()
-    for number, line in enumerate(path.read_text().split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, line in iter_lines(path, "a JSONL file of prompts", MAX_PROMPTS_BYTES):
         where = f"{path}:{number}"
         try:
             row = json.loads(line)
@@ -78,6 +81,11 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
         if not _int_list(tokens) or not tokens or min(tokens) < 0 or max(tokens) >= 2**31:
             raise ValueError(
                 f"{where}: prompt_tokens: got {str(tokens)[:40]}, expected a non-empty list of token ids"
+            )
+        if max_prompt_tokens is not None and len(tokens) > max_prompt_tokens:
+            raise ValueError(
+                f"{where}: prompt_tokens: got {len(tokens)} tokens, expected at most "
+                f"generation.max_prompt_tokens={max_prompt_tokens}"
             )
         answer = row.get("answer_tokens")
         if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool) or answer < 0):
@@ -102,12 +110,14 @@ def run(args: argparse.Namespace) -> int:
     from rlhfless.planner.profile import Profile
 
     try:
+        if args.config:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it
+            read_text(Path(args.config), "a YAML config (a mapping of sections)")
         cfg = load_config(args.config, overrides=tuple(args.overrides))
-    except ConfigError as err:
+    except (ConfigError, InputError) as err:
         return _fail(str(err))
     scheduler, group_size = cfg.scheduler, cfg.algorithm.group_size
     try:
-        rows = read_prompts(args.prompts)
+        rows = read_prompts(args.prompts, cfg.generation.max_prompt_tokens)
         shape = ModelShape.resolve(args.model)
         if args.profile:
             profile = Profile.load(args.profile)

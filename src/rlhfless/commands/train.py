@@ -94,6 +94,23 @@ class Display:
         self.console.print(table)
 
 
+def _load(path: str | None, preset: str | None, overrides: tuple[str, ...]) -> Config:
+    """`load_config`, with a mistake that is the file's own (not an override's) named by its path."""
+    if path:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it
+        read_text(Path(path), "a YAML config (a mapping of sections)")
+    try:
+        return load_config(path, preset, overrides)
+    except ConfigError as err:
+        if not path or path in str(err):
+            raise
+        try:
+            load_config(path)
+        except ConfigError as alone:
+            if str(alone) == str(err):
+                raise ConfigError(f"{path}: {err}") from None
+        raise
+
+
 def _check_resume(cfg: Config) -> None:
     """Before anything loads or writes: the run to resume was trained with a compatible config."""
     from rlhfless.runtime.checkpoint import check_resume
@@ -109,9 +126,7 @@ def run(args: argparse.Namespace) -> int:
         path, overrides = _split(args)
         if args.resume:
             overrides.append("resume=true")
-        if path:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it
-            read_text(Path(path), "a YAML config (a mapping of sections)")
-        cfg = load_config(path, args.preset, tuple(overrides))
+        cfg = _load(path, args.preset, tuple(overrides))
         _check_resume(cfg)
     except (ConfigError, InputError) as err:
         print(f"rlhfless: {err}", file=sys.stderr)

@@ -2,7 +2,15 @@
 
 from rlhfless.data.config import DEFAULT_SYSTEM_PROMPT, DataConfig
 from rlhfless.data.loader import PromptLoader
-from rlhfless.data.prompts import DataError, Prompt
+from rlhfless.data.prompts import DataError, Prompt, check_prompt_tokens
 from rlhfless.data.sources import load_prompts
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "DataConfig", "DataError", "Prompt", "PromptLoader", "load_prompts"]
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "DataConfig",
+    "DataError",
+    "Prompt",
+    "PromptLoader",
+    "check_prompt_tokens",
+    "load_prompts",
+]

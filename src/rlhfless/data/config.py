@@ -86,6 +86,13 @@ class DataConfig:
     path: str | None = field(
         default=None, metadata={"help": "JSONL or Parquet file of prompts (source=file)"}
     )
+    max_file_mb: int = field(
+        default=1024,
+        metadata={
+            "help": "largest data.path read, in MB; a larger file is refused before it is read, since "
+            "every prompt is held in memory (the loader shuffles the whole set each epoch)"
+        },
+    )
     format: str = field(
         default="auto",
         metadata={
@@ -118,6 +125,12 @@ class DataConfig:
             raise ValueError(f"format: got {self.format!r}, expected one of {', '.join(FORMATS)}")
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"size: got {self.size!r}, expected an integer >= 1")
+        if (
+            isinstance(self.max_file_mb, bool)
+            or not isinstance(self.max_file_mb, int)
+            or self.max_file_mb < 1
+        ):
+            raise ValueError(f"max_file_mb: got {self.max_file_mb!r}, expected an integer >= 1")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size: got {self.batch_size!r}, expected an integer >= 1")
         if not isinstance(self.tasks, dict) or not isinstance(self.task_config, dict):

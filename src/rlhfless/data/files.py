@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfless.data.prompts import DataError, Prompt, make_uid, with_system_prompt
+from rlhfless.inputs import check_file, iter_lines
 
 ROLES = ("system", "user", "assistant")
 TRL_ANSWER_COLUMNS = ("solution", "answer", "ground_truth")
@@ -35,7 +36,8 @@ class _Row:
         if isinstance(value, str):
             return [{"role": "user", "content": value}]
         if not isinstance(value, list) or not value:
-            raise self.error("prompt", f"got {type(value).__name__}", PROMPT_EXPECTED)
+            got = "an empty list" if value == [] else "null" if value is None else type(value).__name__
+            raise self.error("prompt", f"got {got}", PROMPT_EXPECTED)
         messages = []
         for i, message in enumerate(value):
             if not isinstance(message, dict):
@@ -55,38 +57,45 @@ class _Row:
         return str(value)
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}: row {number}: invalid JSON ({e.msg}), expected one object per line"
-                ) from e
+def _read_jsonl(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
+    for number, line in iter_lines(path, "a JSONL file of prompts", max_bytes):
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{path}: row {number}: invalid JSON ({e.msg}; truncated?), expected one object per line"
+            ) from None
 
 
-def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+def _read_parquet(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
+    """Rows streamed a record batch at a time, so only one batch is ever converted to Python."""
     import pyarrow.parquet as pq
 
+    check_file(path, "a Parquet file of prompts", max_bytes)
     try:
-        table = pq.read_table(path)
-    except Exception as e:
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from e
-    yield from enumerate(table.to_pylist(), start=1)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+        number = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"{path}: not a readable Parquet file ({reason}), expected Parquet rows") from None
 
 
-def read_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(1-based row number, row object) pairs; JSONL counts lines, so numbers match an editor's."""
+def read_rows(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
+    """(1-based row number, row object) pairs; JSONL counts lines, so numbers match an editor's.
+
+    Files over `max_bytes` are refused before they are read (`data.max_file_mb`).
+    """
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
-        return _read_jsonl(path)
+        return _read_jsonl(path, max_bytes)
     if suffix in (".parquet", ".pq"):
-        return _read_parquet(path)
+        return _read_parquet(path, max_bytes)
     raise DataError(f"{path}: unknown file type {suffix!r}, expected .jsonl or .parquet")
 
 
@@ -96,7 +105,7 @@ def _verl_prompt(row: _Row, index: int, system_prompt: str, default_source: str)
     if not isinstance(reward_model, dict):
         raise row.error(
             "reward_model",
-            "missing" if reward_model is None else "not a mapping",
+            "missing" if "reward_model" not in row.data else f"got {reward_model!r:.40}",
             "a mapping with ground_truth",
         )
     if "ground_truth" not in reward_model:
@@ -121,12 +130,14 @@ def _trl_prompt(row: _Row, index: int, system_prompt: str, default_source: str) 
     )
 
 
-def load_file_prompts(path: str | Path, fmt: str, system_prompt: str) -> list[Prompt]:
+def load_file_prompts(
+    path: str | Path, fmt: str, system_prompt: str, max_bytes: int = 1 << 30
+) -> list[Prompt]:
     """Read every row of a JSONL/Parquet file; the first bad row stops with a DataError."""
     path = Path(path)
     prompts: list[Prompt] = []
     convert = None
-    for index, (number, data) in enumerate(read_rows(path)):
+    for index, (number, data) in enumerate(read_rows(path, max_bytes)):
         row = _Row(path, number, data)
         if not isinstance(data, dict):
             raise DataError(
@@ -135,7 +146,9 @@ def load_file_prompts(path: str | Path, fmt: str, system_prompt: str) -> list[Pr
         if convert is None:
             layout = fmt if fmt != "auto" else ("verl" if "reward_model" in data else "trl")
             convert = _verl_prompt if layout == "verl" else _trl_prompt
-        prompts.append(convert(row, index, system_prompt, path.stem))
+        prompt = convert(row, index, system_prompt, path.stem)
+        prompt.origin = f"{path}: row {number}"
+        prompts.append(prompt)
     if not prompts:
         raise DataError(f"{path}: no rows, expected at least one prompt")
     return prompts

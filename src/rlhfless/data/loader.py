@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.data.prompts import Prompt
+from rlhfless.data.prompts import DataError, Prompt
 
 
 class PromptLoader:
@@ -20,8 +20,8 @@ class PromptLoader:
 
     def __init__(self, prompts: list[Prompt], batch_size: int, seed: int, shuffle: bool = True):
         if batch_size < 1 or batch_size > len(prompts):
-            raise ValueError(
-                f"batch_size: got {batch_size}, expected 1..{len(prompts)} (the number of prompts)"
+            raise DataError(
+                f"data.batch_size: got {batch_size}, expected 1..{len(prompts)} (the number of prompts)"
             )
         self.prompts = prompts
         self.batch_size = batch_size
@@ -58,7 +58,7 @@ class PromptLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the position; refuses a state saved over a different number of prompts."""
         if state.get("num_prompts", len(self.prompts)) != len(self.prompts):
-            raise ValueError(
+            raise DataError(
                 f"loader state: got num_prompts={state['num_prompts']}, expected {len(self.prompts)} "
                 "(the data changed since the checkpoint)"
             )

@@ -7,8 +7,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlhfless.inputs import InputError
 
-class DataError(Exception):
+
+class DataError(InputError):
     """A data file or row that cannot become a prompt; the message names file, row and field."""
 
 
@@ -25,6 +27,8 @@ class Prompt:
     ground_truth: str | None
     data_source: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    # Where the prompt was read ("train.jsonl: row 3"), for errors that name it; not part of identity.
+    origin: str = field(default="", compare=False)
 
     @property
     def question(self) -> str:
@@ -46,3 +50,19 @@ def with_system_prompt(messages: list[dict[str, str]], system_prompt: str) -> li
     if not system_prompt or any(m["role"] == "system" for m in messages):
         return messages
     return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def check_prompt_tokens(prompts: list[Prompt], tokenizer: Any, max_tokens: int) -> None:
+    """Refuse, before a run writes anything, a prompt longer than `generation.max_prompt_tokens`.
+
+    Counts tokens as the step does: the chat template with the generation prompt, no extra specials.
+    """
+    for p in prompts:
+        text = tokenizer.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n > max_tokens:
+            where = p.origin or f"prompt {p.uid} ({p.data_source})"
+            raise DataError(
+                f"{where}: field 'prompt': {n} tokens with the chat template, expected at most "
+                f"generation.max_prompt_tokens={max_tokens}"
+            )

@@ -181,6 +181,9 @@ class Profile:
         for key in ("decode", "prefill", "gpus", "max_kv_tokens"):
             if key not in data:
                 raise ValueError(f"{key}: missing, expected it in the profile")
+        for key in ("gpus", "max_kv_tokens"):
+            if isinstance(data[key], bool) or not isinstance(data[key], int):
+                raise ValueError(f"{key}: got {data[key]!r}, expected an integer >= 1")
         try:
             prefill = sorted((float(p["tokens"]), float(p["ms"])) for p in data["prefill"])
             decode = [(float(p["batch"]), float(p["context"]), float(p["ms"])) for p in data["decode"]]
@@ -189,6 +192,8 @@ class Profile:
         batches = np.unique([d[0] for d in decode])
         contexts = np.unique([d[1] for d in decode])
         grid = np.full((batches.size, contexts.size), np.nan)
+        if len({(b, c) for b, c, _ in decode}) < len(decode):
+            raise ValueError("decode: got a (batch, context) point twice, expected each point once")
         for b, c, ms in decode:
             grid[np.searchsorted(batches, b), np.searchsorted(contexts, c)] = ms
         if np.isnan(grid).any():
@@ -212,7 +217,14 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a saved table; every refusal is an InputError naming the file (read_json's checks)."""
+        from rlhfless.inputs import InputError, read_json
+
+        data = read_json(Path(path), "a profile table (rlhfless profile --json)")
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise InputError(f"{path}: {err}") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")

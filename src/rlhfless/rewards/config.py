@@ -40,7 +40,8 @@ class RewardConfig:
         default=None,
         metadata={
             "help": "optional 'module:function' called as f(prompt, response) -> float; replaces the "
-            "built-in correctness score (the format reward is still added unless format_weight=0)"
+            "built-in correctness score (the format reward is still added unless format_weight=0); "
+            "trusted code: the module is imported and run"
         },
     )
     rule_weight: float = field(
@@ -54,7 +55,8 @@ class RewardConfig:
         default=None,
         metadata={
             "help": "local sequence-classification checkpoint directory scoring (prompt, response) "
-            "pairs; its first logit, times model_weight, is added to the reward"
+            "pairs; its first logit, times model_weight, is added to the reward; a trusted path: "
+            "it is loaded with transformers"
         },
     )
     model_weight: float = field(default=1.0, metadata={"help": "weight of the reward model's score"})

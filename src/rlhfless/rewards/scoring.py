@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlhfless.data.gym import GYM_KEY, create_gym_dataset
@@ -35,12 +36,38 @@ def load_user_function(spec: str) -> Callable[[Prompt, str], float]:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RewardError(f"reward.function: cannot import module {module_name!r} ({e})") from e
+    except Exception as e:  # trusted code, but a broken file (syntax, bytes) is still one line
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = getattr(e, "filename", None)
+        at = f" ({where}, line {e.lineno})" if isinstance(e, SyntaxError) and where else ""
+        raise RewardError(
+            f"reward.function: cannot import module {module_name!r}{at}: {type(e).__name__}: {reason}"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardError(f"reward.function: module {module_name!r} has no callable {attr!r}")
     return fn
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def check_reward_model_dir(path: str) -> None:
+    """A reward-model directory holds a readable `config.json` and weights (cheap: nothing loaded)."""
+    from rlhfless.inputs import InputError, read_json
+
+    where = Path(path).expanduser()
+    if not where.is_dir():
+        state = "is a file" if where.exists() else "not found"
+        raise RewardError(f"reward.model: {path}: {state}, expected a checkpoint directory with config.json")
+    try:
+        read_json(where / "config.json", "a Hugging Face model config")
+    except InputError as err:
+        raise RewardError(f"reward.model: {err}") from None
+    if not any(next(where.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise RewardError(
+            f"reward.model: {path}: no weights, expected *.safetensors or pytorch_model.bin in the directory"
+        )
 
 
 @dataclass
@@ -55,6 +82,8 @@ class RewardFn:
     def __post_init__(self) -> None:
         if self.cfg.function:
             self._user_fn = load_user_function(self.cfg.function)
+        if self.cfg.model:  # named now, before a run writes anything; loaded on first use
+            check_reward_model_dir(self.cfg.model)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"cfg": self.cfg}

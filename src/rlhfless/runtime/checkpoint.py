@@ -110,15 +110,16 @@ def check_weights(path: Path, model: torch.nn.Module) -> None:
         raise CheckpointError(
             f"{path}: not a readable safetensors file ({err}), expected model weights"
         ) from None
-    for name, shape in expected.items():
-        # Tied weights (lm_head = embed_tokens) are stored once under one of their names.
-        if name not in found and not any(shape == s for s in found.values()):
-            raise CheckpointError(f"{path}: tensor {name!r} missing, expected the configured model's weights")
-        if name in found and found[name] != shape:
+    for name, shape in found.items():
+        if name in expected and expected[name] != shape:
             raise CheckpointError(
-                f"{path}: tensor {name!r} has shape {list(found[name])}, expected {list(shape)} "
+                f"{path}: tensor {name!r} has shape {list(shape)}, expected {list(expected[name])} "
                 "(a checkpoint of another model or size?)"
             )
+    for name, shape in expected.items():
+        # Tied weights (lm_head = embed_tokens) are stored once, under one of their names.
+        if name not in found and shape not in found.values():
+            raise CheckpointError(f"{path}: tensor {name!r} missing, expected the configured model's weights")
     extra = sorted(set(found) - set(expected))
     if extra:
         raise CheckpointError(

@@ -14,8 +14,9 @@ from pathlib import Path
 from safetensors.torch import load_model as load_weights
 
 from rlhfless.config import load_config
+from rlhfless.inputs import read_text
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.runtime.checkpoint import list_checkpoints
+from rlhfless.runtime.checkpoint import check_weights, list_checkpoints
 
 
 class ExportError(ValueError):
@@ -49,9 +50,11 @@ def export_checkpoint(source: Path, target: Path) -> Path:
     if target.exists():
         raise ExportError(f"{target}: already exists; expected a new directory")
     checkpoint, run = _locate(source)
+    read_text(run / "config.yaml", "the run's config (written by the run)")  # named before YAML reads it
     cfg = load_config(path=str(run / "config.yaml"))
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, len(tokenizer), cfg.seed)
+    check_weights(checkpoint / "model.safetensors", model)  # another model's weights: one line
     load_weights(model, str(checkpoint / "model.safetensors"))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
