@@ -28,7 +28,7 @@ from rlhfless.algo import (
     whiten,
 )
 from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_config, to_dict, write_atomic
-from rlhfless.data import Prompt, PromptLoader, load_prompts
+from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.hardware import ModelShape
@@ -193,6 +193,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     seed_everything(cfg.seed)
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
+    check_prompt_tokens(prompts, tokenizer, cfg.generation.max_prompt_tokens)  # before any write
     loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
     executor = build_executor(cfg, tokenizer, policy)
