@@ -12,10 +12,10 @@ import ray
 from rlhfless.config import load_config
 from rlhfless.data import PromptLoader, load_prompts
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.planner.hardware import ModelShape
+from rlhfless.planner.hardware import ModelShape, roofline_profile
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.runtime.planning import StepPlanner, machine_profile
+from rlhfless.runtime.planning import CPU_SLOT, StepPlanner
 from rlhfless.runtime.trainer import advantages, build_executor, tokenize_prompts, train
 
 BASE = (
@@ -40,23 +40,29 @@ def local_ray():
     ray.shutdown()
 
 
-def run(*overrides: str, steps: int = 1, full: bool = True) -> list[dict]:
-    """Steps of the tiny preset on the Ray executor, planned for a two-slot machine."""
+def run(*overrides: str, steps: int = 1, full: bool = True, cold_start_s: float = 0.0) -> list[dict]:
+    """Steps of the tiny preset on the Ray executor, planned for a two-slot machine whose cold
+    starts the planner takes to last `cold_start_s`."""
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
     tokenizer = load_tokenizer(cfg.model)
     loader = PromptLoader(load_prompts(cfg.data), cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    profile = machine_profile(ModelShape.from_hf_config(policy.config.to_dict()), None)
+    shape = ModelShape.from_hf_config(policy.config.to_dict())
+    profile = roofline_profile(shape, CPU_SLOT, cold_start_s=cold_start_s)
     planner = StepPlanner(
-        cfg.scheduler, profile, ClusterSpec(nodes=1, gpus_per_node=2), cfg.algorithm.group_size
+        cfg.scheduler,
+        profile,
+        ClusterSpec(nodes=1, gpus_per_node=2),
+        cfg.algorithm.group_size,
+        resident_units=1.0,
     )
     out = []
     try:
         for step in range(1, steps + 1):
             prompts = tokenize_prompts(next(loader), tokenizer, cfg.generation.max_prompt_tokens)
-            plan = planner.plan(prompts, [None] * len(prompts), predictor)
+            plan = planner.plan(prompts, [None] * len(prompts), predictor, executor.warm_functions())
             samples, metrics = executor.generate(prompts, plan, step)
             record = {"plan": plan, "samples": samples, "metrics": metrics, "n_prompts": len(prompts)}
             if full:
@@ -75,7 +81,8 @@ def tokens(samples) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def rlhfless():
-    return run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", steps=2)
+    """Two steps whose planner takes a cold start to cost more than idling to the next step."""
+    return run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", steps=2, cold_start_s=100.0)
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +124,24 @@ def test_verl_holds_its_decode_functions_for_the_whole_step_rlhfless_releases_th
     assert remote(rlhfless[0])["released"] < learner_end(rlhfless[0])
 
 
-def test_warm_pool_reuses_functions_on_the_next_step(rlhfless):
-    assert rlhfless[0]["billing"]["actors/cold_starts"] >= 2
-    assert rlhfless[1]["billing"]["actors/cold_starts"] == 0
+def test_a_function_kept_warm_is_reused_next_step_and_billed_while_idle(rlhfless):
+    first, second = rlhfless
+    assert all(a.keep_warm for a in first["plan"].actors)
+    assert first["billing"]["actors/cold_starts"] >= 2
+    assert second["billing"]["actors/cold_starts"] == 0
+    [warm] = [f for f in first["timeline"]["functions"] if f["kind"] == "keep-alive"]
+    idle = warm["released"] - warm["started"]
+    assert idle > 0 and warm["cost"] == pytest.approx(1.95 / 3600 * warm["units"] * idle, rel=1e-4)
+    assert first["billing"]["cost/keep_alive"] == pytest.approx(warm["cost"])
+
+
+def test_a_function_whose_next_use_is_far_is_stopped_at_release_and_idles_unbilled():
+    # A cold start the planner believes free is never worth an idle bill: stop at release.
+    first, second = run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", steps=2)
+    remote = [a for a in first["plan"].actors if a.gpu_ids[:1] != [0]]
+    assert remote and not any(a.keep_warm for a in remote)
+    assert first["billing"]["cost/keep_alive"] == 0
+    assert second["billing"]["actors/cold_starts"] >= 1
 
 
 def test_rlhfless_and_verl_first_step_rollouts_are_token_identical(rlhfless, verl):

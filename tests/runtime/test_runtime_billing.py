@@ -2,15 +2,16 @@
 
 import pytest
 
+from rlhfless.planner.pricing import Pricing
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.pool import FunctionPool
 from rlhfless.runtime_config import FaultSpec, RuntimeConfig
 
-PRICE = 3600.0  # $1 per unit-second keeps the arithmetic readable
+PRICE = Pricing(3600.0)  # $1 per unit-second keeps the arithmetic readable
 
 
-def step_meter() -> tuple[Meter, dict]:
-    meter = Meter(PRICE)
+def step_meter(pricing: Pricing = PRICE) -> tuple[Meter, dict]:
+    meter = Meter(pricing)
     meter.begin_step(100.0)
     learner = meter.open(Invocation("learner", "learner", {"CPU": 1}, 1.0, 100.0, 100.0, 100.0))
     colocated = meter.open(
@@ -33,6 +34,28 @@ def test_step_cost_is_units_times_alive_seconds_with_colocated_functions_billed_
     cost = {r["name"]: r["cost"] for r in out["records"]}
     assert cost == {"learner": 10.0, "decode-0": 0.0, "decode-1": 4.0, "decode-2": 0.0}
     assert metrics["cost/step"] == sum(cost.values()) == 14.0
+
+
+def test_an_unbilled_cold_start_is_left_out_of_the_bill():
+    _, out = step_meter(Pricing(3600.0, bill_cold_start=False))
+    cost = {r["name"]: r["cost"] for r in out["records"]}
+    assert cost["decode-1"] == 2.0 * (3.0 - 2.5)  # ready at 102.5, released at 103
+
+
+def test_a_warm_function_idle_in_the_pool_is_billed_for_its_part_inside_the_step():
+    meter = Meter(PRICE)
+    meter.begin_step(100.0)
+    meter.keep_alive("warm-decode-3", 2.0, {"CPU": 2}, 90.0, 104.0)  # idle since the last step
+    meter.keep_alive("warm-decode-4", 1.0, {"CPU": 1}, 108.0, 130.0)  # still idle at the end
+    meter.keep_alive("warm-prepare-5", 0.0, {}, 100.0, 110.0)  # on the learner's resources: none
+    metrics, records = meter.close_step(110.0)
+    assert {r["name"]: r["cost"] for r in records} == {"warm-decode-3": 8.0, "warm-decode-4": 2.0}
+    assert metrics["cost/keep_alive"] == metrics["cost/step"] == 10.0
+    assert metrics["time/keep_alive"] == 10.0
+    unbilled, _ = Meter(Pricing(3600.0, bill_keep_alive=False)), None
+    unbilled.begin_step(100.0)
+    unbilled.keep_alive("warm-decode-3", 2.0, {"CPU": 2}, 90.0, 104.0)
+    assert unbilled.close_step(110.0)[0]["cost/step"] == 0.0
 
 
 def test_phase_costs_tile_the_step():
@@ -79,6 +102,21 @@ def test_pool_reuses_a_warm_function_of_the_same_shape_until_its_keep_alive_ends
     pool.release(again, now=6.0)
     assert pool.acquire(("decode", False, 0), now=20.0) is not first  # expired and stopped
     assert len(created) == 3 and stopped == [first.handle]
+
+
+def test_pool_records_every_idle_span_for_the_meter_and_stops_what_it_is_told_to():
+    stopped = []
+    pool = FunctionPool(lambda shape: FakeHandle(), 10.0, stop=stopped.append)
+    a, b = pool.acquire(("decode", False, 0), now=0.0), pool.acquire(("decode", False, 1), now=0.0)
+    pool.release(a, now=1.0)
+    pool.release(b, now=2.0, keep=False)  # stopped at release: no idle span
+    assert stopped == [b.handle]
+    assert pool.acquire(("decode", False, 0), now=4.0) is a
+    pool.release(a, now=5.0)
+    spans = [(s.lease, s.start, s.end) for s in pool.take_spans(now=7.0)]
+    assert spans == [(a, 1.0, 4.0), (a, 5.0, 7.0)]  # the ended span once, the open one so far
+    pool.evict(now=20.0)  # the keep-alive ran out at 15
+    assert [(s.start, s.end) for s in pool.take_spans(now=20.0)] == [(5.0, 15.0)]
 
 
 def test_fault_injection_spec_parses_and_rejects_garbage():

@@ -35,12 +35,18 @@ class Calibration:
 
     decode_scale: float | None = None
     overhead_s: float | None = None
+    cold_start_s: float | None = None
     steps: int = 0
 
     def profile(self, base: Profile) -> Profile:
-        """`base` with its prefill and decode times scaled by what the run measured."""
+        """`base` with its prefill and decode times scaled by what the run measured, and the
+        measured cold start (the base's until one was seen)."""
         k = self.decode_scale or 1.0
-        return replace(base, prefill_ms=base.prefill_ms * k, decode_ms=base.decode_ms * k)
+        cold = base.cold_start_s if self.cold_start_s is None else self.cold_start_s
+        return replace(base, prefill_ms=base.prefill_ms * k, decode_ms=base.decode_ms * k, cold_start_s=cold)
+
+    def observe_cold_start(self, seconds: float) -> None:
+        self.cold_start_s = _ewma(self.cold_start_s, seconds)
 
     def observe(self, measured_busy_s: float, model_busy_s: float, measured_s: float, model_s: float) -> None:
         """Fold in one step: the functions' measured busy (prefill + decode) seconds against the
@@ -57,6 +63,7 @@ class Calibration:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.decode_scale, self.overhead_s = state.get("decode_scale"), state.get("overhead_s")
+        self.cold_start_s = state.get("cold_start_s")
         self.steps = int(state.get("steps", 0))
 
 

@@ -19,6 +19,7 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import keep_warm
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import (
     ActorEstimates,
@@ -80,6 +81,7 @@ class StepPlan:
     predicted_step_time: float = 0.0  # generation + the forecast rest of the step (`Billing`)
     predicted_step_cost: float = 0.0
     target: dict[str, float] = field(default_factory=dict)  # {"budget_per_step": $} or {"deadline_per_step": s}
+    keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
 
     def actor_of(self) -> dict[str, int]:
         """uid -> actor index."""
@@ -105,6 +107,7 @@ class StepPlan:
             "predicted_step_time": self.predicted_step_time,
             "predicted_step_cost": self.predicted_step_cost,
             "target": self.target,
+            "keep_unused_warm": self.keep_unused_warm,
         }
 
     @classmethod
@@ -214,6 +217,8 @@ def plan_step(
     table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
     pick = choose(table, after, config.budget_per_step, config.deadline_per_step)
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile)
+    step_time = float(table.time[pick]) + after[0]
+    unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
     target = {
         k: v
         for k, v in (("budget_per_step", config.budget_per_step), ("deadline_per_step", config.deadline_per_step))
@@ -236,9 +241,10 @@ def plan_step(
         predicted_length=dict(zip(uids, gmax.tolist(), strict=True)),
         plan_seconds=time.perf_counter() - t0,
         features=dict(feats),
-        predicted_step_time=float(table.time[pick]) + after[0],
-        predicted_step_cost=float(table.cost[pick]) + after[1],
+        predicted_step_time=step_time,
+        predicted_step_cost=float(table.cost[pick] + table.warm_after[pick]) + after[1],
         target=target,
+        keep_unused_warm=unused_warm,
     )
 
 

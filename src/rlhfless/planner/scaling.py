@@ -128,6 +128,7 @@ class CandidateTable:
     score: np.ndarray
     hidden: np.ndarray
     warm: np.ndarray  # per actor (ActorEstimates order): kept warm after release, idle billed in `cost`
+    warm_after: np.ndarray  # per N: the kept-warm functions' idle bill over the rest of the step
 
     def rows(self) -> list[dict[str, float | int | bool]]:
         return [
@@ -159,19 +160,27 @@ def candidate_table(
     time = np.maximum.reduceat(actors.time, first)
     hidden = np.logical_and.reduceat(actors.hidden, first)
     pricing = billing.pricing
-    if serverful:
-        units = np.maximum(actors.n_of[first] * float(profile.gpus), billing.resident_units)
-        cost = charge(pricing, units, time)
+    if serverful:  # every function held from its request to the end of the phase
+        end = np.repeat(time, counts)
+        held = end + (actors.cold if billing.cold_start_hidden else 0.0)
+        own = charge(pricing, actors.units, held, cold_s=actors.cold)
+        cost = np.add.reduceat(own, first) + charge(pricing, billing.resident_units, time)
         warm = np.ones(actors.n_of.size, dtype=bool)
+        # held, not idle: the whole allocation for the rest of the step (less what `after_units` holds)
+        units = np.add.reduceat(actors.units, first) + billing.resident_units
+        warm_after = charge(pricing, np.maximum(units - billing.after_units, 0.0), after_s)
     else:
         end = np.repeat(time, counts)
         idle = end - actors.time
         gap = idle + (after_s if billing.next_use_after else np.inf)
-        warm = keep_warm(pricing, gap, profile.cold_start_s, lam) & (actors.units > 0)
+        warm = keep_warm(pricing, gap, profile.cold_start_s, lam) | (actors.units == 0)  # free to keep
         idle_cost = charge(pricing, actors.units, 0.0, idle_s=np.where(warm, idle, 0.0))
         cost = np.add.reduceat(actors.cost + idle_cost, first) + charge(pricing, billing.resident_units, time)
+        warm_after = np.add.reduceat(
+            charge(pricing, actors.units, 0.0, idle_s=np.where(warm, after_s, 0.0)), first
+        )
     score = lam * _normalise(time, normalise) + (1.0 - lam) * _normalise(cost, normalise)
-    return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm)
+    return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
 
 
 def choose(
@@ -185,7 +194,7 @@ def choose(
     `after` is the rest of the step's (seconds, USD). PlanError when no candidate fits, naming
     the cheapest or fastest plan there is."""
     step_time = table.time + after[0]
-    step_cost = table.cost + after[1]
+    step_cost = table.cost + table.warm_after + after[1]
     if budget is not None:
         fits = np.flatnonzero(step_cost <= budget * (1 + 1e-9))
         if fits.size == 0:

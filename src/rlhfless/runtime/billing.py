@@ -1,15 +1,22 @@
 """The billing meter: every function invocation's life, and what the step cost.
 
 An invocation is billed from `started` (resources granted) to `released`, for the accelerator
-units it holds (GPUs, or the CPU slot standing in for them), at the price per unit-hour. Functions
-colocated with another (prefill, the heaviest decode actor and the reference share the learner's
-resources) are recorded but billed once, through their host. Times are wall-clock (`time.time()`)
-so that they compare across processes; the timeline stores them as seconds from the step start.
+units it holds (GPUs, or the CPU slot standing in for them), priced by the one pricing model
+(`planner.pricing.charge`): its cold start (`started` to `ready`) as the platform bills it.
+A warm function idle in the pool still holds its resources: the pool's idle spans come in as
+`keep-alive` invocations, billed as keep-alive idle. Functions colocated with another (prefill,
+the heaviest decode actor and the reference share the learner's resources) are recorded but billed
+once, through their host. Times are wall-clock (`time.time()`) so that they compare across
+processes; the timeline stores them as seconds from the step start.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from rlhfless.planner.pricing import Pricing, charge
+
+KEEP_ALIVE = "keep-alive"  # the kind of a warm function's idle span in the pool
 
 
 @dataclass
@@ -17,7 +24,7 @@ class Invocation:
     """One function invocation in one step."""
 
     name: str
-    kind: str  # learner, prefill, decode, reference, reward, critic
+    kind: str  # learner, prefill, decode, reference, reward, critic, keep-alive
     resources: dict[str, float]  # what the function holds, e.g. {"CPU": 1} or {"GPU": 1}
     units: float  # billed accelerator units (GPUs, or the CPU slot standing in for them)
     requested: float
@@ -49,12 +56,18 @@ class Invocation:
             return 0.0
         return max(0.0, min(hi, self.released) - max(lo, self.started))
 
+    def starting(self, lo: float, hi: float) -> float:
+        """Seconds of its cold start [started, ready] inside [lo, hi]."""
+        if not self.cold or self.started is None or self.ready is None:
+            return 0.0
+        return max(0.0, min(hi, self.ready) - max(lo, self.started))
+
 
 @dataclass
 class Meter:
     """Collects one step's invocations and phase boundaries, then prices them."""
 
-    price_per_unit_hour: float
+    pricing: Pricing
     origin: float = 0.0
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, start time)
     invocations: list[Invocation] = field(default_factory=list)
@@ -71,14 +84,26 @@ class Meter:
         self.invocations.append(inv)
         return inv
 
+    def keep_alive(self, name: str, units: float, resources: dict[str, float], start: float, end: float) -> None:
+        """A warm function's idle span in the pool (clipped to the step when it closes)."""
+        if units > 0 and end > start:
+            inv = Invocation(name, KEEP_ALIVE, resources, units, start, start, start, end)
+            self.invocations.append(inv)
+
     def cost(self, inv: Invocation, lo: float, hi: float) -> float:
         if not inv.billed:
             return 0.0
-        return self.price_per_unit_hour * inv.units * inv.alive(lo, hi) / 3600.0
+        alive = inv.alive(lo, hi)
+        if inv.kind == KEEP_ALIVE:
+            return charge(self.pricing, inv.units, 0.0, idle_s=alive)
+        return charge(self.pricing, inv.units, alive, cold_s=inv.starting(lo, hi))
 
     def close_step(self, end: float) -> tuple[dict[str, float], list[dict]]:
         """Release what is still held, price everything; returns metrics and timeline records."""
         for inv in self.invocations:
+            if inv.kind == KEEP_ALIVE:  # only its part inside this step is this step's
+                inv.started = inv.requested = inv.ready = max(inv.started, self.origin)
+                inv.released = max(inv.started, min(inv.released, end))
             if inv.started is None:  # never got resources: nothing held, nothing billed
                 inv.started = inv.released = inv.requested
             if inv.ready is None:
@@ -93,7 +118,8 @@ class Meter:
         step_cost = sum(self.cost(inv, self.origin, end) for inv in self.invocations)
         records = [self._record(inv, end) for inv in self.invocations]
         decode = [inv for inv in self.invocations if inv.kind == "decode"]
-        billed = [inv for inv in self.invocations if inv.billed]
+        billed = [inv for inv in self.invocations if inv.billed and inv.kind != KEEP_ALIVE]
+        warm = [inv for inv in self.invocations if inv.billed and inv.kind == KEEP_ALIVE]
         metrics = {
             "cost/step": step_cost,
             **{f"cost/{name}": value for name, value in phase_cost.items()},
@@ -102,6 +128,8 @@ class Meter:
             "time/cold_start": sum(inv.ready - inv.started for inv in self.invocations if inv.cold),
             "time/idle": sum(inv.alive(self.origin, end) - _busy(inv) for inv in billed),
             "time/billed": sum(inv.units * inv.alive(self.origin, end) for inv in billed),
+            "time/keep_alive": sum(inv.units * inv.alive(self.origin, end) for inv in warm),
+            "cost/keep_alive": sum(self.cost(inv, self.origin, end) for inv in warm),
         }
         return metrics, records
 

@@ -1,9 +1,23 @@
-"""The bridge from a training step to the planner: what this machine is, and the step's plan."""
+"""The bridge from a training step to the planner: what this machine is, the step's plan, and what
+the run teaches the forecast.
+
+The planner's time table is measured on this machine once (`measured_profile`, cached by model
+shape, dtype and threads) unless the run names one. After every step `StepPlanner.observe` folds
+the measured times into the calibration (the time model), the phase model (preparation and
+learning) and the cold-start estimate, and returns the step's forecast against what happened.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import hashlib
+import json
+import os
+from pathlib import Path
 
+import numpy as np
+import torch
+
+from rlhfless.config import Config, write_atomic
 from rlhfless.planner import (
     ClusterSpec,
     LengthPredictor,
@@ -14,13 +28,14 @@ from rlhfless.planner import (
     plan_step,
     prediction_quality,
 )
+from rlhfless.planner.forecast import Calibration, PhaseModel, relative_error, replay_times
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+from rlhfless.planner.scaling import Billing
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime_config import RuntimeConfig
 
-# A 2-core CPU slot as an "accelerator" for the derived default profile: rough peak figures
-# (AVX2 FP32 on two cores, one DDR channel's share). Only the ranking of plans depends on it;
-# `rlhfless profile` measures the real table.
+# A 2-core CPU slot as an "accelerator" for the derived profile (`runtime.profile=derived`): rough
+# peak figures (AVX2 FP32 on two cores, one DDR channel's share), far from what the engine does.
 CPU_SLOT = GpuSpec(
     "cpu-slot",
     bf16_tflops=0.1,
@@ -30,13 +45,54 @@ CPU_SLOT = GpuSpec(
     inter_node_gbps=1.0,
     price_per_hour=0.1,
 )
+DERIVED = "derived"
+# The measured grid: decode batches up to the engine's running limit, contexts up to the longest
+# prompt + response a default run sees; the planner extrapolates linearly past the last point.
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+CONTEXTS = (1, 128, 256, 512, 1024)
+PREFILL = (16, 64, 256, 1024)
 
 
-def machine_profile(shape: ModelShape, profile_path: str | None) -> Profile:
-    """The measured table when given, else one derived from the model's shape on a CPU slot."""
-    if profile_path:
-        return Profile.load(profile_path)
-    return roofline_profile(shape, CPU_SLOT)
+def _cache_key(model: torch.nn.Module, threads: int) -> str:
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    dtype = str(next(model.parameters()).dtype)
+    raw = f"{config}|{dtype}|{threads}|{torch.__version__}|{os.cpu_count()}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int) -> Profile:
+    """This engine's time table on this machine with `threads` torch threads, measured once and
+    cached under `cache_dir/profiles/` (keyed by the model's config, dtype, threads, torch)."""
+    from rlhfless.engine.profiling import measure_profile
+
+    path = Path(cache_dir).expanduser() / "profiles" / f"{_cache_key(model, threads)}.json"
+    if path.is_file():
+        try:
+            return Profile.load(path)
+        except (ValueError, OSError, json.JSONDecodeError):
+            pass  # a damaged cache entry is measured again
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = measure_profile(model, batches=BATCHES, contexts=CONTEXTS, prefill_tokens=PREFILL, repeats=2)
+    finally:
+        torch.set_num_threads(before)
+    table["note"] = f"measured on this machine with {threads} thread(s)"
+    profile = Profile.from_dict(table)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
+    return profile
+
+
+def machine_profile(cfg: Config, model: torch.nn.Module) -> Profile:
+    """The table the run names (`runtime.profile`: a file, or `derived` from the model's shape),
+    else this machine's, measured once with a decode function's threads."""
+    path = cfg.runtime.profile
+    if path == DERIVED:
+        return roofline_profile(ModelShape.from_hf_config(model.config.to_dict()), CPU_SLOT)
+    if path:
+        return Profile.load(path)
+    return measured_profile(model, cfg.model.cache_dir, cfg.runtime.threads_per_actor)
 
 
 def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelShape) -> ClusterSpec:
@@ -50,16 +106,104 @@ def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelSha
 
 
 class StepPlanner:
-    """Calls the planner each step with this run's profile, cluster and settings."""
+    """Calls the planner each step with this run's profile, cluster and settings, corrected by
+    what the run has measured so far."""
 
-    def __init__(self, scheduler: SchedulerConfig, profile: Profile, cluster: ClusterSpec, group_size: int):
+    def __init__(
+        self,
+        scheduler: SchedulerConfig,
+        profile: Profile,
+        cluster: ClusterSpec,
+        group_size: int,
+        max_length: int | None = None,
+        resident_units: float = 0.0,
+    ):
         self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
+        self.max_length, self.resident_units = max_length, resident_units
+        self.calibration = Calibration()
+        self.phases = PhaseModel()
+
+    def billing(self, warm: int) -> Billing:
+        """The runtime: functions start on demand, the learner holds its units all step."""
+        return Billing(
+            self.scheduler.pricing,
+            resident_units=self.resident_units,
+            warm_actors=warm,
+            overhead_s=self.calibration.overhead_s or 0.0,
+            after_units=self.resident_units,
+            after_per_token_s=self.phases.per_token_s or 0.0,
+            next_use_after=True,
+        )
 
     def plan(
-        self, prompts: list[StepPrompt], answer_tokens: list[int | None], predictor: LengthPredictor
+        self,
+        prompts: list[StepPrompt],
+        answer_tokens: list[int | None],
+        predictor: LengthPredictor,
+        warm: int = 0,
     ) -> StepPlan:
-        specs = [PromptSpec(p.uid, p.prompt_ids, a) for p, a in zip(prompts, answer_tokens, strict=True)]
-        return plan_step(specs, predictor, self.profile, self.cluster, self.scheduler, self.group_size)
+        specs = [
+            PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
+            for p, a in zip(prompts, answer_tokens, strict=True)
+        ]
+        profile = self.calibration.profile(self.profile)
+        return plan_step(
+            specs,
+            predictor,
+            profile,
+            self.cluster,
+            self.scheduler,
+            self.group_size,
+            self.billing(warm),
+            self.max_length,
+        )
+
+    def observe(self, plan: StepPlan, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
+        """The step's forecast against what happened; then learn from it for the next plan."""
+        out = forecast_metrics(plan, metrics)
+        lengths: dict[str, list[int]] = {}
+        for s in samples:
+            lengths.setdefault(s.uid, []).append(len(s.response_ids))
+        prompt_tokens = {s.uid: len(s.prompt_ids) for s in samples}
+        busy, total = replay_times(plan, lengths, prompt_tokens, self.profile, self.scheduler.segments)
+        prefill = float(self.profile.prefill_seconds(plan.prefill.get("tokens", 0)))
+        measured_busy = metrics.get("time/prefill", 0.0) + metrics.get("time/decode", 0.0)
+        self.calibration.observe(
+            measured_busy, float(busy.sum()) + prefill, metrics["time/generation"], float(total.max()) + prefill
+        )
+        if metrics.get("actors/cold_starts"):
+            self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
+        tokens = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
+        self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"])
+        out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
+        out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
+        out["calibration/after_s_per_token"] = self.phases.per_token_s or 0.0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"calibration": self.calibration.state_dict(), "phases": self.phases.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calibration.load_state_dict(state.get("calibration", {}))
+        self.phases.load_state_dict(state.get("phases", {}))
+
+
+def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:
+    """The plan's forecast beside the measured figures, and its relative error (forecast/actual - 1)."""
+    pairs = {
+        "generation_time": (plan.predicted_time, metrics.get("time/generation")),
+        "generation_cost": (plan.predicted_cost, metrics.get("cost/generation")),
+        "step_time": (plan.predicted_step_time, metrics.get("time/step")),
+        "step_cost": (plan.predicted_step_cost, metrics.get("cost/step")),
+    }
+    out: dict[str, float] = {}
+    for name, (forecast, actual) in pairs.items():
+        out[f"forecast/{name}"] = forecast
+        if actual is not None:
+            out[f"forecast/error/{name}"] = relative_error(forecast, actual)
+    for key, value in plan.target.items():
+        out[f"target/{key}"] = value
+    return out
 
 
 def plan_metrics(plan: StepPlan) -> dict[str, float]:

@@ -2,7 +2,9 @@
 
 A lease is one started Ray actor. Acquiring reuses an idle lease of the same shape (kind,
 colocation, node) when one is warm, else creates one (a cold start). Releasing returns the lease to
-the pool; leases idle longer than the keep-alive are stopped. Dead leases are dropped.
+the pool, or stops it when the planner says a cold start later is cheaper than idling till then;
+leases idle longer than the keep-alive are stopped. Dead leases are dropped. Idle time holds the
+function's resources, so the pool keeps each idle span (`spans`) for the meter to bill.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ class Lease:
     version: int | None = None
     idle_since: float = 0.0
     hello: Any = None  # ObjectRef of its `Started` record, while its cold start is being awaited
+    units: float = 0.0  # billed accelerator units it holds (0: on the learner's resources)
+    resources: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class IdleSpan:
+    """A warm function idle in the pool from `start` to `end`, holding its resources."""
+
+    lease: Lease
+    start: float
+    end: float
 
 
 class FunctionPool:
@@ -41,6 +54,7 @@ class FunctionPool:
         self.stop = stop or _kill
         self.idle: list[Lease] = []
         self.leased: set[Lease] = set()
+        self.spans: list[IdleSpan] = []  # ended idle spans not yet taken by the meter
         self._serial = itertools.count()
 
     def acquire(self, shape: Shape, now: float) -> Lease:
@@ -48,6 +62,7 @@ class FunctionPool:
         for lease in self.idle:
             if lease.shape == shape:
                 self.idle.remove(lease)
+                self.spans.append(IdleSpan(lease, lease.idle_since, now))
                 lease.cold = False
                 self.leased.add(lease)
                 return lease
@@ -56,10 +71,26 @@ class FunctionPool:
         self.leased.add(lease)
         return lease
 
-    def release(self, lease: Lease, now: float) -> None:
+    def release(self, lease: Lease, now: float, keep: bool = True) -> None:
+        """Back to the pool, warm (`keep`), or stopped now."""
         self.leased.discard(lease)
+        if not keep:
+            self.stop(lease.handle)
+            return
         lease.idle_since = now
         self.idle.append(lease)
+
+    def stop_idle(self, leases: list[Lease], now: float) -> None:
+        """Stop these idle leases now (their next use is further away than a cold start is worth)."""
+        for lease in leases:
+            self.idle.remove(lease)
+            self.spans.append(IdleSpan(lease, lease.idle_since, now))
+            self.stop(lease.handle)
+
+    def take_spans(self, now: float) -> list[IdleSpan]:
+        """Idle spans up to `now`: the ended ones (then forgotten) and the still idle ones so far."""
+        ended, self.spans = self.spans, []
+        return ended + [IdleSpan(lease, lease.idle_since, now) for lease in self.idle]
 
     def drop(self, lease: Lease) -> None:
         """Forget a lease whose process died (or stop it when it is still there)."""
@@ -69,8 +100,9 @@ class FunctionPool:
     def evict(self, now: float) -> int:
         """Stop functions idle for longer than the keep-alive; returns how many."""
         expired = [lease for lease in self.idle if now - lease.idle_since > self.keep_alive_s]
-        for lease in expired:
+        for lease in expired:  # the platform stopped it when its keep-alive ran out
             self.idle.remove(lease)
+            self.spans.append(IdleSpan(lease, lease.idle_since, lease.idle_since + self.keep_alive_s))
             self.stop(lease.handle)
         return len(expired)
 

@@ -8,10 +8,11 @@ after every slice the planner's cut-and-migrate rule decides, and the controller
 states between functions. A function that dies has its unfinished sequences re-run elsewhere from
 their last reported state. Sampling is counter-based, so none of this changes a token.
 
-Billing: the learner's resources for the whole step under every policy; the prefill function,
-the decode function the plan colocates with the learner, and the reference/reward function share
-them and are billed once. Other decode functions are billed while leased; under `verl` they are
-held for the whole step, as a serverful deployment would.
+Billing (the one pricing model, through the meter): the learner's resources for the whole step
+under every policy; the prefill function, the decode function the plan colocates with the learner,
+and the reference/reward function share them and are billed once. Other decode functions are
+billed while leased, then while warm in the pool; at release each is kept warm or stopped as the
+plan says. Under `verl` they are held for the whole step, as a serverful deployment would.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Run:
     free_slots: int = 0
     done: bool = False
     sync: object = None  # ObjectRef of the weight load, when one was needed
+    keep_warm: bool = False  # at release: back to the pool warm (the plan's choice), else stopped
 
     def pending(self) -> set[Key]:
         return self.assigned - self.finished
@@ -105,7 +107,7 @@ class RayExecutor(LocalLearner):
         others = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != self.driver_node)
         self.nodes = [self.driver_node, *others]
         self.serverful = cfg.scheduler.policy == "verl"
-        self.meter = Meter(cfg.scheduler.price_per_gpu_hour)
+        self.meter = Meter(cfg.scheduler.pricing)
         self.pool = FunctionPool(self._create, float("inf") if self.serverful else self.rt.keep_alive_s)
         self.weights: tuple[int, ray.ObjectRef, int] | None = None  # (version, ref, bytes)
         self.reference_ref = None if reference is None else ray.put(flat_weights(reference))
@@ -264,11 +266,15 @@ class RayExecutor(LocalLearner):
             colocated = a.actor == host
             lease = self.pool.acquire(("decode", colocated, a.node), time.time())
             inv = self._open(f"decode-{a.actor}", "decode", lease, float(a.gpus), colocated, now)
+            lease.units, lease.resources = (0.0 if colocated else inv.units), inv.resources
             run = Run(a.actor, lease, inv, colocated, sync=self._sync(lease, colocated))
+            run.keep_warm = colocated or a.keep_warm
             run.free_slots = max(0, self.cfg.generation.max_running - group * len(a.uids))
             runs.append(run)
             if self.serverful:
                 self.held.append(lease)
+        if not plan.keep_unused_warm:  # warm functions this step does not use: a step away at best
+            self.pool.stop_idle([lease for lease in self.pool.idle if lease.units > 0], time.time())
 
         bundle, kv_ref, prefix_of = self._prefill(prompts, plan)
         fault = self.rt.fault
@@ -434,6 +440,7 @@ class RayExecutor(LocalLearner):
             inv = self._open(
                 f"decode-{dead.index}-rerun", "decode", lease, dead.inv.units, dead.colocated, now
             )
+            lease.units, lease.resources = (0.0 if dead.colocated else inv.units), inv.resources
             target = Run(index, lease, inv, dead.colocated, sync=self._sync(lease, dead.colocated))
             runs.append(target)
             new.append(target)
@@ -451,7 +458,7 @@ class RayExecutor(LocalLearner):
         if not self.serverful:
             now = time.time()
             run.inv.released = now
-            self.pool.release(run.lease, now)
+            self.pool.release(run.lease, now, keep=run.keep_warm)
 
     def _finish_runs(self, runs: list[Run], assign_refs: list) -> None:
         """Cold-start times and weight/KV load seconds, read once the functions are done."""
@@ -542,9 +549,18 @@ class RayExecutor(LocalLearner):
         for lease in self.held:  # verl: held to the end of the step, then kept for the next
             self.pool.release(lease, end)
         self.held = []
-        metrics, records = self.meter.close_step(end)
         self.pool.evict(end)
+        for span in self.pool.take_spans(end):
+            lease = span.lease
+            name = f"warm-{lease.shape[0]}-{lease.serial}"
+            self.meter.keep_alive(name, lease.units, lease.resources or {}, span.start, span.end)
+        metrics, records = self.meter.close_step(end)
         return metrics, {"step": step, "functions": records}
+
+    def warm_functions(self) -> int:
+        """Warm decode functions in the pool with resources of their own: the next plan's N of
+        them start without a cold start."""
+        return sum(1 for lease in self.pool.idle if lease.shape[0] == "decode" and lease.units > 0)
 
     # ----- state ---------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompt
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.hardware import ModelShape
+from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
@@ -201,9 +202,11 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     shape = ModelShape.from_hf_config(policy.config.to_dict())
     planner = StepPlanner(
         cfg.scheduler,
-        machine_profile(shape, cfg.runtime.profile),
+        machine_profile(cfg, policy),
         machine_cluster(cfg.runtime, cfg.scheduler.gpus_per_actor, shape),
         cfg.algorithm.group_size,
+        max_length=cfg.generation.max_new_tokens,
+        resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
     )
 
     kl_ctrl = kl_controller(cfg.algorithm)
@@ -216,6 +219,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         executor.load_state_dict(learner_state)
         loader.load_state_dict(state["loader"])
         predictor.load_state_dict(state["predictor"])
+        planner.load_state_dict(state.get("planner", {}))
         kl_ctrl.value = state.get("kl_coef", kl_ctrl.value)
         start = state["step"]
     out.mkdir(parents=True, exist_ok=True)
@@ -238,6 +242,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
                 trainer_state = {
                     "loader": loader.state_dict(),
                     "predictor": predictor.state_dict(),
+                    "planner": planner.state_dict(),
                     "kl_coef": kl_ctrl.value,
                 }
                 save_checkpoint(
@@ -268,7 +273,10 @@ def run_step(
     ]
 
     on_event("phase", {"step": step, "phase": "plan"})
-    plan = planner.plan(prompts, answers, predictor)
+    try:
+        plan = planner.plan(prompts, answers, predictor, executor.warm_functions())
+    except PlanError as err:
+        raise TrainError(f"step {step}: {err}") from None
 
     on_event("phase", {"step": step, "phase": "generate"})
     t = time.perf_counter()
@@ -313,7 +321,7 @@ def run_step(
     log.step_file("rollouts", step, rollout_records(samples, prompts, plan.predicted_length))
     log.step_file("plans", step, plan.to_dict())
     timings["time/step"] = time.perf_counter() - t0
-    return {
+    metrics = {
         **rollout_metrics(samples),
         **learn_metrics,
         **gen_metrics,
@@ -323,6 +331,7 @@ def run_step(
         **plan_metrics(plan),
         **timings,
     }
+    return metrics | planner.observe(plan, samples, metrics)
 
 
 # Curves whose first and last windows the summary compares: one step of 32 samples is noise.

@@ -1,0 +1,150 @@
+"""One pricing model: the planner's forecast, the runtime's meter and the simulator's bill agree on
+every invocation, and the billing rules (cold start, keep-alive) mean the same in all three."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_support import make_cluster, make_profile
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import PRICE_SHEETS, Pricing, charge, keep_warm
+from rlhfless.planner.scaling import Billing, PlanError
+from rlhfless.runtime.billing import Invocation, Meter
+from rlhfless.sim.config import build
+from rlhfless.sim.runner import run_policy
+
+RULES = [Pricing(1.95), Pricing(1.95, bill_cold_start=False), Pricing(1.95, bill_keep_alive=False)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    units=st.floats(0, 16),
+    seconds=st.floats(0, 1e4),
+    cold=st.floats(0, 100),
+    idle=st.floats(0, 1e3),
+    rule=st.sampled_from(RULES),
+)
+def test_charge_is_linear_in_units_and_bills_only_what_the_platform_bills(units, seconds, cold, idle, rule):
+    cold = min(cold, seconds)
+    once = charge(rule, units, seconds, cold, idle)
+    assert charge(rule, 2 * units, seconds, cold, idle) == pytest.approx(2 * once)
+    expected = seconds - (0 if rule.bill_cold_start else cold) + (idle if rule.bill_keep_alive else 0)
+    assert once == pytest.approx(rule.unit_hour / 3600 * units * expected)
+
+
+def test_keep_warm_compares_the_idle_bill_with_a_cold_start():
+    rule = Pricing(1.0)
+    # lam = 0.5: a cold start of 4 s is worth 4 billed + 4 s of step time = 8 unit-seconds.
+    assert keep_warm(rule, np.array([7.9, 8.1]), 4.0, 0.5).tolist() == [True, False]
+    assert keep_warm(Pricing(1.0, bill_keep_alive=False), 1e9, 4.0, 0.5)  # idle is free: keep
+    assert keep_warm(rule, 1e9, 4.0, 1.0)  # time only: always keep
+
+
+def test_price_sheets_name_their_source_and_refuse_an_unknown_gpu():
+    assert all(sheet.source for sheet in PRICE_SHEETS.values())
+    assert Pricing.from_sheet("modal-2026", "h100").unit_hour == 3.95
+    with pytest.raises(ValueError, match="no price for 'tpu'"):
+        Pricing.from_sheet("modal-2026", "tpu")
+
+
+def _prompts(n: int) -> list[PromptSpec]:
+    return [PromptSpec(f"p{i}", list(range(i % 5 + 3)), None, "task") for i in range(n)]
+
+
+def _predictor(n: int) -> LengthPredictor:
+    predictor = LengthPredictor()
+    for i in range(n):
+        predictor.update(f"p{i}", [20 + 7 * (i % 11), 10 + i % 3])
+    return predictor
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("policy", ["rlhfless", "verl"])
+def test_the_meter_bills_a_plan_run_as_forecast_exactly_what_the_planner_forecast(rule, policy):
+    profile = make_profile(step_ms=10.0, per_seq_ms=1.0)
+    profile.cold_start_s = 0.3
+    config = SchedulerConfig(policy=policy, n_min=3, lam=0.9)
+    billing = Billing(rule, resident_units=1.0, warm_actors=1, after_per_token_s=1e-4, next_use_after=True)
+    plan = plan_step(_prompts(24), _predictor(24), profile, make_cluster(), config, 2, billing)
+    end = plan.predicted_time
+    meter = Meter(rule)
+    meter.begin_step(0.0)
+    meter.open(Invocation("learner", "learner", {}, 1.0, 0.0, 0.0, 0.0))
+    for a in plan.actors:
+        host = a.gpu_ids[:1] == [0]
+        inv = meter.open(
+            Invocation(
+                f"decode-{a.actor}",
+                "decode",
+                {},
+                float(a.gpus),
+                0.0,
+                0.0,
+                a.cold_start,
+                end if policy == "verl" else a.predicted_time,
+                colocated_with="learner" if host else None,
+                cold=a.cold_start > 0,
+            )
+        )
+        if a.keep_warm and policy != "verl" and not host:
+            meter.keep_alive(f"warm-{a.actor}", inv.units, {}, a.predicted_time, end)
+    metrics, _ = meter.close_step(end)
+    assert metrics["cost/step"] == pytest.approx(plan.predicted_cost, rel=1e-9)
+
+
+@pytest.mark.parametrize("rule", ["bill_cold_start=true", "bill_cold_start=false"])
+def test_the_meter_bills_a_simulated_step_exactly_what_the_simulator_billed(rule):
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "l40s", "cold_start_s": 5.0},
+            "model": {"name": "qwen2.5-3b"},
+            "workload": {"dataset": "gsm8k", "prompts_per_step": 32, "samples": 4, "dataset_size": 64},
+            "scheduler": {"bill_cold_start": rule.endswith("true")},
+        }
+    )
+    pricing = cfg.cluster.pricing(cfg.scheduler)
+    [result] = run_policy(cfg, {"policy": "rlhfless"}, 1)
+    meter = Meter(pricing)
+    meter.begin_step(min(a["requested"] for a in result.actors))
+    for a in result.actors:
+        cold = a["requested"] < 0
+        meter.open(
+            Invocation(
+                "d", "decode", {}, a["gpus"], a["requested"], a["requested"], 0.0, a["released"], cold=cold
+            )
+        )
+    metrics, _ = meter.close_step(result.generation)
+    assert metrics["cost/step"] == pytest.approx(result.cost_generation, rel=1e-9)
+
+
+def test_a_budget_takes_the_fastest_plan_that_fits_and_a_deadline_the_cheapest():
+    profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster()
+    free = plan_step(_prompts(24), _predictor(24), profile, cluster, SchedulerConfig(), 2)
+    rows = free.candidates
+    fastest, cheapest = min(rows, key=lambda r: r["time"]), min(rows, key=lambda r: r["cost"])
+    assert fastest["n"] != cheapest["n"]
+    budget = (fastest["cost"] + cheapest["cost"]) / 2
+    within = plan_step(
+        _prompts(24), _predictor(24), profile, cluster, SchedulerConfig(budget_per_step=budget), 2
+    )
+    fits = [r for r in rows if r["cost"] <= budget]
+    assert within.n_actors == min(fits, key=lambda r: r["time"])["n"] and within.predicted_cost <= budget
+    deadline = (fastest["time"] + cheapest["time"]) / 2
+    timed = plan_step(
+        _prompts(24), _predictor(24), profile, cluster, SchedulerConfig(deadline_per_step=deadline), 2
+    )
+    fits = [r for r in rows if r["time"] <= deadline]
+    assert timed.n_actors == min(fits, key=lambda r: r["cost"])["n"] and timed.predicted_time <= deadline
+
+
+def test_an_infeasible_budget_or_deadline_is_one_line_naming_the_best_plan_there_is():
+    profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster()
+    with pytest.raises(PlanError, match=r"budget_per_step: got 1e-09 \$, expected at least the cheapest"):
+        plan_step(_prompts(8), _predictor(8), profile, cluster, SchedulerConfig(budget_per_step=1e-9), 2)
+    with pytest.raises(PlanError, match=r"deadline_per_step: got 1e-06 s, expected at least the fastest"):
+        plan_step(_prompts(8), _predictor(8), profile, cluster, SchedulerConfig(deadline_per_step=1e-6), 2)
+    with pytest.raises(ValueError, match="one target at a time"):
+        SchedulerConfig(budget_per_step=1.0, deadline_per_step=1.0)
