@@ -261,10 +261,27 @@ def write_fake_run(
                 "predictor/within_50": 0.8,
                 "predictor/kendall_tau": 0.6,
             }
+        if planner and runtime:  # the forecast the plan made, a little off what was measured
+            m |= {
+                "forecast/generation_time": 1.1 * m["time/generation"],
+                "forecast/generation_cost": 0.7 * m["cost/generation"],
+                "forecast/step_time": 0.95 * m["time/step"],
+                "forecast/step_cost": 1.05 * m["cost/step"],
+            }
         if ppo:
             m |= {"loss/value": 0.3 / step, "value/mean": 0.1 * step, "value/explained_variance": 0.2}
         metrics.append(m)
     (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if planner and runtime:
+        forecast = {
+            "steps": steps,
+            "time_s": 1.2 * sum(m["time/step"] for m in metrics),
+            "cost": 0.9 * sum(m["cost/step"] for m in metrics),
+            "time_range_s": [1.0, 1e4],
+            "cost_range": [0.0, 1.0],
+            "per_step": [{"step": m["step"]} for m in metrics],
+        }
+        (path / "forecast.json").write_text(json.dumps(forecast))
     (path / "summary.json").write_text(
         json.dumps(
             {

@@ -21,6 +21,7 @@ SECTIONS = [
     "Step timeline",
     "Phase breakdown per step",
     "Response lengths and the length predictor",
+    "Forecast against actual",
     "Scaling decisions",
 ]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +40,7 @@ def test_tiny_run_page_has_every_section_and_figure_inlined(tiny_run: Path, tiny
     parts = _parts(tiny_page)
     assert parts.headings == SECTIONS
     assert parts.notes == []
-    names = ["cost-time", "curves", "lengths", "phases", "scaling-0", "timeline-0"]
+    names = ["cost-time", "curves", "forecast", "lengths", "phases", "scaling-0", "timeline-0"]
     assert _figure_names(tiny_page) == [f"report-{n}.png" for n in names]
     assert len(parts.images) == len(names)
     beside = {(tiny_page.parent / n).read_bytes() for n in _figure_names(tiny_page)}
@@ -76,14 +77,35 @@ def test_two_run_comparison(pair_page: Path) -> None:
     assert parts.headings == SECTIONS
     assert _figure_names(pair_page) == [
         f"page-{n}.png"
-        for n in ["cost-time", "curves", "lengths", "phases", "scaling-1", "timeline-0", "timeline-1"]
+        for n in [
+            "cost-time",
+            "curves",
+            "forecast",
+            "lengths",
+            "phases",
+            "scaling-1",
+            "timeline-0",
+            "timeline-1",
+        ]
     ]
-    assert len(parts.images) == 7
+    assert len(parts.images) == 8
     text = pair_page.read_text(encoding="utf-8")
     assert "RLHFless report: verl vs rlhfless" in text
     assert "identical (72 samples)" in text
     assert "verl: no plans/step_*.json files (no planner in this run)" in parts.notes
     assert "verl: rollouts carry no `predicted_length` (no planner in this run)" in parts.notes
+
+
+def test_forecast_section_scores_each_forecast_and_puts_the_whole_run_beside_its_outcome(tiny_page) -> None:
+    text = tiny_page.read_text(encoding="utf-8")
+    # The fake run's forecasts are 10% high, 30% low, 5% low and 5% high: 3 of 4 within 20%.
+    rows = PageParts(text).tables
+    scores = {r[1]: r[3:] for table in rows for r in table if r and r[0] == "tiny" and len(r) == 5}
+    assert scores["generation time (s)"] == ["100%", "10.0%"]
+    assert scores["generation cost ($)"] == ["0%", "30.0%"]
+    assert scores["step cost ($)"] == ["100%", "5.0%"]
+    whole = {r[1]: r[5] for table in rows for r in table if r and r[0] == "tiny" and r[1] in ("time", "cost")}
+    assert whole == {"time": "+20.0%", "cost": "-10.0%"}
 
 
 def test_in_process_executor_run_says_what_is_missing(tmp_path: Path) -> None:
@@ -153,4 +175,4 @@ def test_runs_with_different_steps_and_odd_names(tmp_path: Path) -> None:
     parts = _parts(page)
     assert "the runs recorded different steps: each mean is over that run's own steps" in parts.notes
     assert "RLHFless report: cost $^$ &lt;fast&gt; vs cost $6_x" in page.read_text(encoding="utf-8")
-    assert len(parts.images) == 8
+    assert len(parts.images) == 9

@@ -70,6 +70,12 @@ class Display:
             self.task = self.progress.add_task(
                 "steps", total=info["steps"], completed=info["start"], phase=""
             )
+        elif kind == "forecast":
+            (lo, hi), (clo, chi) = info["time_range_s"], info["cost_range"]
+            self.console.print(
+                f"forecast for {info['steps']} step(s): {info['time_s']:.0f} s ({lo:.0f}-{hi:.0f}), "
+                f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}"
+            )
         elif kind == "phase":
             self.progress.update(self.task, phase=f"step {info['step']}: {info['phase']}")
         elif kind == "step":

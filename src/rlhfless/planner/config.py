@@ -90,6 +90,20 @@ class SchedulerConfig:
             "help": "sorted assignment: contiguous (balanced by predicted work) or lpt (for comparison)"
         },
     )
+    balance_rounds: int = field(
+        default=2,
+        metadata={
+            "help": "sorted assignment: rounds that re-split the ranges to equal predicted time "
+            "(an actor of long sequences is slower than its work says); 0 = the paper's equal work"
+        },
+    )
+    longest_first: bool = field(
+        default=True,
+        metadata={
+            "help": "rlhfless: each actor admits its sequences longest predicted first, so short ones "
+            "backfill the tail (else in assignment order)"
+        },
+    )
     actor_scaling: bool = field(
         default=True, metadata={"help": "rlhfless: choose N by time/cost (else N = n_max)"}
     )
@@ -108,6 +122,14 @@ class SchedulerConfig:
     )
     answer_length_factor: float = field(
         default=1.0, metadata={"help": "first epoch: predicted length = answer tokens x this factor"}
+    )
+    length_pilot: int = field(
+        default=0,
+        metadata={
+            "help": "before the first step, sample this many prompts of each data source once (not "
+            "trained on) so that the length predictor and the run's forecast start from their "
+            "sources' real lengths; 0 = start from default_length"
+        },
     )
     segments: int = field(
         default=16, metadata={"help": "time model resolution: length segments for the batch-shrink estimate"}
@@ -167,25 +189,31 @@ class SchedulerConfig:
             self.answer_length_factor,
             "a number > 0",
         )
+        check(self.length_pilot >= 0, "length_pilot", self.length_pilot, "an integer >= 0")
         check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
+        check(self.balance_rounds >= 0, "balance_rounds", self.balance_rounds, "an integer >= 0")
 
     @property
     def pricing(self) -> Pricing:
         return Pricing(self.price_per_gpu_hour, self.bill_cold_start, self.bill_keep_alive)
 
     @property
-    def features(self) -> dict[str, bool | str]:
+    def features(self) -> dict[str, bool | str | int]:
         """What the policy actually does: the toggles for rlhfless, fixed values for the baselines."""
         if self.policy == "rlhfless":
             return {
                 "dedup_prefill": self.dedup_prefill,
                 "sorted_assignment": self.sorted_assignment,
+                "balance_rounds": self.balance_rounds if self.sorted_assignment else 0,
+                "longest_first": self.longest_first,
                 "actor_scaling": self.actor_scaling,
                 "cut": "actor" if self.cut_and_migrate else "none",
             }
         return {
             "dedup_prefill": False,
             "sorted_assignment": False,
+            "balance_rounds": 0,
+            "longest_first": False,
             "actor_scaling": False,
             "cut": "global" if self.policy == "rlhfuse" else "none",
         }

@@ -12,13 +12,16 @@ from rlhfless.report import figures
 from rlhfless.report.page import Image, Section, render, table
 from rlhfless.report.rundir import Run, load_run, run_names
 from rlhfless.report.stats import (
+    FORECAST_GOAL,
     PHASES,
     WITHIN_TOKENS,
     compare_runs,
+    forecast_scores,
     group_lengths,
     phase_parts,
     planner_seconds,
     predictor_score,
+    run_outcome,
     subphase_parts,
 )
 
@@ -244,6 +247,56 @@ def _candidate_table(run: Run, step: int) -> str:
     return head + table(header, rows, classes)
 
 
+def _forecast_section(runs: list[Run], out: Path) -> Section:
+    section = Section(
+        "forecast",
+        "Forecast against actual",
+        f"What each step's plan forecast (dashed) beside what it measured (solid); the share of steps "
+        f"after the first whose forecast landed within {FORECAST_GOAL:.0%}; and the whole run's "
+        f"forecast made before step 1 (forecast.json) beside its outcome.",
+    )
+    drawn = [run for run in runs if run.has("forecast/generation_time")]
+    for run in runs:
+        if run not in drawn:
+            section.notes.append(
+                f"{run.name}: no `forecast/*` metrics (recorded since the unified cost model)"
+            )
+    if drawn:
+        section.images.append(_image(out, "forecast", figures.forecast(drawn), "forecast vs actual per step"))
+    rows = [
+        [run.name, score.label, str(score.steps), f"{score.within:.0%}", f"{100 * score.mean_abs_error:.1f}%"]
+        for run in drawn
+        for score in forecast_scores(run)
+    ]
+    if rows:
+        header = ["run", "forecast", "steps", f"within {FORECAST_GOAL:.0%}", "mean |error|"]
+        section.html.append(table(header, rows))
+    whole = []
+    for run in runs:
+        outcome = run_outcome(run)
+        if run.forecast is None or outcome is None:
+            continue
+        f = run.forecast
+        for name, key, unit in (("time", "time_s", " s"), ("cost", "cost", " $")):
+            if key not in outcome:
+                continue
+            lo, hi = f.get(f"{name}_range" if name == "cost" else "time_range_s", [None, None])
+            whole.append(
+                [
+                    run.name,
+                    name,
+                    f"{f[key]:.4g}{unit}",
+                    f"{_fmt(lo, '.4g')} - {_fmt(hi, '.4g')}",
+                    f"{outcome[key]:.4g}{unit}",
+                    f"{100 * (f[key] / outcome[key] - 1):+.1f}%",
+                ]
+            )
+    if whole:
+        header = ["run", "whole run", "forecast", "range", "actual", "forecast error"]
+        section.html.append(table(header, whole))
+    return section
+
+
 def _scaling_section(runs: list[Run], out: Path) -> Section:
     section = Section(
         "scaling",
@@ -289,6 +342,7 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
             _timeline_section(runs, out),
             _phase_section(runs, out),
             _lengths_section(runs, out),
+            _forecast_section(runs, out),
             _scaling_section(runs, out),
         ]
     for section in sections:

@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from rlhfless.report.rundir import Run, Timeline
-from rlhfless.report.stats import WITHIN_TOKENS, group_lengths, phase_parts, predictor_score
+from rlhfless.report.stats import FORECASTS, WITHIN_TOKENS, group_lengths, phase_parts, predictor_score
 
 WIDTH = 13.0
 DPI = 100
@@ -150,6 +150,27 @@ def cost_time(runs: list[Run]) -> Figure:
         ax_scatter.legend(fontsize="small")
     else:
         _empty(ax_scatter, "needs `time/step` and `cost/step`")
+    return fig
+
+
+def forecast(runs: list[Run]) -> Figure:
+    """Forecast (dashed) against actual (solid) per step: generation and whole-step time and cost,
+    with a run's budget or deadline as a dotted line."""
+    fig = Figure(figsize=(WIDTH, 6.5), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    targets = {"step time (s)": "target/deadline_per_step", "step cost ($)": "target/budget_per_step"}
+    for ax, (label, key, actual) in zip(axes, FORECASTS, strict=True):
+        ax.set_title(label)
+        drew = _line(ax, runs, actual, label_suffix=" actual")
+        drew |= _line(ax, runs, key, style="--", label_suffix=" forecast")
+        target = targets.get(label)
+        if target is not None:
+            drew |= _line(ax, runs, target, style=":", label_suffix=" " + target.split("/")[1])
+        if drew:
+            _steps_axis(ax)
+            ax.legend(fontsize="small")
+        else:
+            _empty(ax, f"`{key}` / `{actual}` not recorded")
     return fig
 
 

@@ -95,6 +95,7 @@ class Run:
     plans: dict[int, Plan] = field(default_factory=dict)
     timelines: dict[int, Timeline] = field(default_factory=dict)
     config_text: str | None = None
+    forecast: dict | None = None  # forecast.json: the whole run's forecast made before step 1
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -282,6 +283,8 @@ def load_run(path: Path, name: str | None = None) -> Run:
         run.problems.append("no metrics.jsonl")
     config = path / "config.yaml"
     run.config_text = config.read_text(encoding="utf-8", errors="replace") if config.is_file() else None
+    if (path / "forecast.json").is_file():
+        run.forecast = _json_file(path / "forecast.json", run.problems)
     for step, file in _step_files(path / "rollouts", "jsonl"):
         run.rollouts[step] = _read_rollout(step, file, run.problems)
     for step, file in _step_files(path / "plans", "json"):

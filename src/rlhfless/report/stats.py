@@ -149,3 +149,55 @@ def phase_parts(run: Run) -> dict[str, list[float]]:
 
 def subphase_parts(run: Run) -> dict[str, list[float]]:
     return {label: _per_step(run, key) for key, label in SUBPHASES if run.has(key)}
+
+
+# Forecast against actual: (label, forecast metric, actual metric), as the trainer records them.
+FORECASTS = (
+    ("generation time (s)", "forecast/generation_time", "time/generation"),
+    ("generation cost ($)", "forecast/generation_cost", "cost/generation"),
+    ("step time (s)", "forecast/step_time", "time/step"),
+    ("step cost ($)", "forecast/step_cost", "cost/step"),
+)
+FORECAST_GOAL = 0.20  # the share of steps whose forecast lands within 20% is reported
+
+
+@dataclass(frozen=True)
+class ForecastScore:
+    """How one forecast series matched what happened, over the steps after the first."""
+
+    label: str
+    steps: int
+    within: float  # share of steps within FORECAST_GOAL
+    mean_abs_error: float
+
+
+def forecast_scores(run: Run) -> list[ForecastScore]:
+    """Per forecast series: its steps after the run's first, the share within 20%, the mean |error|."""
+    out = []
+    first = run.steps[0] if run.steps else None
+    for label, key, actual in FORECASTS:
+        errors = [
+            m[key] / m[actual] - 1.0
+            for s, m in run.metrics.items()
+            if s != first and key in m and m.get(actual)
+        ]
+        if errors:
+            err = np.abs(errors)
+            out.append(
+                ForecastScore(label, len(errors), float(np.mean(err <= FORECAST_GOAL)), float(err.mean()))
+            )
+    return out
+
+
+def run_outcome(run: Run) -> dict[str, float] | None:
+    """The whole run's actual time and cost over the steps its forecast covered."""
+    if not run.forecast:
+        return None
+    steps = [r.get("step") for r in run.forecast.get("per_step", [])]
+    rows = [run.metrics[s] for s in steps if s in run.metrics]
+    if not rows or len(rows) != len(steps):
+        return None
+    out = {"time_s": float(sum(r.get("time/step", 0.0) for r in rows))}
+    if all("cost/step" in r for r in rows):
+        out["cost"] = float(sum(r["cost/step"] for r in rows))
+    return out

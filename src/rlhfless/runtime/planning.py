@@ -53,7 +53,8 @@ CONTEXTS = (1, 128, 256, 512, 1024)
 PREFILL = (16, 64, 256, 1024)
 
 
-def _cache_key(model: torch.nn.Module, threads: int) -> str:
+def cache_key(model: torch.nn.Module, threads: int) -> str:
+    """What a measured time depends on: the model's config and dtype, threads, torch, the machine."""
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     dtype = str(next(model.parameters()).dtype)
     raw = f"{config}|{dtype}|{threads}|{torch.__version__}|{os.cpu_count()}"
@@ -65,7 +66,7 @@ def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int) -> Pr
     cached under `cache_dir/profiles/` (keyed by the model's config, dtype, threads, torch)."""
     from rlhfless.engine.profiling import measure_profile
 
-    path = Path(cache_dir).expanduser() / "profiles" / f"{_cache_key(model, threads)}.json"
+    path = Path(cache_dir).expanduser() / "profiles" / f"{cache_key(model, threads)}.json"
     if path.is_file():
         try:
             return Profile.load(path)

@@ -43,6 +43,7 @@ from rlhfless.runtime.planning import (
     observe_lengths,
     plan_metrics,
 )
+from rlhfless.runtime.run_forecast import forecast_run, learning_seconds_per_token, length_pilot
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -77,6 +78,34 @@ def tokenize_prompts(prompts: list[Prompt], tokenizer, max_tokens: int) -> list[
             )
         out.append(StepPrompt(p, text, ids))
     return out
+
+
+def answer_lengths(prompts: list[StepPrompt], tokenizer) -> list[int | None]:
+    """Token count of each prompt's ground-truth answer (the predictor's stand-in where it fits)."""
+    return [
+        len(tokenizer(p.prompt.ground_truth)["input_ids"]) if p.prompt.ground_truth else None for p in prompts
+    ]
+
+
+def start_forecast(
+    cfg: Config, prompts: list[Prompt], tokenizer, planner, predictor, executor, start: int
+) -> dict:
+    """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
+    fresh run), then the whole run's forecast from step `start + 1` (written as `forecast.json`)."""
+
+    def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
+        return tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
+
+    first = tokenize(prompts[:1])[0].prompt_ids
+    if planner.phases.per_token_s is None:
+        planner.phases.per_token_s = learning_seconds_per_token(executor.policy, cfg, first)
+    pilot = {}
+    if cfg.scheduler.length_pilot and start == 0:
+        pilot = length_pilot(executor.engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
+    forecast = forecast_run(
+        cfg, prompts, tokenize, lambda batch: answer_lengths(batch, tokenizer), planner, predictor, start + 1
+    )
+    return {**forecast, **pilot, "learning_seconds_per_token": planner.phases.per_token_s}
 
 
 def _padded(per_sample: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -224,6 +253,10 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         start = state["step"]
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
+    forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor, start)
+    if start == 0:  # a resumed run keeps the forecast made before it paid anything
+        write_atomic(out / "forecast.json", json.dumps(forecast, indent=1))
+    on_event("forecast", forecast)
     log = RunLog(
         out, cfg.trainer.tensorboard, cfg.trainer.wandb_project if cfg.trainer.wandb else None, to_dict(cfg)
     )
@@ -267,10 +300,7 @@ def run_step(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     prompts = tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
-    answers = [
-        len(tokenizer(p.prompt.ground_truth or "")["input_ids"]) if p.prompt.ground_truth else None
-        for p in prompts
-    ]
+    answers = answer_lengths(prompts, tokenizer)
 
     on_event("phase", {"step": step, "phase": "plan"})
     try:

@@ -1,0 +1,174 @@
+"""What a whole run will take and cost, before paying for it.
+
+The forecast plans every step of the run as training would (same loader order, same planner,
+same profile and pricing), without generating or learning. Its inputs are the ones a first step
+has: the time table (measured once, cached), the learning phase's seconds per token (measured
+once on a small synthetic batch, cached), and the length predictor's first-epoch estimates,
+optionally seeded by a short length pilot (`scheduler.length_pilot`: sample a few prompts of each
+data source once with the real model; nothing is trained on them). No observation comes in while
+forecasting, so every step is planned on first-epoch estimates: the range re-plans the run with
+every predicted length halved and increased by half (capped at max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlhfless.config import Config, write_atomic
+from rlhfless.data import Prompt, PromptLoader
+from rlhfless.engine import Engine, rollout
+from rlhfless.planner import LengthPredictor
+from rlhfless.runtime.learner import Learner
+from rlhfless.runtime.planning import StepPlanner, cache_key
+from rlhfless.runtime.samples import Sample, StepPrompt
+
+RANGE = (0.5, 1.5)  # predicted lengths scaled so for the forecast's low and high ends
+PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it
+
+
+def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids: list[int]) -> float:
+    """Seconds per prompt + response token of one step's preparation (reference log-probs) and
+    learning, timed once on a synthetic batch of 8 samples on a copy of `policy` and cached."""
+    algo = cfg.algorithm
+    key = cache_key(policy, torch.get_num_threads())
+    shape = f"{key}-{cfg.trainer.micro_batch_tokens}-{algo.name}-{algo.epochs}-{algo.mini_batches}-{algo.kl_coef > 0}"
+    path = (
+        Path(cfg.model.cache_dir).expanduser()
+        / "profiles"
+        / f"learn-{hashlib.sha256(shape.encode()).hexdigest()[:16]}.json"
+    )
+    if path.is_file():
+        try:
+            return float(json.loads(path.read_text())["seconds_per_token"])
+        except (ValueError, KeyError, OSError):
+            pass  # damaged: measure again
+    model = copy.deepcopy(policy).train()
+    learner = Learner(
+        model,
+        algo,
+        cfg.optim,
+        total_steps=1,
+        micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+        temperature=cfg.generation.temperature,
+        pad_id=0,
+        seed=cfg.seed,
+        norm_len=cfg.generation.max_new_tokens,
+    )
+    rng = np.random.default_rng(0)
+    vocab = int(policy.config.vocab_size)
+    length = max(1, cfg.generation.max_new_tokens // 2)
+    samples = [
+        Sample(f"pilot{i // 4}", i % 4, list(prompt_ids), rng.integers(0, vocab, length).tolist(), "stop")
+        for i in range(8)
+    ]
+    advantages = [torch.full((length,), float(rng.normal())) for _ in samples]
+    start = time.perf_counter()
+    ref = learner.logprobs(model, samples) if algo.kl_coef > 0 else None
+    learner.learn(samples, advantages, ref)
+    seconds = time.perf_counter() - start
+    del model, learner
+    rate = seconds / sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(
+        path, json.dumps({"seconds_per_token": rate, "measured_tokens": 8 * (len(prompt_ids) + length)})
+    )
+    return rate
+
+
+def length_pilot(
+    engine: Engine, prompts: list[StepPrompt], cfg: Config, per_source: int, predictor: LengthPredictor
+) -> dict[str, float]:
+    """Sample `per_source` prompts of each data source G times and teach `predictor` their
+    sources' lengths. The pilot's uids are its own (`pilot:<uid>`): the prompts themselves stay
+    unseen, and its responses are keyed to no training step."""
+    from rlhfless.runtime.executor import sampling_params
+
+    chosen: dict[str, list[StepPrompt]] = {}
+    for p in prompts:
+        group = chosen.setdefault(p.prompt.data_source, [])
+        if len(group) < per_source:
+            group.append(p)
+    picked = [p for group in chosen.values() for p in group]
+    start = time.perf_counter()
+    results, _ = rollout(
+        engine,
+        [(f"pilot:{p.uid}", p.prompt_ids) for p in picked],
+        cfg.algorithm.group_size,
+        sampling_params(cfg),
+        PILOT_STEP,
+        None,
+    )
+    lengths: dict[str, list[int]] = {}
+    for r in results:
+        lengths.setdefault(r.uid, []).append(len(r.response_ids))
+    uids = [f"pilot:{p.uid}" for p in picked]
+    predictor.predict(uids, None, [p.prompt.data_source for p in picked])  # tells it their sources
+    predictor.update_many(uids, [lengths[u] for u in uids])
+    return {"pilot/prompts": float(len(picked)), "pilot/seconds": time.perf_counter() - start}
+
+
+@dataclass
+class ScaledPredictor:
+    """A predictor whose every prediction is scaled by `factor` (the forecast's range ends)."""
+
+    base: LengthPredictor
+    factor: float
+
+    def predict(self, uids, answer_tokens=None, sources=None) -> tuple[np.ndarray, np.ndarray]:
+        gmax, gmean = self.base.predict(uids, answer_tokens, sources)
+        return gmax * self.factor, gmean * self.factor
+
+
+def forecast_run(
+    cfg: Config,
+    prompts: list[Prompt],
+    tokenize,
+    answers,
+    planner: StepPlanner,
+    predictor: LengthPredictor,
+    first_step: int = 1,
+) -> dict[str, Any]:
+    """Plan steps first_step..cfg.trainer.steps on first-epoch estimates: the run's forecast total
+    time and cost, its range, and each step's point forecast."""
+
+    def totals(model) -> tuple[float, float, list[dict[str, float]]]:
+        loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
+        for _ in range(first_step - 1):
+            next(loader)
+        rows = []
+        for step in range(first_step, cfg.trainer.steps + 1):
+            batch = tokenize(next(loader))
+            plan = planner.plan(batch, answers(batch), model)
+            rows.append(
+                {
+                    "step": step,
+                    "time": plan.predicted_step_time,
+                    "cost": plan.predicted_step_cost,
+                    "generation_time": plan.predicted_time,
+                    "n_actors": plan.n_actors,
+                }
+            )
+        return sum(r["time"] for r in rows), sum(r["cost"] for r in rows), rows
+
+    time_s, cost, rows = totals(predictor)
+    low_t, low_c, _ = totals(ScaledPredictor(predictor, RANGE[0]))
+    high_t, high_c, _ = totals(ScaledPredictor(predictor, RANGE[1]))
+    return {
+        "steps": len(rows),
+        "first_step": first_step,
+        "time_s": time_s,
+        "cost": cost,
+        "time_range_s": [low_t, high_t],
+        "cost_range": [low_c, high_c],
+        "range": f"predicted lengths x {RANGE[0]} .. x {RANGE[1]}",
+        "per_step": rows,
+    }
