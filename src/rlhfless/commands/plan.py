@@ -1,4 +1,13 @@
-"""`rlhfless plan`: run the planner on a JSONL file of prompts and print its step plan as JSON.
+"""`rlhfless plan`: the planner's decision for one step, or the forecast of a whole run, as JSON.
+
+`rlhfless plan --run CONFIG [key=value ...]` forecasts a training run's total time and cost, and
+the range it may fall in, before paying for it: every step is planned as `rlhfless train` would
+plan it (same data order, profile, pricing and planner), on first-epoch length estimates, with
+the learning phase timed once on a synthetic batch; `--pilot K` first samples K prompts of each
+data source with the real model to learn their lengths (nothing is trained). CONFIG is a YAML
+file or a preset name (default, tiny).
+
+`rlhfless plan --prompts FILE.jsonl` plans one step of a JSONL file of prompts.
 
 Each line: `uid` (string), `prompt_tokens` (list of token ids), optionally `history` (past response
 lengths, oldest first; an entry is one step's length or the list of that step's sample lengths) and
@@ -22,12 +31,19 @@ MAX_PROMPTS_BYTES = 256 * MB
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan", help="print the planner's decision for a file of prompts")
+    parser = subparsers.add_parser(
+        "plan", help="print the planner's decision for a file of prompts, or a whole run's forecast"
+    )
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides (scheduler.*, ...)"
     )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompts", type=Path, help="JSONL: uid, prompt_tokens[, history, answer_tokens]")
+    what.add_argument(
+        "--run", metavar="CONFIG", help="forecast this training run (a YAML file or a preset name)"
+    )
     parser.add_argument(
-        "--prompts", type=Path, required=True, help="JSONL: uid, prompt_tokens[, history, answer_tokens]"
+        "--pilot", type=int, default=4, help="--run: prompts of each data source sampled first (0: none)"
     )
     parser.add_argument(
         "--profile", type=Path, help="time table JSON (rlhfless profile --json); default: roofline"
@@ -101,7 +117,33 @@ def read_prompts(path: Path, max_prompt_tokens: int | None = None) -> list[dict[
     return rows
 
 
+def forecast(args: argparse.Namespace) -> int:
+    """`--run`: the whole run's forecast, labelled with what it rests on."""
+    from rlhfless.config import PRESETS, ConfigError, load_config
+    from rlhfless.data import DataError
+    from rlhfless.models import ModelError
+
+    preset = args.run if args.run in PRESETS and not Path(args.run).exists() else None
+    try:
+        if preset is None:
+            read_text(Path(args.run), "a YAML config (a mapping of sections)")
+        overrides = (*args.overrides, f"scheduler.length_pilot={max(0, args.pilot)}")
+        cfg = load_config(None if preset else args.run, preset=preset, overrides=overrides)
+    except (ConfigError, InputError) as err:
+        return _fail(str(err))
+    from rlhfless.runtime.run_forecast import forecast_for_config
+
+    try:
+        out = forecast_for_config(cfg)
+    except (DataError, InputError, ModelError, ValueError, OSError) as err:
+        return _fail(str(err))
+    print(json.dumps({"forecast": "whole run, before training (not measured)", **out}, indent=1))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.run is not None:
+        return forecast(args)
     from rlhfless.config import ConfigError, load_config
     from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
     from rlhfless.planner.placement import ClusterSpec

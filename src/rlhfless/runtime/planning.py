@@ -106,6 +106,19 @@ def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelSha
     )
 
 
+def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
+    """The run's StepPlanner: this machine's profile and slots, the learner's slot resident."""
+    shape = ModelShape.from_hf_config(policy.config.to_dict())
+    return StepPlanner(
+        cfg.scheduler,
+        machine_profile(cfg, policy),
+        machine_cluster(cfg.runtime, cfg.scheduler.gpus_per_actor, shape),
+        cfg.algorithm.group_size,
+        max_length=cfg.generation.max_new_tokens,
+        resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
+    )
+
+
 class StepPlanner:
     """Calls the planner each step with this run's profile, cluster and settings, corrected by
     what the run has measured so far."""
@@ -142,7 +155,9 @@ class StepPlanner:
         answer_tokens: list[int | None],
         predictor: LengthPredictor,
         warm: int = 0,
+        cluster: ClusterSpec | None = None,
     ) -> StepPlan:
+        """The step's plan for `cluster` (what the executor has now) or the run's fixed one."""
         specs = [
             PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
             for p, a in zip(prompts, answer_tokens, strict=True)
@@ -152,7 +167,7 @@ class StepPlanner:
             specs,
             predictor,
             profile,
-            self.cluster,
+            cluster or self.cluster,
             self.scheduler,
             self.group_size,
             self.billing(warm),

@@ -172,3 +172,50 @@ def forecast_run(
         "range": f"predicted lengths x {RANGE[0]} .. x {RANGE[1]}",
         "per_step": rows,
     }
+
+
+def start_forecast(
+    cfg: Config, prompts: list[Prompt], tokenizer, planner: StepPlanner, predictor, engine: Engine, start: int
+) -> dict[str, Any]:
+    """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
+    fresh run), then the whole run's forecast from step `start + 1`."""
+    from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
+
+    def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
+        return tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
+
+    first = tokenize(prompts[:1])[0].prompt_ids
+    if planner.phases.per_token_s is None:
+        planner.phases.per_token_s = learning_seconds_per_token(engine.model, cfg, first)
+    pilot = {}
+    if cfg.scheduler.length_pilot and start == 0:
+        pilot = length_pilot(engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
+    forecast = forecast_run(
+        cfg, prompts, tokenize, lambda batch: answer_lengths(batch, tokenizer), planner, predictor, start + 1
+    )
+    return {**forecast, **pilot, "learning_seconds_per_token": planner.phases.per_token_s}
+
+
+def forecast_for_config(cfg: Config) -> dict[str, Any]:
+    """`rlhfless plan --run`: the whole run's forecast without training (model, data and profile
+    loaded as `rlhfless train` would, with the learner's thread count)."""
+    from rlhfless.data import load_prompts
+    from rlhfless.models import load_model, load_tokenizer
+    from rlhfless.runtime.planning import build_planner
+
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    elif cfg.runtime.executor == "ray" and not torch.cuda.is_available():
+        torch.set_num_threads(cfg.runtime.threads_per_actor)  # as the Ray executor's learner
+    tokenizer = load_tokenizer(cfg.model)
+    prompts = load_prompts(cfg.data)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    engine = Engine(
+        policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        max_running=cfg.generation.max_running,
+    )
+    planner = build_planner(cfg, policy)
+    predictor = LengthPredictor.from_config(cfg.scheduler)
+    return start_forecast(cfg, prompts, tokenizer, planner, predictor, engine, 0)

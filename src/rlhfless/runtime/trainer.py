@@ -31,19 +31,12 @@ from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_co
 from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
-from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
-from rlhfless.runtime.planning import (
-    StepPlanner,
-    machine_cluster,
-    machine_profile,
-    observe_lengths,
-    plan_metrics,
-)
-from rlhfless.runtime.run_forecast import forecast_run, learning_seconds_per_token, length_pilot
+from rlhfless.runtime.planning import build_planner, observe_lengths, plan_metrics
+from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -85,27 +78,6 @@ def answer_lengths(prompts: list[StepPrompt], tokenizer) -> list[int | None]:
     return [
         len(tokenizer(p.prompt.ground_truth)["input_ids"]) if p.prompt.ground_truth else None for p in prompts
     ]
-
-
-def start_forecast(
-    cfg: Config, prompts: list[Prompt], tokenizer, planner, predictor, executor, start: int
-) -> dict:
-    """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
-    fresh run), then the whole run's forecast from step `start + 1` (written as `forecast.json`)."""
-
-    def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
-        return tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
-
-    first = tokenize(prompts[:1])[0].prompt_ids
-    if planner.phases.per_token_s is None:
-        planner.phases.per_token_s = learning_seconds_per_token(executor.policy, cfg, first)
-    pilot = {}
-    if cfg.scheduler.length_pilot and start == 0:
-        pilot = length_pilot(executor.engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
-    forecast = forecast_run(
-        cfg, prompts, tokenize, lambda batch: answer_lengths(batch, tokenizer), planner, predictor, start + 1
-    )
-    return {**forecast, **pilot, "learning_seconds_per_token": planner.phases.per_token_s}
 
 
 def _padded(per_sample: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -228,15 +200,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    shape = ModelShape.from_hf_config(policy.config.to_dict())
-    planner = StepPlanner(
-        cfg.scheduler,
-        machine_profile(cfg, policy),
-        machine_cluster(cfg.runtime, cfg.scheduler.gpus_per_actor, shape),
-        cfg.algorithm.group_size,
-        max_length=cfg.generation.max_new_tokens,
-        resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
-    )
+    planner = build_planner(cfg, policy)
 
     kl_ctrl = kl_controller(cfg.algorithm)
     start = 0
@@ -253,7 +217,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         start = state["step"]
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
-    forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor, start)
+    forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor.engine, start)
     if start == 0:  # a resumed run keeps the forecast made before it paid anything
         write_atomic(out / "forecast.json", json.dumps(forecast, indent=1))
     on_event("forecast", forecast)
@@ -304,7 +268,7 @@ def run_step(
 
     on_event("phase", {"step": step, "phase": "plan"})
     try:
-        plan = planner.plan(prompts, answers, predictor, executor.warm_functions())
+        plan = planner.plan(prompts, answers, predictor, executor.warm_functions(), executor.cluster())
     except PlanError as err:
         raise TrainError(f"step {step}: {err}") from None
 

@@ -1,0 +1,108 @@
+"""Forecasts users can trust: what the planner's inputs learn from a run, and the forecasts a run
+records beside what it measured."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rlhfless.cli import main
+from rlhfless.config import load_config
+from rlhfless.planner.forecast import Calibration, PhaseModel, relative_error, replay_times
+from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.profile import Profile
+from rlhfless.runtime.trainer import train
+
+
+def flat_profile(step_ms: float = 10.0) -> Profile:
+    return Profile(
+        prefill_tokens=np.array([1.0, 1000.0]),
+        prefill_ms=np.array([0.0, 0.0]),
+        decode_batch=np.array([1.0, 1000.0]),
+        decode_context=np.array([0.0, 1e4]),
+        decode_ms=np.full((2, 2), step_ms),
+    )
+
+
+def test_an_unseen_prompt_takes_its_sources_lengths_and_its_answer_only_where_answers_fit():
+    p = LengthPredictor(default_length=256)
+    p.predict(["a1", "b1"], [2, 40], ["arith", "essay"])  # tells it sources and answers
+    p.update_many(["a1", "b1"], [[60, 40], [44, 36]])  # arith answers 2 tokens: no fit; essay 40: fits
+    gmax, gmean = p.predict(["a2", "b2", "c2"], [3, 50, 5], ["arith", "essay", "poetry"])
+    assert (gmax[0], gmean[0]) == (60.0, 50.0)  # the source's lengths, not the 3-token answer
+    assert gmax[1] == gmean[1] == 50.0  # the answer, since answers fit this source
+    assert gmax[2] == 256.0  # a source never seen: the default
+    restored = LengthPredictor(default_length=256)
+    restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert np.array_equal(restored.predict(["a2"], [3], ["arith"])[0], [60.0])
+
+
+def test_calibration_learns_the_time_model_error_apart_from_the_length_error():
+    cal = Calibration()
+    cal.observe(measured_busy_s=30.0, model_busy_s=10.0, measured_s=40.0, model_s=10.0)
+    assert cal.decode_scale == 3.0 and cal.overhead_s == pytest.approx(10.0)
+    scaled = cal.profile(flat_profile(10.0))
+    assert float(scaled.decode_step_seconds(4, 100)) == pytest.approx(0.03)
+    cal.observe(measured_busy_s=10.0, model_busy_s=10.0, measured_s=10.0, model_s=10.0)
+    assert cal.decode_scale == pytest.approx(2.0)  # an EWMA: it follows a changing machine
+    phases = PhaseModel()
+    phases.observe(tokens=1000, seconds=5.0)
+    assert phases.per_token_s == 0.005
+
+
+def test_replay_times_the_plans_actors_at_their_observed_lengths():
+    predictor = LengthPredictor()
+    prompts = [PromptSpec(f"p{i}", [1, 2, 3], None) for i in range(4)]
+    plan = plan_step(prompts, predictor, flat_profile(), _cluster(), _one_actor(), 2)
+    busy, total = replay_times(
+        plan, {f"p{i}": [10, 30] for i in range(4)}, {f"p{i}": 3 for i in range(4)}, flat_profile()
+    )
+    assert busy.tolist() == pytest.approx([30 * 0.010])  # the longest sequence's 30 steps of 10 ms
+    assert total[0] >= busy[0]
+    assert relative_error(12.0, 10.0) == pytest.approx(0.2)
+
+
+def _cluster():
+    from rlhfless.planner.placement import ClusterSpec
+
+    return ClusterSpec(nodes=1, gpus_per_node=1)
+
+
+def _one_actor():
+    from rlhfless.planner.config import SchedulerConfig
+
+    return SchedulerConfig(dedup_prefill=False)
+
+
+def test_plan_run_forecasts_the_whole_run_without_training(capsys):
+    code = main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["steps"] == 3 and [r["step"] for r in out["per_step"]] == [1, 2, 3]
+    assert out["time_range_s"][0] <= out["time_s"] <= out["time_range_s"][1]
+    assert out["cost_range"][0] <= out["cost"] <= out["cost_range"][1]
+    assert out["time_s"] == pytest.approx(sum(r["time"] for r in out["per_step"]))
+    assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
+
+
+def test_a_run_records_its_forecast_before_step_1_and_each_steps_forecast_beside_the_measured(tmp_path):
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            f"output_dir={tmp_path}",
+            "trainer.steps=3",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "scheduler.length_pilot=1",
+        ),
+    )
+    result = train(cfg)
+    forecast = json.loads((tmp_path / "forecast.json").read_text())
+    assert [r["step"] for r in forecast["per_step"]] == [1, 2, 3]
+    for row in result.history:
+        assert row["forecast/generation_time"] == row["plan/predicted_time"]
+        assert row["forecast/error/generation_time"] == pytest.approx(
+            row["forecast/generation_time"] / row["time/generation"] - 1
+        )
+        assert row["forecast/step_time"] >= row["forecast/generation_time"]
+    assert result.history[-1]["calibration/after_s_per_token"] > 0
