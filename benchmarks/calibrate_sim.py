@@ -1,13 +1,16 @@
-"""Calibration: the simulator's generation time against real runtime steps on this machine.
+"""Calibration: the simulator's generation time and cost against real runtime steps on this machine.
 
 Replays a real run in the simulator: its recorded plans (`plans/step_*.json`) and response lengths
 (`rollouts/step_*.jsonl`) on a model of this machine (one node of the run's actor slots) timed by
-the profile the run planned with (`runtime.profile`, measured by `rlhfless profile`). Prints the
-simulated and the measured generation seconds of every step and their ratio (goal: within 20%).
+the profile the run planned with (its `runtime.profile`, or the measured table cached under
+`model.cache_dir/profiles/` that the run used), corrected as the run's own planner had corrected it
+for that step (`calibration/*` of the step before: the same time model). The simulated functions are priced by the one
+pricing model as the runtime bills them (the learner's slot held for the whole generation, every
+other decode function from its request to its release). Prints, per step, the simulated and the
+measured generation seconds and cost, and beside them the plan's own forecast error, so that the
+simulator and the runtime's forecast are judged by the same figures (goal: within 20%).
 
-    .venv/bin/rlhfless profile --output /tmp/cpu_profile.json
-    .venv/bin/rlhfless train --preset default trainer.steps=5 runtime.profile=/tmp/cpu_profile.json \\
-        output_dir=/tmp/calib
+    .venv/bin/rlhfless train --preset default trainer.steps=5 output_dir=/tmp/calib
     .venv/bin/python benchmarks/calibrate_sim.py /tmp/calib [more run directories]
 """
 
@@ -17,12 +20,14 @@ import argparse
 import json
 import statistics
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rlhfless.config import load_config
+from rlhfless.planner.forecast import Calibration
 from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import charge
 from rlhfless.runtime.planning import CPU_SLOT
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, scheduler_for
@@ -32,19 +37,24 @@ from rlhfless.sim.workload import TraceWorkload
 GOAL = 0.20
 
 
-def replay(run_dir: Path, spec_file: Path) -> list[tuple[int, float, float]]:
-    """(step, simulated, measured) generation seconds for every recorded step of one run."""
+def _profile(run_dir: Path, cfg) -> str:
+    """The time table the run planned with: its own file, else the cached measured one it used."""
+    if cfg.runtime.profile and cfg.runtime.profile != "derived":
+        return cfg.runtime.profile
+    cached = sorted((Path(cfg.model.cache_dir).expanduser() / "profiles").glob("[0-9a-f]*.json"))
+    if not cached:
+        raise SystemExit(f"{run_dir}: no measured profile found; run it with runtime.profile=FILE")
+    return str(max(cached, key=lambda p: p.stat().st_mtime))
+
+
+def replay(run_dir: Path, spec_file: Path) -> list[dict[str, float]]:
+    """Per recorded step: simulated, measured and forecast generation seconds and cost."""
     cfg = load_config(run_dir / "config.yaml")
-    if not cfg.runtime.profile:
-        raise SystemExit(
-            f"{run_dir}: runtime.profile is unset; calibrate a run planned with a measured profile"
-        )
     measured = {}
     for line in (run_dir / "metrics.jsonl").read_text().split("\n"):
-        if not line:
-            continue
-        row = json.loads(line)
-        measured[row["step"]] = row["time/generation"]
+        if line:
+            row = json.loads(line)
+            measured[row["step"]] = row
     sim_cfg = build(
         {
             "cluster": {
@@ -52,22 +62,45 @@ def replay(run_dir: Path, spec_file: Path) -> list[tuple[int, float, float]]:
                 "gpus_per_node": cfg.runtime.slots(),
                 "gpu": str(spec_file),
                 "cold_start_s": 0,
+                "price_per_gpu_hour": cfg.scheduler.price_per_gpu_hour,
             },
-            "model": {"name": "smollm2-135m", "tp": 1, "profile": cfg.runtime.profile},
+            "model": {"name": "smollm2-135m", "tp": 1, "profile": _profile(run_dir, cfg)},
             "training": {"algorithm": cfg.algorithm.name if cfg.algorithm.name == "ppo" else "grpo"},
             "scheduler": asdict(cfg.scheduler),
         }
     )
-    stage = make_stage(sim_cfg)
+    base = make_stage(sim_cfg)
     scheduler = scheduler_for(sim_cfg, {})
-    sim = Simulator(stage, scheduler, LengthPredictor.from_config(scheduler))
     trace = TraceWorkload(run_dir)
+    serverful = cfg.scheduler.policy == "verl"
     rows = []
     for k, plan_file in enumerate(sorted((run_dir / "plans").glob("step_*.json"))):
         step = int(plan_file.stem.split("_")[1])
         plan = StepPlan.from_dict(json.loads(plan_file.read_text()))
+        # The time model the run had learned when it planned this step (the step before's).
+        before = measured.get(step - 1, {})
+        cal = Calibration(before.get("calibration/decode_scale"), before.get("calibration/overhead_s"))
+        stage = replace(base, profile=cal.profile(base.profile))
+        sim = Simulator(stage, scheduler, LengthPredictor.from_config(scheduler))
         result = sim.execute(step, trace.step(k), plan)
-        rows.append((step, result.generation, measured[step]))
+        end = result.generation + (cal.overhead_s or 0.0)
+        own = [a for a in result.actors if serverful or not a["colocated"]]
+        cost = charge(stage.pricing, 1.0, end) + sum(
+            charge(stage.pricing, a["gpus"], (end if serverful else a["released"]) - a["requested"])
+            for a in own
+        )
+        real = measured[step]
+        rows.append(
+            {
+                "step": step,
+                "sim_s": end,
+                "real_s": real["time/generation"],
+                "sim_cost": cost,
+                "real_cost": real.get("cost/generation", float("nan")),
+                "forecast_s": real.get("forecast/error/generation_time", float("nan")),
+                "forecast_cost": real.get("forecast/error/generation_cost", float("nan")),
+            }
+        )
     return rows
 
 
@@ -78,17 +111,52 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "cpu-slot.json"
         spec_file.write_text(json.dumps(asdict(CPU_SLOT)))
-        print(f"{'run':28s} {'step':>4s} {'simulated s':>12s} {'measured s':>11s} {'sim/real':>9s}")
-        errors = []
+        head = (
+            "run",
+            "step",
+            "sim s",
+            "real s",
+            "sim/real",
+            "sim $",
+            "real $",
+            "sim/real",
+            "plan err s",
+            "plan err $",
+        )
+        print(f"{head[0]:20s} {head[1]:>4s} " + " ".join(f"{h:>10s}" for h in head[2:]))
+        errors: dict[str, list[float]] = {"time": [], "cost": [], "forecast time": [], "forecast cost": []}
         for run in args.runs:
-            for step, sim_s, real_s in replay(run, spec_file):
-                errors.append(abs(sim_s / real_s - 1.0))
-                print(f"{run.name:28s} {step:4d} {sim_s:12.2f} {real_s:11.2f} {sim_s / real_s:9.2f}")
-    within = sum(e <= GOAL for e in errors)
-    print(
-        f"mean |error| {100 * statistics.mean(errors):.1f}%, max {100 * max(errors):.1f}%; "
-        f"{within}/{len(errors)} steps within {100 * GOAL:.0f}% (simulated vs measured generation)"
-    )
+            for r in replay(run, spec_file):
+                t, c = r["sim_s"] / r["real_s"], r["sim_cost"] / r["real_cost"]
+                errors["time"].append(abs(t - 1))
+                errors["cost"].append(abs(c - 1))
+                if r["step"] > 1:  # the forecast's first step has learned nothing yet
+                    errors["forecast time"].append(abs(r["forecast_s"]))
+                    errors["forecast cost"].append(abs(r["forecast_cost"]))
+                cells = (
+                    r["sim_s"],
+                    r["real_s"],
+                    t,
+                    r["sim_cost"],
+                    r["real_cost"],
+                    c,
+                    r["forecast_s"],
+                    r["forecast_cost"],
+                )
+                print(f"{run.name:20s} {r['step']:4d} " + " ".join(f"{x:10.4g}" for x in cells))
+    for name, errs in errors.items():
+        errs = [e for e in errs if e == e]  # runs recorded before the forecast metrics have none
+        if errs:
+            within = sum(e <= GOAL for e in errs)
+            print(
+                f"{name:14s}: mean |error| {100 * statistics.mean(errs):.1f}%, max {100 * max(errs):.1f}%; "
+                f"{within}/{len(errs)} steps within {100 * GOAL:.0f}%"
+                + (
+                    " (simulated vs measured)"
+                    if not name.startswith("forecast")
+                    else " (steps after the first)"
+                )
+            )
 
 
 if __name__ == "__main__":
