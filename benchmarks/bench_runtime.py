@@ -1,8 +1,10 @@
 """verl vs rlhfless on the Ray runtime: same model, same seed, same prompts, side by side.
 
 Runs the default model for a few training steps under each policy on one embedded Ray, with the
-planner given this machine's actor slots, and prints per policy: cost per step, step time, prefill
-tokens saved, migrations, cold starts, and how many samples came out token-identical.
+planner given this machine's actor slots, and prints per policy: cost per step (the one pricing
+model: cold starts and warm functions' keep-alive idle billed), step time, prefill tokens saved,
+migrations, cold starts, how many samples came out token-identical, and how close each step's
+forecast and the whole run's forecast (made before step 1) came to what was measured.
 
     .venv/bin/python benchmarks/bench_runtime.py --steps 5
 """
@@ -108,6 +110,11 @@ def main() -> None:
             total("rlhfless", "actors/cold_starts"),
         ),
         ("idle billed seconds (all steps)", total("verl", "time/idle"), total("rlhfless", "time/idle")),
+        (
+            "keep-alive cost ($, all steps)",
+            total("verl", "cost/keep_alive"),
+            total("rlhfless", "cost/keep_alive"),
+        ),
     ]
     print(f"\n{'':38s} {'verl':>12s} {'rlhfless':>12s} {'rlhfless/verl':>14s}")
     for name, a, b in rows:
@@ -124,6 +131,24 @@ def main() -> None:
         f"cost reduction {1 - mean('rlhfless', 'cost/step') / mean('verl', 'cost/step'):.1%}, "
         f"speedup {mean('verl', 'time') / mean('rlhfless', 'time'):.2f}x (steps after the warm-up)"
     )
+    print("\nforecast against actual (steps after the first; error = forecast / actual - 1):")
+    for policy in args.order:
+        for name in ("generation_time", "generation_cost", "step_time", "step_cost"):
+            errors = [h.get(f"forecast/error/{name}") for h in runs[policy][1:]]
+            errors = [abs(e) for e in errors if e is not None]
+            if errors:
+                within = sum(e <= 0.2 for e in errors)
+                print(
+                    f"  {policy:8s} {name:16s} {within}/{len(errors)} within 20%, "
+                    f"mean |error| {100 * statistics.fmean(errors):.1f}%, max {100 * max(errors):.1f}%"
+                )
+        whole = json.loads((out / policy / "forecast.json").read_text())
+        actual_t, actual_c = total(policy, "time/step"), total(policy, "cost/step")
+        print(
+            f"  {policy:8s} whole run ({whole['steps']} steps, forecast before step 1): "
+            f"time {whole['time_s']:.0f} s vs {actual_t:.0f} s ({whole['time_s'] / actual_t - 1:+.1%}), "
+            f"cost {whole['cost']:.4g} vs {actual_c:.4g} ({whole['cost'] / actual_c - 1:+.1%})"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
