@@ -38,7 +38,8 @@ class RuntimeConfig:
     ray_address: str | None = field(
         default=None,
         metadata={
-            "help": "Ray cluster to connect to (e.g. 127.0.0.1:6379); null starts an embedded local Ray"
+            "help": "Ray cluster to connect to (e.g. 127.0.0.1:6379, or auto inside `ray job submit`); "
+            "null starts an embedded local Ray. The planner reads its nodes and free resources each step"
         },
     )
     num_cpus: int = field(
@@ -56,6 +57,14 @@ class RuntimeConfig:
     slice_s: float = field(
         default=0.2,
         metadata={"help": "decode time slice between progress reports (granularity of cuts and faults)"},
+    )
+    place_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "seconds a new function may take to be placed and started before it is stopped "
+            "and its sequences are placed again elsewhere (Ray may not place it: its node is gone, "
+            "or another job took the resources)"
+        },
     )
     migrate_kv: bool = field(
         default=True,
@@ -90,6 +99,7 @@ class RuntimeConfig:
         check(self.threads_per_actor >= 1, "threads_per_actor", self.threads_per_actor, "an integer >= 1")
         check(self.keep_alive_s >= 0, "keep_alive_s", self.keep_alive_s, "seconds >= 0")
         check(self.slice_s > 0, "slice_s", self.slice_s, "seconds > 0")
+        check(self.place_timeout_s > 0, "place_timeout_s", self.place_timeout_s, "seconds > 0")
         check(
             not self.fault_injection or FAULT.match(self.fault_injection) is not None,
             "fault_injection",

@@ -51,13 +51,13 @@ def test_rng_state_is_json_not_a_pickle(trained_run):
 
 
 def test_an_embedded_ray_binds_to_localhost_unless_an_address_is_given(monkeypatch):
-    from rlhfless.runtime import ray_executor
+    from rlhfless.runtime import ray_cluster
+    from rlhfless.runtime_config import RuntimeConfig
 
-    RuntimeConfig = ray_executor.RuntimeConfig  # noqa: N806 (wherever the runtime config lives)
     calls: list[dict] = []
-    monkeypatch.setattr(ray_executor.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray_executor.ray, "init", lambda **kwargs: calls.append(kwargs))
-    assert ray_executor.start_ray(RuntimeConfig())
+    monkeypatch.setattr(ray_cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster.ray, "init", lambda **kwargs: calls.append(kwargs))
+    assert ray_cluster.start_ray(RuntimeConfig())
     assert calls[-1]["address"] == "local" and calls[-1]["_node_ip_address"] == "127.0.0.1"
-    assert ray_executor.start_ray(RuntimeConfig(ray_address="10.0.0.5:6379"))
+    assert ray_cluster.start_ray(RuntimeConfig(ray_address="10.0.0.5:6379"))
     assert calls[-1]["address"] == "10.0.0.5:6379" and "_node_ip_address" not in calls[-1]

@@ -28,8 +28,16 @@ class ClusterSpec:
     inter_node_bandwidth: float = 36e9  # bytes/s, across nodes
     model_bytes: int = 0  # policy weights sent to every remote decode actor each step
     kv_bytes_per_token: int = 0  # KV cache bytes of one token (all layers)
+    # GPUs of each node when they differ (node 0 first, e.g. what a Ray cluster has free); when
+    # given, `nodes` and `gpus_per_node` (the largest node) follow from it. Empty: uniform nodes.
+    node_gpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.node_gpus:
+            if min(self.node_gpus) < 1:
+                raise ValueError(f"node_gpus: got {self.node_gpus}, expected integers >= 1")
+            self.node_gpus = tuple(self.node_gpus)
+            self.nodes, self.gpus_per_node = len(self.node_gpus), max(self.node_gpus)
         for name in ("nodes", "gpus_per_node"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: got {getattr(self, name)}, expected an integer >= 1")
@@ -42,13 +50,19 @@ class ClusterSpec:
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return sum(self.node_gpus) if self.node_gpus else self.nodes * self.gpus_per_node
 
     def slots_per_node(self, gpus_per_actor: int) -> int:
+        """Actor slots of the largest node (every node, when they are uniform)."""
         return self.gpus_per_node // gpus_per_actor
 
+    def node_slots(self, gpus_per_actor: int) -> list[int]:
+        """Actor slots of each node, node 0 first."""
+        gpus = self.node_gpus or (self.gpus_per_node,) * self.nodes
+        return [g // gpus_per_actor for g in gpus]
+
     def max_actors(self, gpus_per_actor: int) -> int:
-        return self.nodes * self.slots_per_node(gpus_per_actor)
+        return sum(self.node_slots(gpus_per_actor))
 
     def transfer_seconds(self, nbytes: Any, same_node: Any, gpus_per_actor: int) -> np.ndarray:
         """Seconds to move `nbytes` (weights or KV) to an actor of `gpus_per_actor` GPUs, each GPU
@@ -58,9 +72,13 @@ class ClusterSpec:
 
     def slot_gpus(self, slot: int, gpus_per_actor: int) -> tuple[int, list[int]]:
         """(node, global GPU ids) of placement slot `slot` (0 = the learner's GPUs)."""
-        per_node = self.slots_per_node(gpus_per_actor)
-        node, local = divmod(slot, per_node)
-        first = node * self.gpus_per_node + local * gpus_per_actor
+        gpus = self.node_gpus or (self.gpus_per_node,) * self.nodes
+        node, local, first = 0, slot, 0
+        while node < len(gpus) - 1 and local >= gpus[node] // gpus_per_actor:
+            local -= gpus[node] // gpus_per_actor
+            first += gpus[node]
+            node += 1
+        first += local * gpus_per_actor
         return node, list(range(first, first + gpus_per_actor))
 
 
@@ -79,7 +97,7 @@ def start_delays(
     slots: np.ndarray, kv_tokens: np.ndarray, prefill_s: float, cluster: ClusterSpec, gpus_per_actor: int
 ) -> np.ndarray:
     """Seconds from the end of learning until each actor can decode, by its placement slot."""
-    same_node = slots < cluster.slots_per_node(gpus_per_actor)
+    same_node = slots < cluster.node_slots(gpus_per_actor)[0]
     weights = cluster.transfer_seconds(cluster.model_bytes, same_node, gpus_per_actor)
     kv = prefill_s + cluster.transfer_seconds(
         cluster.kv_bytes_per_token * kv_tokens, same_node, gpus_per_actor

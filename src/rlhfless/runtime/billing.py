@@ -12,9 +12,13 @@ processes; the timeline stores them as seconds from the step start.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 
 from rlhfless.planner.pricing import Pricing, charge
+from rlhfless.runtime.transfer import Transfer
 
 KEEP_ALIVE = "keep-alive"  # the kind of a warm function's idle span in the pool
 
@@ -33,6 +37,7 @@ class Invocation:
     released: float | None = None
     colocated_with: str | None = None  # billed through this host instead of on its own
     cold: bool = False
+    node: str | None = None  # the Ray node it ran on
     busy: list[list[float]] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
 
@@ -42,6 +47,15 @@ class Invocation:
             self.busy[-1][1] = max(self.busy[-1][1], end)
         else:
             self.busy.append([start, end])
+
+    @contextmanager
+    def busy_while(self) -> Iterator[None]:
+        """Busy for as long as the `with` body runs (metering written once)."""
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.mark_busy(start, time.time())
 
     def event(self, t: float, kind: str, n: int) -> None:
         self.events.append({"t": t, "kind": kind, "n": n})
@@ -71,11 +85,13 @@ class Meter:
     origin: float = 0.0
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, start time)
     invocations: list[Invocation] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
 
     def begin_step(self, now: float) -> None:
         self.origin = now
         self.phases = [("generation", now)]
         self.invocations = []
+        self.transfers = []
 
     def phase(self, name: str, now: float) -> None:
         self.phases.append((name, now))
@@ -84,10 +100,21 @@ class Meter:
         self.invocations.append(inv)
         return inv
 
-    def keep_alive(self, name: str, units: float, resources: dict[str, float], start: float, end: float) -> None:
+    def transfer(self, record: Transfer) -> None:
+        self.transfers.append(record)
+
+    def keep_alive(
+        self,
+        name: str,
+        units: float,
+        resources: dict[str, float],
+        start: float,
+        end: float,
+        node: str | None = None,
+    ) -> None:
         """A warm function's idle span in the pool (clipped to the step when it closes)."""
         if units > 0 and end > start:
-            inv = Invocation(name, KEEP_ALIVE, resources, units, start, start, start, end)
+            inv = Invocation(name, KEEP_ALIVE, resources, units, start, start, start, end, node=node)
             self.invocations.append(inv)
 
     def cost(self, inv: Invocation, lo: float, hi: float) -> float:
@@ -117,6 +144,9 @@ class Meter:
         }
         step_cost = sum(self.cost(inv, self.origin, end) for inv in self.invocations)
         records = [self._record(inv, end) for inv in self.invocations]
+        moved = {True: 0.0, False: 0.0}
+        for t in self.transfers:
+            moved[t.same_node] += t.bytes
         decode = [inv for inv in self.invocations if inv.kind == "decode"]
         billed = [inv for inv in self.invocations if inv.billed and inv.kind != KEEP_ALIVE]
         warm = [inv for inv in self.invocations if inv.billed and inv.kind == KEEP_ALIVE]
@@ -130,8 +160,14 @@ class Meter:
             "time/billed": sum(inv.units * inv.alive(self.origin, end) for inv in billed),
             "time/keep_alive": sum(inv.units * inv.alive(self.origin, end) for inv in warm),
             "cost/keep_alive": sum(self.cost(inv, self.origin, end) for inv in warm),
+            "bytes/within_node": moved[True],
+            "bytes/across_nodes": moved[False],
         }
         return metrics, records
+
+    def transfer_records(self) -> list[dict]:
+        """The step's transfers for the timeline, times relative to the step start."""
+        return [{**asdict(t), "start": round(t.start - self.origin, 4)} for t in self.transfers]
 
     def _record(self, inv: Invocation, end: float) -> dict:
         rel = lambda t: round(t - self.origin, 4)  # noqa: E731
@@ -148,6 +184,7 @@ class Meter:
             "events": [{**e, "t": rel(e["t"])} for e in inv.events],
             "cold": inv.cold,
             "colocated_with": inv.colocated_with,
+            "node": inv.node,
             "cost": self.cost(inv, self.origin, end),
         }
 

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.engine import Engine, SamplingParams, rollout
-from rlhfless.planner import StepPlan
+from rlhfless.planner import ClusterSpec, StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.learner import Learner
@@ -55,6 +55,9 @@ class Executor(Protocol):
 
     def warm_functions(self) -> int:
         """Warm decode functions (with resources of their own) the next plan can reuse."""
+
+    def cluster(self) -> ClusterSpec | None:
+        """The cluster the next plan is made for, as it is now (None: the planner's own)."""
 
     def state_dict(self) -> dict: ...
 
@@ -196,6 +199,9 @@ class InProcessExecutor(LocalLearner):
 
     def warm_functions(self) -> int:
         return 0
+
+    def cluster(self) -> ClusterSpec | None:
+        return None
 
     def close(self) -> None:
         pass

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import psutil
+import ray
 import torch
 
 from rlhfless.config import ModelConfig
@@ -59,18 +60,22 @@ class Report:
 
 @dataclass
 class Started:
-    """A function's cold start: when its process began work and when it could serve."""
+    """A function's cold start: when its process began work and when it could serve, and where."""
 
     started: float
     ready: float
     pid: int
     host: str
-    extra: dict = field(default_factory=dict)
+    node: str  # the Ray node it runs on, as Ray reports it to the function itself
 
 
 def live_sequences(engine: Engine) -> list[LiveSequence]:
     """Running and queued sequences of `engine` (left in it): what a fault re-run resumes from."""
     return [LiveSequence(s.uid, s.sample, s.generated_ids, s.logprobs) for s in engine.unfinished()]
+
+
+def started(begin: float, ready: float) -> Started:
+    return Started(begin, ready, os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id())
 
 
 def _setup(threads: int) -> float:
@@ -109,7 +114,7 @@ class DecodeFunction:
         self.ready = time.time()
 
     def hello(self) -> Started:
-        return Started(self.started, self.ready, os.getpid(), socket.gethostname())
+        return started(self.started, self.ready)
 
     def sync(self, flat: np.ndarray, version: int) -> float:
         """Load policy weights `version` from the flat buffer; returns the seconds it took."""
@@ -166,14 +171,14 @@ class DecodeFunction:
     def cut(self, groups: list[list[tuple[str, int]]], with_kv: bool) -> list:
         """Hand over the sequences in `groups` (one list per target); keep the rest running here.
 
-        Returns one list of states per group, then {"bytes": KV bytes handed over}.
+        Returns one list of states per group, then {"bytes": KV bytes handed over, per group}.
         """
         states = self.engine.cut(with_kv=with_kv)
         by_key = {(s.uid, s.sample): s for s in states}
         out = [[by_key.pop(key) for key in group if key in by_key] for group in groups]
         if by_key:
             self.engine.resume(list(by_key.values()), self.params, self.step)
-        moved = sum(s.kv.nbytes for group in out for s in group if s.kv is not None)
+        moved = [sum(s.kv.nbytes for s in group if s.kv is not None) for group in out]
         return [*out, {"bytes": moved}]
 
 
@@ -200,7 +205,7 @@ class PrepareFunction:
         self.ready = time.time()
 
     def hello(self) -> Started:
-        return Started(self.started, self.ready, os.getpid(), socket.gethostname())
+        return started(self.started, self.ready)
 
     def sync(self, flat: np.ndarray, version: int) -> float:
         start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Weights and prefix KV as flat numpy buffers, so the Ray object store hands them out zero-copy.
+"""Weights and prefix KV as flat numpy buffers, so the Ray object store hands them out zero-copy,
+and the record every transfer leaves.
 
 A pickled state dict costs seconds to serialise and copy; one contiguous numpy array is put once
 per weight version and read by every function on the node straight from shared memory (bfloat16
@@ -43,6 +44,20 @@ def load_flat_weights(model: torch.nn.Module, flat: np.ndarray) -> None:
     dtype = next(model.parameters()).dtype
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(from_numpy(flat, dtype), model.parameters())
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One move of weights, prefix KV or sequence state to a function: what, how much, how long,
+    and whether it stayed inside a node (there, the object store shares memory: no copy)."""
+
+    kind: str  # weights, kv, migration, rerun
+    source: str  # function name (learner, decode-3, ...)
+    target: str
+    bytes: int
+    seconds: float
+    same_node: bool
+    start: float
 
 
 @dataclass

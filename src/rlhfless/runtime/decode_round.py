@@ -1,0 +1,413 @@
+"""One step's generation on decode functions: assign, advance, cut, migrate, recover.
+
+A `DecodeRound` lives for one `generate` call and owns all of its state. It leases one function per
+plan actor on the plan's node, assigns each its prompts (prefix KV from the step's bundle), then
+drives them in time slices: after every progress report the planner's cut-and-migrate rule
+decides, and sequence states move between functions. A function that dies (or whose node does)
+has its unfinished sequences re-run elsewhere from their last reported state; one not placed within
+`runtime.place_timeout_s` is stopped and its sequences are placed again the same way. Sampling is
+counter-based, so none of this changes a token.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from rlhfless.config import Config
+from rlhfless.engine.sampling import SamplingParams
+from rlhfless.engine.sequences import SequenceResult, SequenceState
+from rlhfless.planner.migration import ActorProgress, decide
+from rlhfless.planner.plan import StepPlan
+from rlhfless.runtime.billing import Invocation, Meter
+from rlhfless.runtime.functions import LiveSequence, Report, Work
+from rlhfless.runtime.lifecycle import LOST, Functions
+from rlhfless.runtime.pool import Lease
+from rlhfless.runtime.publishing import PrefixKV
+from rlhfless.runtime.ray_cluster import ClusterView, free_slots
+from rlhfless.runtime.samples import StepPrompt
+from rlhfless.runtime.transfer import Transfer
+
+Key = tuple[str, int]  # (uid, sample index)
+METRICS = (
+    "time/weight_sync",
+    "bytes/weight_sync",
+    "time/kv_transfer",
+    "bytes/kv_transfer",
+    "migrations",
+    "faults",
+    "faults/unplaced",
+    "faults/rerun_sequences",
+    "faults/resumed_tokens",
+    "time/prefill",
+    "time/decode",
+    "prefill/tokens_computed",
+)
+
+
+@dataclass(eq=False)
+class Run:
+    """One decode function's part of this step."""
+
+    index: int
+    lease: Lease
+    inv: Invocation
+    colocated: bool
+    node: str
+    assigned: set[Key] = field(default_factory=set)
+    finished: set[Key] = field(default_factory=set)
+    free_slots: int = 0
+    incoming: int = 0  # sequences sent after its in-flight slice began: not in that slice's report
+    reported: bool = False  # a report came back: it was placed and started
+    done: bool = False
+    keep_warm: bool = False  # at release: back to the pool warm (the plan's choice), else stopped
+    sync: object = None  # ObjectRef of the weight load, when one was needed
+    sync_sent: float = 0.0
+    assign: object = None  # ObjectRef of the assignment (its prefix KV load)
+    kv_bytes: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.inv.name
+
+    def pending(self) -> set[Key]:
+        return self.assigned - self.finished
+
+
+class DecodeRound:
+    """The controller of one step's generation; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        functions: Functions,
+        meter: Meter,
+        view: ClusterView,
+        prompts: list[StepPrompt],
+        plan: StepPlan,
+        step: int,
+        params: SamplingParams,
+    ) -> None:
+        self.cfg, self.functions, self.meter, self.view = cfg, functions, meter, view
+        self.rt = cfg.runtime
+        self.prompts = {p.uid: p for p in prompts}
+        self.plan, self.step, self.params = plan, step, params
+        self.group = cfg.algorithm.group_size
+        self.serverful = cfg.scheduler.policy == "verl"
+        self.runs: list[Run] = []
+        self.held: list[Lease] = []  # verl: held to the end of the step
+        self.last: dict[Key, LiveSequence] = {}
+        self.results: dict[Key, SequenceResult] = {}
+        self.inflight: dict[ray.ObjectRef, Run] = {}
+        self.metrics: dict[str, float] = dict.fromkeys(METRICS, 0.0)
+        self.weights: tuple[ray.ObjectRef, int, int] | None = None  # (ref, bytes, version)
+
+    # ----- leasing -------------------------------------------------------------------------
+
+    def lease(self, weights: tuple[ray.ObjectRef, int, int]) -> None:
+        """One function per plan actor, on its node (the learner's host actor colocated), each
+        loading the weights of this version unless it holds them."""
+        self.weights = weights
+        host = next((a.actor for a in self.plan.actors if a.node == 0 and a.gpu_ids[:1] == [0]), None)
+        for a in self.plan.actors:
+            colocated = a.actor == host
+            node = self.view.node_id(a.node % len(self.view.nodes))
+            run = self._open(a.actor, f"decode-{a.actor}", colocated, node, float(a.gpus))
+            run.keep_warm = colocated or a.keep_warm
+            run.free_slots = max(0, self.cfg.generation.max_running - self.group * len(a.uids))
+
+    def _open(self, index: int, name: str, colocated: bool, node: str, units: float) -> Run:
+        now = time.time()
+        lease, inv = self.functions.acquire(self.meter, name, "decode", colocated, node, units, now)
+        run = Run(index, lease, inv, colocated, lease.shape[2])
+        ref, _, version = self.weights
+        if lease.version != version:
+            lease.version = version
+            run.sync, run.sync_sent = lease.handle.sync.remote(ref, version), now
+        self.runs.append(run)
+        if self.serverful:
+            self.held.append(lease)
+        return run
+
+    # ----- assign and advance --------------------------------------------------------------
+
+    def assign(self, kv: PrefixKV | None) -> None:
+        """Queue each function's prompts (their prefix KV views the bundle) and start its first slice."""
+        fault = self.rt.fault
+        for run, a in zip(self.runs, self.plan.actors, strict=True):
+            work: list[Work] = []
+            for uid in a.uids:
+                ids = self.prompts[uid].prompt_ids
+                if kv is not None:
+                    work.append((uid, ids, list(range(self.group)), kv.index_of[uid]))
+                else:  # no dedup: every sample prefills its whole prompt
+                    work.extend((uid, ids, [s], None) for s in range(self.group))
+            run.assigned = {(uid, s) for uid in a.uids for s in range(self.group)}
+            if kv is not None:
+                run.kv_bytes = kv.nbytes(a.uids)
+                if not run.colocated:
+                    self.metrics["bytes/kv_transfer"] += run.kv_bytes
+            after = fault.after if fault and fault.step == self.step and fault.actor == a.actor else None
+            handle = run.lease.handle
+            run.assign = handle.assign.remote(
+                work, None if kv is None else kv.ref, self.params, self.step, after
+            )
+            self._advance(run)
+
+    def _advance(self, run: Run) -> None:
+        self.inflight[run.lease.handle.advance.remote(self.rt.slice_s)] = run
+
+    def run(self) -> dict[Key, SequenceResult]:
+        """Drive the functions slice by slice until every sequence finished; cut, migrate, recover."""
+        while self.inflight:
+            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=self._placement_wait())
+            if not ready:
+                self._replace_unplaced()
+                continue
+            run = self.inflight.pop(ready[0])
+            try:
+                report: Report = ray.get(ready[0])
+            except LOST:
+                self._lost(run)
+                continue
+            self._absorb(run, report)
+            if run.pending():
+                self._cut(run)
+            if run.done:
+                continue
+            if run.pending():
+                self._advance(run)
+            else:
+                self._finished(run)
+        return self.results
+
+    def _absorb(self, run: Run, report: Report) -> None:
+        run.inv.mark_busy(report.begin, report.end)
+        run.reported = True
+        for r in report.results:
+            key = (r.uid, r.sample)
+            self.results[key] = r
+            run.finished.add(key)
+            self.last.pop(key, None)
+        for live in report.live:
+            self.last[(live.uid, live.sample)] = live
+        # Sequences migrated in while that slice ran arrive after it: they take slots the report
+        # still counts as free.
+        run.free_slots, run.incoming = report.free_slots - run.incoming, 0
+        self.metrics["time/prefill"] += report.stats.prefill_seconds
+        self.metrics["time/decode"] += report.stats.decode_seconds
+        self.metrics["prefill/tokens_computed"] += report.stats.prompt_tokens_computed
+
+    def _progress(self) -> list[ActorProgress]:
+        predicted = self.plan.predicted_length
+
+        def remaining(key: Key) -> float:
+            done = len(self.last[key].generated) if key in self.last else 0
+            return max(1.0, predicted.get(key[0], 1.0) - done)
+
+        return [
+            ActorProgress(
+                run.index,
+                len(run.finished),
+                len(run.assigned),
+                run.free_slots,
+                not run.done,
+                {f"{uid}#{s}": remaining((uid, s)) for uid, s in sorted(run.pending())},
+            )
+            for run in self.runs
+        ]
+
+    # ----- cut and migrate -----------------------------------------------------------------
+
+    def _cut(self, source: Run) -> None:
+        """Cut `source`'s sequences the planner's rule names and resume each on its target."""
+        moves = [m for m in decide(self._progress(), self.cfg.scheduler) if m.source == source.index]
+        if not moves:
+            return
+        by_index = {run.index: run for run in self.runs}
+        groups: dict[int, list[Key]] = {}
+        for m in moves:
+            uid, sample = m.sequence.rsplit("#", 1)
+            groups.setdefault(m.target, []).append((uid, int(sample)))
+        targets = list(groups)
+        start = time.time()
+        refs = source.lease.handle.cut.options(num_returns=len(targets) + 1).remote(
+            [groups[t] for t in targets], self.rt.migrate_kv
+        )
+        try:
+            moved: list[int] = ray.get(refs[-1])["bytes"]
+        except LOST:  # the source died while cutting: its sequences re-run from their last report
+            self._lost(source)
+            return
+        now = time.time()
+        n = sum(len(keys) for keys in groups.values())
+        source.inv.event(now, "cut", n)
+        source.inv.event(now, "migrate_out", n)
+        for target_index, states_ref, nbytes in zip(targets, refs[:-1], moved, strict=True):
+            target, keys = by_index[target_index], groups[target_index]
+            target.lease.handle.resume.remote(states_ref, self.params, self.step)
+            self._moved_in(target, keys, now)
+            source.assigned -= set(keys)
+            self.meter.transfer(
+                Transfer(
+                    "migration",
+                    source.name,
+                    target.name,
+                    nbytes,
+                    now - start,
+                    source.node == target.node,
+                    start,
+                )
+            )
+        self.metrics["migrations"] += n
+        self.metrics["bytes/kv_transfer"] += sum(moved)
+        self.metrics["time/kv_transfer"] += now - start
+
+    def _moved_in(self, target: Run, keys: list[Key], now: float) -> None:
+        target.assigned |= set(keys)
+        target.free_slots -= len(keys)
+        target.incoming += len(keys)
+        target.inv.event(now, "migrate_in", len(keys))
+
+    # ----- recover -------------------------------------------------------------------------
+
+    def _placement_wait(self) -> float | None:
+        """Seconds until the first not-yet-placed function's placement deadline (None: none waits)."""
+        waiting = [r.inv.requested for r in self.runs if not r.done and not r.reported and r.lease.hello]
+        if not waiting:
+            return None
+        return max(0.0, min(waiting) + self.rt.place_timeout_s - time.time())
+
+    def _replace_unplaced(self) -> None:
+        """Functions Ray has not started by their deadline: stopped, their sequences placed again."""
+        now = time.time()
+        for run in [r for r in self.runs if not r.done and not r.reported and r.lease.hello]:
+            if now < run.inv.requested + self.rt.place_timeout_s:
+                continue
+            if self.functions.placed(run.lease):
+                run.reported = True  # started, merely slow to report: keep waiting on it
+                continue
+            self.inflight = {ref: r for ref, r in self.inflight.items() if r is not run}
+            self.metrics["faults/unplaced"] += 1
+            self._lost(run, "unplaced")
+
+    def _lost(self, dead: Run, why: str = "fault") -> None:
+        """A function is gone: its node's other functions too when the node died; every unfinished
+        sequence of theirs re-runs elsewhere from its last reported state."""
+        gone = [dead]
+        if why == "fault" and not dead.colocated and not _alive(dead.node):
+            gone += [r for r in self.runs if r.node == dead.node and not r.done and r is not dead]
+            self.inflight = {ref: r for ref, r in self.inflight.items() if r not in gone}
+        for run in gone:
+            self._recover(run, why)
+
+    def _recover(self, dead: Run, why: str) -> None:
+        now = time.time()
+        self.functions.drop(dead.lease)
+        if dead.lease in self.held:
+            self.held.remove(dead.lease)
+        dead.done = True
+        dead.inv.released = now
+        lost = sorted(dead.pending())
+        dead.inv.event(now, why, len(lost))
+        dead.assigned -= set(lost)
+        self.metrics["faults"] += 1
+        self.metrics["faults/rerun_sequences"] += len(lost)
+        if not lost:
+            return
+        states = []
+        for uid, sample in lost:
+            live = self.last.get((uid, sample))
+            generated, logprobs = (live.generated, live.logprobs) if live else ([], [])
+            self.metrics["faults/resumed_tokens"] += len(generated)
+            states.append(SequenceState(uid, sample, self.prompts[uid].prompt_ids, generated, logprobs))
+        target, new = self._rerun_target(dead, len(lost))
+        target.lease.handle.resume.remote(states, self.params, self.step)
+        self._moved_in(target, lost, now)
+        if new:  # its first slice starts after the resume: its report counts them
+            target.incoming = 0
+        self.meter.transfer(
+            Transfer(
+                "rerun",
+                "learner",
+                target.name,
+                len(pickle.dumps(states)),
+                0.0,
+                target.node == self.view.driver,
+                now,
+            )
+        )
+        if new:
+            self._advance(target)
+
+    def _rerun_target(self, dead: Run, n: int) -> tuple[Run, bool]:
+        """A live function with room for `n` sequences; else a new one on a node Ray has a free
+        slot on now; else the live one with the most room; else a new one on the learner's slot."""
+        alive = [r for r in self.runs if not r.done]
+        roomy = [r for r in alive if r.free_slots >= n]
+        if roomy:
+            return max(roomy, key=lambda r: r.free_slots), False
+        slot = self.functions.slot
+        node = next(
+            (v.node_id for v in self.view.nodes if _alive(v.node_id) and free_slots(v.node_id, slot)), None
+        )
+        if node is None and alive:
+            return max(alive, key=lambda r: r.free_slots), False
+        index = max(r.index for r in self.runs) + 1
+        run = self._open(
+            index, f"decode-{dead.index}-rerun", node is None, node or self.view.driver, dead.inv.units
+        )
+        run.keep_warm = dead.keep_warm
+        run.free_slots = self.cfg.generation.max_running
+        return run, True
+
+    # ----- release and settle --------------------------------------------------------------
+
+    def _finished(self, run: Run) -> None:
+        """Every sequence of `run` finished: release it now (serverless) or keep holding it (verl)."""
+        run.done = True
+        if not self.serverful:
+            now = time.time()
+            run.inv.released = now
+            self.functions.release(run.lease, now, keep=run.keep_warm)
+
+    def settle(self, kv: PrefixKV | None) -> None:
+        """Cold-start times, nodes, and weight/KV load seconds, read once the functions are done."""
+        sync_seconds, assign_seconds = [0.0], [0.0]
+        _, nbytes, _ = self.weights
+        driver = self.view.driver
+        for run in self.runs:
+            self.functions.settle(run.lease, run.inv)
+            same = run.inv.node == driver
+            if run.sync is not None:
+                seconds = _seconds(run.sync)
+                sync_seconds.append(seconds)
+                if not run.colocated:
+                    self.metrics["bytes/weight_sync"] += nbytes
+                self.meter.transfer(
+                    Transfer("weights", "learner", run.name, nbytes, seconds, same, run.sync_sent)
+                )
+            if run.assign is not None:
+                seconds = _seconds(run.assign)
+                assign_seconds.append(seconds)
+                if kv is not None:
+                    self.meter.transfer(
+                        Transfer("kv", "prefill", run.name, run.kv_bytes, seconds, same, kv.put)
+                    )
+        self.metrics["time/weight_sync"] = max(sync_seconds)
+        self.metrics["time/kv_transfer"] += max(assign_seconds)
+
+
+def _seconds(ref: ray.ObjectRef) -> float:
+    """What a load call reported it took (0 when its function died)."""
+    try:
+        return float(ray.get(ref) or 0.0)
+    except LOST:
+        return 0.0
+
+
+def _alive(node: str) -> bool:
+    return any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())

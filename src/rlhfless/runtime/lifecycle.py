@@ -1,0 +1,162 @@
+"""The function lifecycle on Ray: create each function on the node the plan names, lease it from the
+warm pool, make room for it, release it warm or stopped.
+
+A function not colocated with the learner gets hard node affinity (Ray's
+`NodeAffinitySchedulingStrategy`) to its plan node and its own resources there; one colocated with
+the learner runs on the driver's node with none (the learner's slot, held by this process). When a
+new function needs a node's resources and idle warm functions of another shape hold them, those are
+stopped first: keep-alive gives way to a request.
+"""
+
+from __future__ import annotations
+
+import ray
+from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorError, WorkerCrashedError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rlhfless.config import Config
+from rlhfless.runtime.billing import Invocation, Meter
+from rlhfless.runtime.functions import DecodeFunction, PrepareFunction
+from rlhfless.runtime.pool import FunctionPool, Lease, Shape
+from rlhfless.runtime.ray_cluster import ClusterView, free_slots, read_cluster
+
+# The function's process is gone (crashed, killed, its node lost) or can never be placed.
+LOST = (RayActorError, OutOfMemoryError, WorkerCrashedError, ActorUnschedulableError)
+
+
+class Functions:
+    """Every started function of the run: the warm pool, and how a new one is created."""
+
+    def __init__(self, cfg: Config, tokenizer, has_reference: bool, gpu: bool, driver: str) -> None:
+        self.cfg, self.tokenizer, self.has_reference, self.gpu = cfg, tokenizer, has_reference, gpu
+        self.rt = cfg.runtime
+        self.driver = driver
+        self.slot: dict[str, float] = (
+            {"GPU": float(cfg.scheduler.gpus_per_actor)} if gpu else {"CPU": float(self.rt.cpus_per_actor)}
+        )
+        keep_alive = float("inf") if cfg.scheduler.policy == "verl" else self.rt.keep_alive_s
+        self.pool = FunctionPool(self._create, keep_alive)
+
+    def cluster(self) -> ClusterView:
+        """The cluster now, our idle warm functions' slots counted as free (they give way)."""
+        reusable: dict[str, float] = {}
+        for lease in self.pool.idle:
+            if lease.units > 0:
+                reusable[lease.shape[2]] = reusable.get(lease.shape[2], 0) + 1
+        return read_cluster(self.slot, reusable)
+
+    def acquire(
+        self,
+        meter: Meter,
+        name: str,
+        function: str,
+        colocated: bool,
+        node: str,
+        units: float,
+        now: float,
+        kind: str | None = None,
+    ) -> tuple[Lease, Invocation]:
+        """A lease of a `function` (decode, prepare) on `node` (the driver's when colocated) and its
+        open invocation of `kind` (default: the function); warm leases start at once, cold ones
+        when their process does (`settle`)."""
+        shape: Shape = (function, colocated, self.driver if colocated else node)
+        if not colocated and not any(lease.shape == shape for lease in self.pool.idle):
+            self._make_room(shape[2], now)
+        lease = self.pool.acquire(shape, now)
+        resources = dict(self.slot) if colocated or not self.gpu else {"GPU": units}
+        inv = meter.open(
+            Invocation(
+                name,
+                kind or function,
+                resources,
+                units,
+                requested=now,
+                started=None if lease.cold else now,
+                colocated_with="learner" if colocated else None,
+                cold=lease.cold,
+                node=shape[2],
+            )
+        )
+        lease.units, lease.resources = (0.0 if colocated else units), resources
+        return lease, inv
+
+    def _make_room(self, node: str, now: float) -> None:
+        """Stop an idle warm function on `node` when Ray has no free slot there for a new one."""
+        idle = [lease for lease in self.pool.idle if lease.shape[2] == node and lease.units > 0]
+        if idle and free_slots(node, self.slot) < 1:
+            self.pool.stop_idle(idle[:1], now)  # each holds one slot
+
+    def settle(self, lease: Lease, inv: Invocation) -> None:
+        """Fill a cold start's started/ready times and node from the function's own report."""
+        if lease.hello is None:
+            return
+        try:
+            hello = ray.get(lease.hello)
+            # A pre-started worker process is older than the request: billing starts at the request.
+            inv.started, inv.ready = max(inv.requested, hello.started), hello.ready
+            inv.node = hello.node
+        except LOST:
+            inv.started = inv.started or inv.requested
+        lease.hello = None
+
+    def placed(self, lease: Lease) -> bool:
+        """Whether a cold function has started (its `hello` came back); warm ones have."""
+        return lease.hello is None or bool(ray.wait([lease.hello], timeout=0)[0])
+
+    def release(self, lease: Lease, now: float, keep: bool = True) -> None:
+        self.pool.release(lease, now, keep=keep)
+
+    def drop(self, lease: Lease) -> None:
+        """A lease whose function died (or was never placed): stopped and forgotten."""
+        self.pool.drop(lease)
+
+    def warm(self) -> int:
+        """Warm decode functions in the pool with resources of their own."""
+        return sum(1 for lease in self.pool.idle if lease.shape[0] == "decode" and lease.units > 0)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _create(self, shape: Shape):
+        kind, colocated, node = shape
+        options: dict = {
+            "max_restarts": 0,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
+        }
+        if colocated:  # runs on the learner's resources, which the driver holds
+            options.update(num_cpus=0, num_gpus=0)
+        elif self.gpu:
+            options.update(num_cpus=0, num_gpus=self.cfg.scheduler.gpus_per_actor)
+        else:
+            options.update(num_cpus=self.rt.cpus_per_actor)
+        cfg, vocab = self.cfg, len(self.tokenizer)
+        if kind == "decode":
+            device = "cuda" if self.gpu and not colocated else "cpu"
+            return (
+                ray.remote(DecodeFunction)
+                .options(**options)
+                .remote(
+                    cfg.model,
+                    vocab,
+                    cfg.seed,
+                    [self.tokenizer.eos_token_id],
+                    self.tokenizer.pad_token_id,
+                    cfg.generation.max_running,
+                    self.rt.threads_per_actor,
+                    device,
+                )
+            )
+        return (
+            ray.remote(PrepareFunction)
+            .options(**options)
+            .remote(
+                cfg.model if self.has_reference else None,
+                vocab,
+                cfg.seed,
+                cfg.reward,
+                cfg.trainer.micro_batch_tokens,
+                cfg.generation.temperature,
+                self.tokenizer.pad_token_id,
+                self.rt.threads_per_actor,
+            )
+        )

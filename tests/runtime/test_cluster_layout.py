@@ -1,0 +1,48 @@
+"""The planner's cluster is what Ray reports: alive nodes, their free slots, the driver's node first."""
+
+import pytest
+
+from rlhfless.planner.hardware import ModelShape
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.runtime.ray_cluster import layout
+
+SLOT = {"CPU": 1.0}
+
+
+def node(node_id: str, cpus: float, alive: bool = True) -> dict:
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": "127.0.0.1", "Resources": {"CPU": cpus}}
+
+
+def test_the_view_lists_alive_nodes_with_free_slots_driver_first_and_counts_the_learner_slot():
+    nodes = [node("b", 2), node("a", 4), node("dead", 8, alive=False), node("full", 1), node("drv", 1)]
+    available = {"a": {"CPU": 3.0}, "b": {"CPU": 2.0}, "full": {}, "drv": {"CPU": 1.0}}
+    view = layout(nodes, available, "drv", SLOT, reusable={"full": 1})
+    assert [(n.node_id, n.free, n.total) for n in view.nodes] == [
+        ("drv", 2, 2),  # Ray's free CPU and the learner's slot
+        ("a", 3, 4),
+        ("b", 2, 2),
+        ("full", 1, 1),  # held by our own idle warm function: it gives way
+    ]
+    shape = ModelShape("toy", layers=2, hidden=8, heads=2, kv_heads=2, intermediate=16, vocab=32)
+    spec = view.spec(1, shape)
+    assert spec.node_gpus == (2, 3, 2, 1) and spec.max_actors(1) == 8
+
+
+def test_the_driver_node_must_be_alive():
+    with pytest.raises(RuntimeError, match="driver"):
+        layout([node("a", 1)], {"a": {"CPU": 1.0}}, "drv", SLOT, {})
+
+
+def test_a_cluster_of_unequal_nodes_places_slots_node_by_node():
+    spec = ClusterSpec(node_gpus=(2, 3, 1))
+    assert (spec.nodes, spec.gpus_per_node, spec.total_gpus) == (3, 3, 6)
+    assert [spec.slot_gpus(s, 1) for s in range(6)] == [
+        (0, [0]),
+        (0, [1]),
+        (1, [2]),
+        (1, [3]),
+        (1, [4]),
+        (2, [5]),
+    ]
+    uniform = ClusterSpec(nodes=2, gpus_per_node=4)
+    assert uniform.node_slots(2) == [2, 2] and uniform.slot_gpus(3, 2) == (1, [6, 7])
