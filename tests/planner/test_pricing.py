@@ -11,7 +11,7 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import PRICE_SHEETS, Pricing, charge, keep_warm
-from rlhfless.planner.scaling import Billing, PlanError
+from rlhfless.planner.scaling import Billing, PlanError, choose
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import run_policy
@@ -148,3 +148,22 @@ def test_an_infeasible_budget_or_deadline_is_one_line_naming_the_best_plan_there
         plan_step(_prompts(8), _predictor(8), profile, cluster, SchedulerConfig(deadline_per_step=1e-6), 2)
     with pytest.raises(ValueError, match="one target at a time"):
         SchedulerConfig(budget_per_step=1.0, deadline_per_step=1.0)
+
+
+def test_a_budget_keeps_the_margin_its_forecast_has_lately_fallen_short_by():
+    from rlhfless.planner.forecast import Margins
+    from rlhfless.planner.scaling import CandidateTable
+
+    n = np.array([1, 2, 3])
+    table = CandidateTable(
+        n, np.array([30.0, 20.0, 10.0]), np.array([1.0, 1.5, 2.0]), n * 0.0, n > 0, n > 0, n * 0.0
+    )
+    assert table.n[choose(table, budget=1.6)] == 2
+    margins = Margins()
+    for forecast, actual in ((1.0, 5.0), (1.0, 1.2), (1.0, 1.2)):  # the first step is left out
+        margins.observe(10.0, 10.0, forecast, actual)
+    assert margins.margin("cost") == pytest.approx(0.2)
+    assert table.n[choose(table, budget=1.6, margins=(0.0, 0.2))] == 1  # 1.5 x 1.2 > 1.6
+    assert table.n[choose(table, budget=1.1, margins=(0.0, 0.2))] == 1  # only the bare forecast fits
+    with pytest.raises(PlanError, match="cheapest plan's forecast 1 \\$ \\(N=1\\)"):
+        choose(table, budget=0.5)

@@ -86,6 +86,38 @@ class PhaseModel:
         self.per_token_s, self.steps = state.get("per_token_s"), int(state.get("steps", 0))
 
 
+@dataclass
+class Margins:
+    """How far the step forecast has fallen short lately, so that a budget or deadline is met
+    although its plan sits at the edge: the 90th percentile of the last `window` steps' actual /
+    forecast ratios, less one (0 when the forecast has erred high)."""
+
+    window: int = 8
+    time: list[float] | None = None
+    cost: list[float] | None = None
+    steps: int = 0
+
+    def observe(self, forecast_s: float, actual_s: float, forecast_cost: float, actual_cost: float) -> None:
+        """Fold in one step; the run's first is left out (its forecast knew nothing of the run)."""
+        self.steps += 1
+        if self.steps == 1:
+            return
+        for name, f, a in (("time", forecast_s, actual_s), ("cost", forecast_cost, actual_cost)):
+            if f > 0 and a > 0:
+                ratios = (getattr(self, name) or []) + [a / f]
+                setattr(self, name, ratios[-self.window :])
+
+    def margin(self, name: str) -> float:
+        ratios = getattr(self, name)
+        return max(0.0, float(np.quantile(ratios, 0.9)) - 1.0) if ratios else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.time, self.cost, self.steps = state.get("time"), state.get("cost"), int(state.get("steps", 0))
+
+
 def replay_times(
     plan: StepPlan,
     observed: dict[str, Sequence[int]],

@@ -5,10 +5,11 @@ prediction is an EWMA over the prompt's last `window` observations (window 1 = l
 With G samples per prompt the planner needs the group's max (when the group finishes) and mean
 (how much work it is), so both are tracked. A prompt never seen uses its ground-truth answer's
 token count times a factor, else a default. A prompt never seen whose data source (or task) has
-been seen takes that source's recent group lengths (an EWMA over steps of the source's mean group
-max and mean), and its answer's length only where answers have been seen to fit that source's
-responses (`ANSWER_FIT`): reasoning-gym answers are a number or a word, a response is a sentence
-or more. A source never seen takes the default (the planner caps it at max_new_tokens). Modes: `ewma`; `oracle` (told the true lengths of the
+been seen takes one of that source's recent group (max, mean) pairs, the quantile its uid hashes
+to: the unseen prompts of a step then carry the source's length distribution, tail included (an
+actor's time follows its longest sequence, so one mean for all would miss the stragglers). Its
+answer's length is used only where answers have been seen to fit that source's responses
+(`ANSWER_FIT`): reasoning-gym answers are a number or a word, a response is a sentence or more. A source never seen takes the default (the planner caps it at max_new_tokens). Modes: `ewma`; `oracle` (told the true lengths of the
 coming step via `reveal`); `noisy` (EWMA times a deterministic log-normal factor, for sensitivity
 studies: the same state and uids always give the same predictions).
 """
@@ -27,7 +28,8 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 
 MODES = ("ewma", "oracle", "noisy")
-SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's length estimate
+SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's answer misfit
+SOURCE_RECENT = 1024  # a source's latest group (max, mean) pairs that unseen prompts are estimated from
 ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -81,7 +83,8 @@ class LengthPredictor:
         self._truth: dict[str, tuple[float, float]] = {}
         self._source_of: dict[str, str] = {}  # uid -> source, as told by `predict`
         self._answer_of: dict[str, float] = {}  # uid -> answer tokens, as told by `predict`
-        self._sources: dict[str, list[float]] = {}  # source -> [max, mean, answer misfit or nan]
+        self._misfit: dict[str, float] = {}  # source -> answer stand-in's relative error (EWMA)
+        self._recent: dict[str, np.ndarray] = {}  # source -> its latest (group max, mean) rows
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -165,23 +168,20 @@ class LengthPredictor:
             if source is not None:
                 by_source.setdefault(source, []).append(i)
         for source, idx in by_source.items():
-            gmax, gmean = float(obs_max[idx].mean()), float(obs_mean[idx].mean())
+            pairs = np.stack((obs_max[idx], obs_mean[idx]), axis=1).astype(float)
+            old = self._recent.get(source)
+            self._recent[source] = (pairs if old is None else np.concatenate((old, pairs)))[-SOURCE_RECENT:]
             answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
             has = ~np.isnan(answers)
-            misfit = (
-                float(np.mean(np.abs(obs_mean[idx][has] - answers[has] * self.answer_length_factor)
-                              / np.maximum(obs_mean[idx][has], 1.0)))
-                if has.any()
-                else np.nan
-            )
-            old = self._sources.get(source)
-            if old is None:
-                self._sources[source] = [gmax, gmean, misfit]
-                continue
-            a = SOURCE_ALPHA
-            old[0], old[1] = a * gmax + (1 - a) * old[0], a * gmean + (1 - a) * old[1]
-            if not np.isnan(misfit):
-                old[2] = misfit if np.isnan(old[2]) else a * misfit + (1 - a) * old[2]
+            if has.any():
+                mean = obs_mean[idx][has]
+                misfit = float(
+                    np.mean(np.abs(mean - answers[has] * self.answer_length_factor) / np.maximum(mean, 1.0))
+                )
+                before = self._misfit.get(source)
+                self._misfit[source] = (
+                    misfit if before is None else SOURCE_ALPHA * misfit + (1 - SOURCE_ALPHA) * before
+                )
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -216,7 +216,9 @@ class LengthPredictor:
         if sources is not None:
             self._source_of.update((u, s) for u, s in zip(uids, sources, strict=True) if s)
         if answer_tokens is not None:
-            self._answer_of.update((u, float(a)) for u, a in zip(uids, answer_tokens, strict=True) if a is not None)
+            self._answer_of.update(
+                (u, float(a)) for u, a in zip(uids, answer_tokens, strict=True) if a is not None
+            )
         rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         seen = rows >= 0
         safe = np.where(seen, rows, 0)
@@ -243,7 +245,8 @@ class LengthPredictor:
         sources: Sequence[str] | None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(max, mean) for prompts never seen: the answer's length where it fits the prompt's source
-        (or the prompt names no source), else the source's estimate, else the default."""
+        (or the prompt names no source), else a draw from the source's recent groups, else the
+        default."""
         n = len(uids)
         answers = (
             np.array([np.nan if a is None else a for a in answer_tokens], dtype=float)
@@ -252,14 +255,18 @@ class LengthPredictor:
         )
         out_max = np.full(n, float(self.default_length))
         out_mean = out_max.copy()
-        for i in range(n):
-            source = sources[i] if sources is not None else ""
-            stats = self._sources.get(source) if source else None
-            fits = stats is not None and not np.isnan(stats[2]) and stats[2] <= ANSWER_FIT
-            if not np.isnan(answers[i]) and (fits or not source):
-                out_max[i] = out_mean[i] = answers[i] * self.answer_length_factor
-            elif stats is not None:
-                out_max[i], out_mean[i] = stats[0], stats[1]
+        names = list(sources) if sources is not None else [""] * n
+        for source in set(names):
+            idx = np.array([i for i, name in enumerate(names) if name == source])
+            recent = self._recent.get(source) if source else None
+            fits = self._misfit.get(source, np.inf) <= ANSWER_FIT
+            use_answer = ~np.isnan(answers[idx]) & (fits or not source)
+            if recent is not None:
+                # The step waits for its longest group: of n unseen prompts, expect the n/(n+1) quantile.
+                out_max[idx] = np.quantile(recent[:, 0], idx.size / (idx.size + 1.0))
+                out_mean[idx] = recent[:, 1].mean()
+            answered = idx[use_answer]
+            out_max[answered] = out_mean[answered] = answers[answered] * self.answer_length_factor
         return out_max, out_mean
 
     def _noise_factor(self, uids: Sequence[str], rows: np.ndarray, seen: np.ndarray) -> np.ndarray:
@@ -283,7 +290,8 @@ class LengthPredictor:
             "window": self.window,
             "history": {uid: obs[r][self.window - kept[r] :] for r, uid in enumerate(self._uids)},
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
-            "sources": {k: [None if np.isnan(x) else x for x in v] for k, v in self._sources.items()},
+            "recent": {k: v.tolist() for k, v in self._recent.items()},
+            "misfit": dict(self._misfit),
             "source_of": dict(self._source_of),
         }
 
@@ -299,9 +307,10 @@ class LengthPredictor:
             uids = [u for u, past in history.items() if len(past) > k]
             observed = np.array([history[u][k] for u in uids], dtype=float)
             self._push(self._rows(uids), observed[:, 0], observed[:, 1])
-        self._sources = {
-            k: [float("nan") if x is None else float(x) for x in v] for k, v in state.get("sources", {}).items()
+        self._recent = {
+            k: np.array(v, dtype=float).reshape(-1, 2) for k, v in state.get("recent", {}).items()
         }
+        self._misfit = {k: float(v) for k, v in state.get("misfit", {}).items()}
         self._source_of = dict(state.get("source_of", {}))
         counts = state.get("counts", {})
         if counts:

@@ -53,6 +53,8 @@ class Billing:
     warm_actors: int = 0
     cold_start_hidden: bool = False
     overhead_s: float = 0.0  # the executor's own seconds on every actor's time (learned: `Calibration`)
+    time_margin: float = 0.0  # a deadline is met with this relative margin (learned: `Margins`)
+    cost_margin: float = 0.0  # likewise a budget
     after_units: float = 0.0
     after_fixed_s: float = 0.0
     after_per_token_s: float = 0.0
@@ -108,7 +110,18 @@ def estimate_actors(
     anchor = _group_value_at_slot0(n_of, slot, time)
     hidden = time <= anchor + 1e-9
     return ActorEstimates(
-        n_of, starts, ends, time, cost, slot, delay, hidden, parts["work"], parts["prefill_tokens"], cold, units
+        n_of,
+        starts,
+        ends,
+        time,
+        cost,
+        slot,
+        delay,
+        hidden,
+        parts["work"],
+        parts["prefill_tokens"],
+        cold,
+        units,
     )
 
 
@@ -183,34 +196,47 @@ def candidate_table(
     return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
 
 
+def _within(
+    bound: np.ndarray,
+    other: np.ndarray,
+    target: float,
+    margin: float,
+    n: np.ndarray,
+    key: str,
+    unit: str,
+    best: str,
+) -> int:
+    """The candidate best in `other` whose `bound` forecast, raised by `margin`, fits `target`;
+    short of one, the one best in `bound` if its bare forecast fits; else PlanError."""
+    fits = np.flatnonzero(bound * (1.0 + margin) <= target * (1 + 1e-9))
+    if fits.size:
+        return int(fits[np.lexsort((bound[fits], other[fits]))[0]])
+    i = int(np.argmin(bound))
+    if bound[i] <= target * (1 + 1e-9):  # only the bare forecast fits: the plan leaving most room
+        return i
+    raise PlanError(
+        f"scheduler.{key}: got {target:.6g} {unit}, expected at least the {best} plan's forecast "
+        f"{bound[i]:.6g} {unit} (N={int(n[i])})"
+    )
+
+
 def choose(
     table: CandidateTable,
     after: tuple[float, float] = (0.0, 0.0),
     budget: float | None = None,
     deadline: float | None = None,
+    margins: tuple[float, float] = (0.0, 0.0),
 ) -> int:
     """Index of N': the fastest within `budget` ($ per step), the cheapest within `deadline`
     (s per step), else the first minimum of the lam score (the smallest N among equal scores).
-    `after` is the rest of the step's (seconds, USD). PlanError when no candidate fits, naming
-    the cheapest or fastest plan there is."""
-    step_time = table.time + after[0]
-    step_cost = table.cost + table.warm_after + after[1]
+    `after` is the rest of the step's (seconds, USD); a plan fits when its forecast, raised by
+    the (time, cost) `margins` the forecast has lately fallen short by, does. PlanError when no
+    candidate fits, naming the cheapest or fastest plan there is."""
+    step_time, step_cost = table.time + after[0], table.cost + table.warm_after + after[1]
     if budget is not None:
-        fits = np.flatnonzero(step_cost <= budget * (1 + 1e-9))
-        if fits.size == 0:
-            best = int(np.argmin(step_cost))
-            raise PlanError(
-                f"scheduler.budget_per_step: got {budget:.6g} $, expected at least the cheapest plan's "
-                f"forecast {step_cost[best]:.6g} $ (N={int(table.n[best])}, {step_time[best]:.1f} s)"
-            )
-        return int(fits[np.lexsort((step_cost[fits], step_time[fits]))[0]])
+        return _within(step_cost, step_time, budget, margins[1], table.n, "budget_per_step", "$", "cheapest")
     if deadline is not None:
-        fits = np.flatnonzero(step_time <= deadline * (1 + 1e-9))
-        if fits.size == 0:
-            best = int(np.argmin(step_time))
-            raise PlanError(
-                f"scheduler.deadline_per_step: got {deadline:.6g} s, expected at least the fastest plan's "
-                f"forecast {step_time[best]:.1f} s (N={int(table.n[best])}, {step_cost[best]:.6g} $)"
-            )
-        return int(fits[np.lexsort((step_time[fits], step_cost[fits]))[0]])
+        return _within(
+            step_time, step_cost, deadline, margins[0], table.n, "deadline_per_step", "s", "fastest"
+        )
     return int(np.argmin(table.score))

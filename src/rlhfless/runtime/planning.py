@@ -28,7 +28,7 @@ from rlhfless.planner import (
     plan_step,
     prediction_quality,
 )
-from rlhfless.planner.forecast import Calibration, PhaseModel, relative_error, replay_times
+from rlhfless.planner.forecast import Calibration, Margins, PhaseModel, relative_error, replay_times
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
 from rlhfless.planner.scaling import Billing
 from rlhfless.runtime.samples import Sample, StepPrompt
@@ -136,6 +136,7 @@ class StepPlanner:
         self.max_length, self.resident_units = max_length, resident_units
         self.calibration = Calibration()
         self.phases = PhaseModel()
+        self.margins = Margins()
 
     def billing(self, warm: int) -> Billing:
         """The runtime: functions start on demand, the learner holds its units all step."""
@@ -147,6 +148,8 @@ class StepPlanner:
             after_units=self.resident_units,
             after_per_token_s=self.phases.per_token_s or 0.0,
             next_use_after=True,
+            time_margin=self.margins.margin("time"),
+            cost_margin=self.margins.margin("cost"),
         )
 
     def plan(
@@ -177,6 +180,12 @@ class StepPlanner:
     def observe(self, plan: StepPlan, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
         """The step's forecast against what happened; then learn from it for the next plan."""
         out = forecast_metrics(plan, metrics)
+        self.margins.observe(
+            plan.predicted_step_time,
+            metrics["time/step"],
+            plan.predicted_step_cost,
+            metrics.get("cost/step", 0.0),
+        )
         lengths: dict[str, list[int]] = {}
         for s in samples:
             lengths.setdefault(s.uid, []).append(len(s.response_ids))
@@ -185,7 +194,10 @@ class StepPlanner:
         prefill = float(self.profile.prefill_seconds(plan.prefill.get("tokens", 0)))
         measured_busy = metrics.get("time/prefill", 0.0) + metrics.get("time/decode", 0.0)
         self.calibration.observe(
-            measured_busy, float(busy.sum()) + prefill, metrics["time/generation"], float(total.max()) + prefill
+            measured_busy,
+            float(busy.sum()) + prefill,
+            metrics["time/generation"],
+            float(total.max()) + prefill,
         )
         if metrics.get("actors/cold_starts"):
             self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
@@ -197,11 +209,16 @@ class StepPlanner:
         return out
 
     def state_dict(self) -> dict:
-        return {"calibration": self.calibration.state_dict(), "phases": self.phases.state_dict()}
+        return {
+            "calibration": self.calibration.state_dict(),
+            "phases": self.phases.state_dict(),
+            "margins": self.margins.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.calibration.load_state_dict(state.get("calibration", {}))
         self.phases.load_state_dict(state.get("phases", {}))
+        self.margins.load_state_dict(state.get("margins", {}))
 
 
 def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:
