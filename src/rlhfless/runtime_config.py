@@ -80,8 +80,9 @@ class RuntimeConfig:
     profile: str | None = field(
         default=None,
         metadata={
-            "help": "time table measured by `rlhfless profile --output FILE` for the planner; "
-            "null derives one from the model's shape (rough on CPUs)"
+            "help": "the planner's time table: a file from `rlhfless profile --output FILE`; null "
+            "measures this machine once and caches it under model.cache_dir/profiles/; 'derived' "
+            "derives one from the model's shape (rough on CPUs)"
         },
     )
     dashboard: bool = field(default=False, metadata={"help": "embedded Ray: start the dashboard"})

@@ -106,3 +106,12 @@ def test_a_run_records_its_forecast_before_step_1_and_each_steps_forecast_beside
         )
         assert row["forecast/step_time"] >= row["forecast/generation_time"]
     assert result.history[-1]["calibration/after_s_per_token"] > 0
+
+
+def test_an_infeasible_budget_stops_the_run_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--preset", "tiny", f"output_dir={out}", "scheduler.budget_per_step=1e-12"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "scheduler.budget_per_step: got 1e-12 $, expected at least the cheapest plan's forecast" in err[0]
+    assert not out.exists()

@@ -215,9 +215,13 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         planner.load_state_dict(state.get("planner", {}))
         kl_ctrl.value = state.get("kl_coef", kl_ctrl.value)
         start = state["step"]
+    try:  # before anything is written: an infeasible budget or deadline stops the run here
+        forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor.engine, start)
+    except PlanError as err:
+        executor.close()
+        raise TrainError(f"forecast: {err}") from None
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
-    forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor.engine, start)
     if start == 0:  # a resumed run keeps the forecast made before it paid anything
         write_atomic(out / "forecast.json", json.dumps(forecast, indent=1))
     on_event("forecast", forecast)
