@@ -85,6 +85,13 @@ class RuntimeConfig:
             "derives one from the model's shape (rough on CPUs)"
         },
     )
+    calibration_memory: bool = field(
+        default=True,
+        metadata={
+            "help": "start the forecast's time model from what earlier runs of this model on this "
+            "machine learned (cached beside the profile), instead of from the profile alone"
+        },
+    )
     dashboard: bool = field(default=False, metadata={"help": "embedded Ray: start the dashboard"})
 
     def slots(self) -> int:

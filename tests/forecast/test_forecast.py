@@ -115,3 +115,28 @@ def test_an_infeasible_budget_stops_the_run_before_anything_is_written(tmp_path,
     assert code == 2 and len(err) == 1
     assert "scheduler.budget_per_step: got 1e-12 $, expected at least the cheapest plan's forecast" in err[0]
     assert not out.exists()
+
+
+def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_learned(tmp_path):
+    def run(name: str, *extra: str):
+        cfg = load_config(
+            preset="tiny",
+            overrides=(
+                f"output_dir={tmp_path / name}",
+                f"model.cache_dir={tmp_path / 'cache'}",
+                "trainer.steps=2",
+                "trainer.progress=false",
+                "trainer.tensorboard=false",
+                *extra,
+            ),
+        )
+        return train(cfg).history
+
+    first = run("a")
+    [memory] = (tmp_path / "cache" / "profiles").glob("calibration-*.json")
+    learned = json.loads(memory.read_text())["calibration"]
+    assert learned["decode_scale"] == pytest.approx(first[-1]["calibration/decode_scale"])
+    forgetful = run("b", "runtime.calibration_memory=false")
+    remembering = run("c")
+    # Its first step's plan already used the scale the earlier runs learned: one more EWMA update.
+    assert remembering[0]["calibration/decode_scale"] != forgetful[0]["calibration/decode_scale"]

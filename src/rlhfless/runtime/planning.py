@@ -109,6 +109,11 @@ def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelSha
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
     """The run's StepPlanner: this machine's profile and slots, the learner's slot resident."""
     shape = ModelShape.from_hf_config(policy.config.to_dict())
+    memory = None
+    if cfg.runtime.calibration_memory:
+        key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.runtime.executor}-{cfg.runtime.profile or 'measured'}"
+        name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        memory = Path(cfg.model.cache_dir).expanduser() / "profiles" / name
     return StepPlanner(
         cfg.scheduler,
         machine_profile(cfg, policy),
@@ -116,6 +121,7 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
         cfg.algorithm.group_size,
         max_length=cfg.generation.max_new_tokens,
         resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
+        memory=memory,
     )
 
 
@@ -131,12 +137,23 @@ class StepPlanner:
         group_size: int,
         max_length: int | None = None,
         resident_units: float = 0.0,
+        memory: Path | None = None,
     ):
+        """`memory`: where the time model learned by earlier runs of this model on this machine is
+        kept; it starts this run's, and every step updates it."""
         self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
         self.max_length, self.resident_units = max_length, resident_units
         self.calibration = Calibration()
         self.phases = PhaseModel()
         self.margins = Margins()
+        self.memory = memory
+        if memory is not None and memory.is_file():
+            try:
+                self.load_state_dict(
+                    {k: v for k, v in json.loads(memory.read_text()).items() if k != "margins"}
+                )
+            except (ValueError, OSError, TypeError, AttributeError):
+                pass  # a damaged memory only costs what it would have taught
 
     def billing(self, warm: int) -> Billing:
         """The runtime: functions start on demand, the learner holds its units all step."""
@@ -203,6 +220,10 @@ class StepPlanner:
             self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
         tokens = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"])
+        if self.memory is not None:
+            state = {"calibration": self.calibration.state_dict(), "phases": self.phases.state_dict()}
+            self.memory.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.memory, json.dumps(state))
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
         out["calibration/after_s_per_token"] = self.phases.per_token_s or 0.0
