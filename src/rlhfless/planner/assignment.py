@@ -66,3 +66,30 @@ def lpt_assign(work: np.ndarray, n: int) -> np.ndarray:
         actor[p] = i
         heapq.heappush(heap, (load + float(work[p]), i))
     return actor
+
+
+def retimed_ranges(
+    cum_work: np.ndarray, starts: np.ndarray, ends: np.ndarray, ns: np.ndarray, busy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Contiguous ranges re-split so that every actor of each N gets an equal share of predicted
+    time, for every N in ns at once.
+
+    Predicted time is not proportional to work: an actor of long sequences decodes them one step
+    per token whatever its batch, so work balance leaves it last. Each range's time is spread over
+    its prompts in proportion to their work (the range's seconds per token); the new cuts fall at
+    equal shares of that cumulative time. One call is one fixed-point round.
+
+    `cum_work`: prefix sums of work in assignment order (size prompts + 1); ranges of one N
+    consecutive (as `balanced_ranges` returns them), `busy` their predicted seconds."""
+    total = cum_work.size - 1
+    first = np.cumsum(ns) - ns
+    busy = np.maximum(busy, 1e-12)
+    span = np.add.reduceat(busy, first)
+    time_at = np.cumsum(busy) - busy  # every N's ranges laid end to end on one time axis
+    j, n_of, group = _interior(ns)
+    target = time_at[first[group]] + span[group] * j / n_of
+    k = np.clip(np.searchsorted(time_at, target, side="right") - 1, first[group], first[group] + n_of - 1)
+    share = np.clip((target - time_at[k]) / busy[k], 0.0, 1.0)
+    lo, hi = cum_work[starts[k]], cum_work[ends[k]]
+    cuts = np.searchsorted(cum_work, lo + share * (hi - lo), side="left")
+    return _with_ends(_strictly_increasing(cuts, ns, total), ns, total)

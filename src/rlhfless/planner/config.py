@@ -10,6 +10,7 @@ from rlhfless.planner.pricing import Pricing
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
+MIGRATIONS = ("gain", "paper")
 NORMALISATIONS = ("relative", "range")
 
 
@@ -110,6 +111,14 @@ class SchedulerConfig:
     cut_and_migrate: bool = field(
         default=True, metadata={"help": "rlhfless: cut actors at tau and migrate their stragglers"}
     )
+    migration: str = field(
+        default="gain",
+        metadata={
+            "help": "per-actor cut: gain (a straggler moves once, only where it finishes sooner, "
+            "resume and the receiver's slowdown counted; needs the time table) or paper (every "
+            "straggler to the least-loaded actor with a free slot)"
+        },
+    )
     predictor: str = field(
         default="ewma", metadata={"help": "length predictor: ewma, oracle (told true lengths) or noisy"}
     )
@@ -144,6 +153,7 @@ class SchedulerConfig:
             self.assignment_method,
             f"one of {', '.join(METHODS)}",
         )
+        check(self.migration in MIGRATIONS, "migration", self.migration, f"one of {', '.join(MIGRATIONS)}")
         check(
             self.normalise in NORMALISATIONS,
             "normalise",

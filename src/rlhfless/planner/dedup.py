@@ -53,6 +53,7 @@ class Dedup:
     group_of: np.ndarray  # prefix group id of each prompt (input order)
     group_prefix_tokens: np.ndarray  # tokens of each group's shared prefix
     lengths: np.ndarray  # prompt token counts (input order)
+    unique_tokens: int = 0  # tokens of the step's prefix tree: each shared prefix counted once
 
     @property
     def n_groups(self) -> int:
@@ -85,16 +86,35 @@ class Dedup:
         return sorted(groups, key=lambda g: (-len(g), g[0]))
 
 
-def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
-    """Choose the largest prefix length whose distinct prefixes fit `capacity` (B_prefill)."""
+def _sorted_prefixes(prompts: PackedPrompts) -> tuple[np.ndarray, np.ndarray]:
+    """Lexicographic order of the prompts and e_i, the common prefix of sorted neighbours i, i+1
+    (longest prompt + 1 when identical)."""
     keys, lengths = prompts.keys, prompts.lengths
-    n = lengths.size
-    longest = int(lengths.max()) if n else 0
+    longest = int(lengths.max()) if lengths.size else 0
     order = np.argsort(keys.view(f"V{keys.itemsize * keys.shape[1]}").ravel(), kind="stable")
     ranked = keys[order]
     differs = ranked[1:] != ranked[:-1]
     # the first differing column is the common prefix; no differing column: identical prompts
-    e = np.where(differs.any(axis=1), differs.argmax(axis=1), longest + 1)
+    return order, np.where(differs.any(axis=1), differs.argmax(axis=1), longest + 1)
+
+
+def _tree_tokens(lengths_sorted: np.ndarray, e: np.ndarray) -> int:
+    """Tokens of the prefix tree over sorted prompts: each one's tokens past its shared prefix."""
+    return int(lengths_sorted.sum() - np.minimum(e, lengths_sorted[1:]).sum())
+
+
+def tree_tokens(prompts: PackedPrompts) -> int:
+    """Unique prompt tokens of the step (a prefix tree's): the least prefill that computes all."""
+    order, e = _sorted_prefixes(prompts)
+    return _tree_tokens(prompts.lengths[order], e)
+
+
+def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
+    """Choose the largest prefix length whose distinct prefixes fit `capacity` (B_prefill)."""
+    lengths = prompts.lengths
+    n = lengths.size
+    longest = int(lengths.max()) if n else 0
+    order, e = _sorted_prefixes(prompts)
     # D(L) = 1 + #{e_i < L} = 1 + #{e_i <= L - 1}
     hist = np.bincount(e, minlength=longest + 2)
     d_curve = np.concatenate(([1], 1 + np.cumsum(hist[:longest]))) if n else np.ones(1, dtype=np.int64)
@@ -110,4 +130,5 @@ def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
     n_groups = int(group_sorted[-1] + 1) if n else 0
     group_prefix = np.zeros(n_groups, dtype=np.int64)
     group_prefix[group_sorted] = np.minimum(lengths[order], prefix_length)
-    return Dedup(prefix_length, d_curve, group_of, group_prefix, lengths)
+    unique = _tree_tokens(lengths[order], e) if n else 0
+    return Dedup(prefix_length, d_curve, group_of, group_prefix, lengths, unique)

@@ -1,8 +1,12 @@
 """Live cut-and-migrate decisions, called by the runtime while decode actors run.
 
-Per-actor cut (RLHFless): an actor whose finished share reached tau is cut; each of its unfinished
-sequences (most remaining predicted work first) moves to the running, not-cut actor with free slots
-and the least remaining predicted work; with no such actor it stays. Global cut (RLHFuse-like
+Per-actor cut (RLHFless): an actor whose finished share reached tau is cut. Given the actors' time
+table (`profile`), a straggler moves only where it gains (`_gain_moves`): to the running actor on
+which it finishes soonest, counting the resume (`resume_s`) and that actor's slower steps with it,
+and only when that is sooner than staying and does not push the receiver's end past the step's
+predicted end; a sequence that moved once never moves again (`ActorProgress.migrated`). Without a
+profile, or with `scheduler.migration=paper`, the paper's rule holds: each unfinished sequence (most remaining predicted work first)
+moves to the running, not-cut actor with free slots and the least remaining predicted work. Global cut (RLHFuse-like
 baseline): once tau of all responses finished, every actor is cut together and the stragglers are
 gathered on the fewest actors that can hold them. Both are stateless: calling again after the moves
 were carried out proposes nothing new unless progress changed.
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.profile import Profile
 
 
 @dataclass
@@ -29,6 +34,8 @@ class ActorProgress:
     free_slots: int  # sequences it could take on now
     running: bool  # still alive (not released)
     remaining: Mapping[str, float]  # unfinished sequence id -> remaining predicted tokens
+    context: float = 0.0  # mean context of its running sequences (tokens), for the step time
+    migrated: frozenset[str] = frozenset()  # of `remaining`, the sequences that moved here already
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,76 @@ def _move(sources: Sequence[ActorProgress], targets: Sequence[ActorProgress]) ->
     return moves
 
 
-def decide_migrations(progress: Sequence[ActorProgress], config: SchedulerConfig) -> list[Migration]:
-    """Per-actor cut at tau; targets are running actors not themselves cut."""
+def _finish(profile: Profile, tokens: float, batch: int, context: float) -> float:
+    """Predicted seconds to decode `tokens` more at `batch` running sequences (batch held)."""
+    return tokens * float(profile.decode_step_seconds(max(batch, 1), context))
+
+
+def _gain_moves(
+    sources: Sequence[ActorProgress], targets: Sequence[ActorProgress], profile: Profile, resume_s: float
+) -> list[Migration]:
+    """Stragglers (most remaining first) to the target where each finishes soonest, if sooner than
+    staying, with room, and without the receiver ending after the step's predicted end; a later
+    migrant never slows a target past what its earlier migrants gain (no piling on)."""
+    if not sources or not any(t.free_slots > 0 for t in targets):
+        return []
+    actors = {p.actor: p for p in (*sources, *targets)}
+    batch = {a: len(p.remaining) for a, p in actors.items()}
+    longest = {a: max(p.remaining.values(), default=0.0) for a, p in actors.items()}
+    free = {t.actor: t.free_slots for t in targets}
+
+    def step_s(a: int, extra: int) -> float:
+        return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
+
+    step_end = max(longest[a] * step_s(a, 0) for a in actors)
+    here = {p.actor: step_s(p.actor, 0) for p in sources}  # a source's step, as its batch shrinks
+    there = {a: step_s(a, 1) for a in free}  # a target's step with one more sequence
+    slowest = dict.fromkeys(free, float("inf"))  # the step a target's migrants can bear
+    candidates = sorted(
+        (
+            (w, p.actor, k, name)
+            for p in sources
+            for k, (name, w) in enumerate(p.remaining.items())
+            if name not in p.migrated
+        ),
+        key=lambda c: (-c[0], c[1], c[2]),
+    )
+    moves = []
+    for work, source, _, name in candidates:
+        best, best_at = None, work * here[source]
+        for a, room in free.items():
+            if a == source:
+                continue
+            at = resume_s + work * there[a]
+            fits = room > 0 and there[a] <= slowest[a]
+            if fits and at < best_at and max(at, longest[a] * there[a]) <= step_end:
+                best, best_at = a, at
+        if best is None:
+            continue
+        moves.append(Migration(name, source, best))
+        slowest[best] = min(slowest[best], (work * here[source] - resume_s) / work)
+        batch[source] -= 1
+        batch[best] += 1
+        free[best] -= 1
+        longest[best] = max(longest[best], work)
+        here[source] = step_s(source, 0)
+        there[best] = step_s(best, 1)
+    return moves
+
+
+def decide_migrations(
+    progress: Sequence[ActorProgress],
+    config: SchedulerConfig,
+    profile: Profile | None = None,
+    resume_s: float = 0.0,
+) -> list[Migration]:
+    """Per-actor cut at tau; targets are running actors not themselves cut (the gain rule: any
+    running actor, so that stragglers gather on a drained one)."""
     cut = [p for p in progress if _is_cut(p, config.tau)]
+    if profile is not None and config.migration == "gain":  # a drained cut actor may gather
+        return _gain_moves(cut, [p for p in progress if p.running], profile, resume_s)
     cut_ids = {p.actor for p in cut}
-    targets = [p for p in progress if p.running and p.actor not in cut_ids]
-    return _move(cut, targets)
+    return _move(cut, [p for p in progress if p.running and p.actor not in cut_ids])
 
 
 def decide_global_cut(progress: Sequence[ActorProgress], config: SchedulerConfig) -> list[Migration]:
@@ -100,11 +171,18 @@ def decide_global_cut(progress: Sequence[ActorProgress], config: SchedulerConfig
     return _move(sources, keepers)
 
 
-def decide(progress: Sequence[ActorProgress], config: SchedulerConfig) -> list[Migration]:
-    """The configured policy's decision: per-actor cut, global cut, or none."""
+def decide(
+    progress: Sequence[ActorProgress],
+    config: SchedulerConfig,
+    profile: Profile | None = None,
+    resume_s: float = 0.0,
+) -> list[Migration]:
+    """The configured policy's decision: per-actor cut, global cut, or none. `profile` (the
+    actors' time table) turns on the gain test of the per-actor cut; `resume_s` is its estimate
+    of the seconds a migrant waits to resume elsewhere."""
     cut = config.features["cut"]
     if cut == "actor":
-        return decide_migrations(progress, config)
+        return decide_migrations(progress, config, profile, resume_s)
     if cut == "global":
         return decide_global_cut(progress, config)
     return []

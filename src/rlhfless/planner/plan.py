@@ -14,9 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.assignment import balanced_ranges, even_ranges, lpt_assign, sorted_order
+from rlhfless.planner.assignment import (
+    balanced_ranges,
+    even_ranges,
+    lpt_assign,
+    retimed_ranges,
+    sorted_order,
+)
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate
+from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
+from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import keep_warm
@@ -80,8 +87,11 @@ class StepPlan:
     features: dict[str, Any] = field(default_factory=dict)
     predicted_step_time: float = 0.0  # generation + the forecast rest of the step (`Billing`)
     predicted_step_cost: float = 0.0
-    target: dict[str, float] = field(default_factory=dict)  # {"budget_per_step": $} or {"deadline_per_step": s}
+    target: dict[str, float] = field(
+        default_factory=dict
+    )  # {"budget_per_step": $} or {"deadline_per_step": s}
     keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
+    floor: dict[str, float] = field(default_factory=dict)  # the forecast generation floor (`Floor`)
 
     def actor_of(self) -> dict[str, int]:
         """uid -> actor index."""
@@ -108,6 +118,7 @@ class StepPlan:
             "predicted_step_cost": self.predicted_step_cost,
             "target": self.target,
             "keep_unused_warm": self.keep_unused_warm,
+            "floor": self.floor,
         }
 
     @classmethod
@@ -185,9 +196,7 @@ def plan_step(
     billing = billing or Billing(config.pricing)
     feats = config.features
     uids = [p.uid for p in prompts]
-    gmax, gmean = predictor.predict(
-        uids, [p.answer_tokens for p in prompts], [p.source for p in prompts]
-    )
+    gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts], [p.source for p in prompts])
     if max_length is not None:
         gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
 
@@ -209,19 +218,38 @@ def plan_step(
             order = np.arange(n_prompts)
             starts, ends, n_of = even_ranges(n_prompts, ns)
         model = RangeModel(workload, order, profile, config.segments)
+        for _ in range(int(feats["balance_rounds"])):
+            parts = model.times(starts, ends)
+            starts, ends, n_of = retimed_ranges(
+                model.cum_work, starts, ends, ns, parts["prefill"] + parts["decode"]
+            )
         actors = estimate_actors(model, starts, ends, n_of, profile=profile, **kw)
         orders = [order] * ns.size
+    g_rest = np.full(n_prompts, group_size - 1.0)
+    floor = generation_floor(
+        [(profile, cluster.max_actors(profile.gpus))],
+        np.r_[lengths, lengths],
+        np.r_[gmax, workload.rest_length],
+        prefill["tokens_unique"],
+        billing.pricing,
+        counts=np.r_[np.ones(n_prompts), g_rest],
+    )
     serverful = config.policy == "verl"
     tokens = float(workload.work.sum() + group_size * lengths.sum())
     after = billing.after_generation(tokens)
     table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
-    pick = choose(table, after, config.budget_per_step, config.deadline_per_step)
-    chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile)
+    margins = (billing.time_margin, billing.cost_margin)
+    pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins)
+    admission = gmax if feats["longest_first"] else None
+    chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
     step_time = float(table.time[pick]) + after[0]
     unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
     target = {
         k: v
-        for k, v in (("budget_per_step", config.budget_per_step), ("deadline_per_step", config.deadline_per_step))
+        for k, v in (
+            ("budget_per_step", config.budget_per_step),
+            ("deadline_per_step", config.deadline_per_step),
+        )
         if v is not None
     }
 
@@ -245,6 +273,7 @@ def plan_step(
         predicted_step_cost=float(table.cost[pick] + table.warm_after[pick]) + after[1],
         target=target,
         keep_unused_warm=unused_warm,
+        floor=floor.to_dict(),
     )
 
 
@@ -253,16 +282,14 @@ def _prefill_work(
 ) -> tuple[np.ndarray, Dedup | None, np.ndarray, np.ndarray, dict[str, int]]:
     """Who computes which prompt tokens: prompt lengths; per prompt, the tokens its decode actor
     prefills and the prefix tokens it receives as KV; the prefill actor's tokens; and the step's
-    token counts (`tokens_computed` = prefill actor + every decode actor's own prefill)."""
-    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts]) if dedup_on else None
-    lengths = (
-        packed.lengths
-        if packed
-        else np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=np.int64, count=len(prompts))
-    )
+    token counts (`tokens_computed` = prefill actor + every decode actor's own prefill;
+    `tokens_unique` = the prefix tree's, the least any prefill computes)."""
+    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts])
+    lengths = packed.lengths
     total = int(lengths.sum())
     counts = {"tokens_naive": total * g, "tokens_per_prompt": total}
-    if packed is None:  # every sample prefills its whole prompt
+    if not dedup_on:  # every sample prefills its whole prompt
+        counts["tokens_unique"] = tree_tokens(packed)
         return (
             lengths,
             None,
@@ -271,6 +298,7 @@ def _prefill_work(
             {"tokens": 0, **counts, "tokens_computed": total * g},
         )
     dedup = deduplicate(packed, capacity)
+    counts["tokens_unique"] = dedup.unique_tokens
     prefill_tokens = int(dedup.group_prefix_tokens.sum())
     computed = dedup.tokens(g)["dedup"]
     return (
@@ -294,17 +322,23 @@ def _chosen_actors(
     uids: list[str],
     cluster: ClusterSpec,
     profile: Profile,
+    admission: np.ndarray | None,
 ) -> list[ActorPlan]:
+    """The chosen N's actors; each actor's uids in admission order: longest `admission` (predicted
+    group max) first when given, else assignment order."""
     rows = np.flatnonzero(actors.n_of == table.n[pick])
     names = np.array(uids, dtype=object)
     out = []
     for i, r in enumerate(rows):
         slot = int(actors.slot[r])
         node, gpu_ids = cluster.slot_gpus(slot, profile.gpus)
+        held = order[actors.starts[r] : actors.ends[r]]
+        if admission is not None:
+            held = held[np.argsort(-admission[held], kind="stable")]
         out.append(
             ActorPlan(
                 actor=i,
-                uids=names[order[actors.starts[r] : actors.ends[r]]].tolist(),
+                uids=names[held].tolist(),
                 gpus=profile.gpus,
                 gpu_ids=gpu_ids,
                 node=node,

@@ -98,6 +98,11 @@ class RangeModel:
             step *= 2
         return table
 
+    @property
+    def cum_work(self) -> np.ndarray:
+        """Prefix sums of predicted decode tokens in this model's prompt order."""
+        return self._work
+
     def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         size = ends - starts
         level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)

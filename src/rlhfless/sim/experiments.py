@@ -20,8 +20,9 @@ NODES = (1, 2, 5, 10, 20)
 
 
 def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float]]:
-    """Per variant: mean step time and cost, and speedup / cost reduction against verl, for the
-    whole step and for the generation phase alone."""
+    """Per variant: mean step time and cost, generation time and cost over their floors, and
+    speedup / cost reduction against verl for the whole step, for the generation phase alone and
+    for the whole step with generation at its floor (the bound a schedule can reach)."""
     base = results.get("verl")
     out = {}
     for name, steps in results.items():
@@ -33,13 +34,25 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
             "mean_actors": mean_of(steps, "n_actors"),
             "mean_migrations": mean_of(steps, "migrations"),
             "mean_plan_seconds": mean_of(steps, "plan_seconds"),
+            "mean_floor_time": mean_of(steps, "floor_time"),
+            "mean_floor_latency": mean_of(steps, "floor_latency"),
+            "mean_floor_throughput": mean_of(steps, "floor_throughput"),
+            "mean_floor_cost": mean_of(steps, "floor_cost"),
         }
+        row["generation_over_floor"] = row["mean_generation_time"] / row["mean_floor_time"]
+        row["cost_over_floor"] = row["mean_generation_cost"] / row["mean_floor_cost"]
         if base:
             row["speedup"] = mean_of(base, "time") / row["mean_step_time"]
             row["cost_reduction"] = 1.0 - row["mean_cost"] / mean_of(base, "cost")
             row["generation_speedup"] = mean_of(base, "generation") / row["mean_generation_time"]
             row["generation_cost_reduction"] = 1.0 - row["mean_generation_cost"] / mean_of(
                 base, "cost_generation"
+            )
+            # The whole-step bound: this variant's step with its generation at the floor.
+            after = row["mean_step_time"] - row["mean_generation_time"]
+            row["bound_speedup"] = mean_of(base, "time") / (row["mean_floor_time"] + after)
+            row["bound_cost_reduction"] = 1.0 - (row["mean_floor_cost"] + mean_of(steps, "cost_after")) / (
+                mean_of(base, "cost")
             )
         out[name] = row
     return out

@@ -25,10 +25,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "actor_scaling": False,
         "cut_and_migrate": False,
     },
-    "+assignment": {
+    "+assignment": {  # the paper's PA step: equal-work sorted ranges, its cut-and-migrate rule
         "policy": "rlhfless",
         "dedup_prefill": True,
         "sorted_assignment": True,
+        "balance_rounds": 0,
+        "longest_first": False,
+        "migration": "paper",
         "actor_scaling": False,
         "cut_and_migrate": True,
     },

@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.forecast import PhaseModel
+from rlhfless.planner.dedup import PackedPrompts, tree_tokens
+from rlhfless.planner.floor import Floor, generation_floor
+from rlhfless.planner.forecast import Margins, PhaseModel
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.migration import ActorProgress, decide
 from rlhfless.planner.placement import ClusterSpec
@@ -78,6 +80,15 @@ class Stage:
     inference_mfu: float
     ppo: bool
 
+    @property
+    def after_per_token_s(self) -> float:
+        """Preparation (reference and critic forwards) and learning seconds per prompt + response
+        token on every GPU: 2 and 6 FLOPs per parameter per token at the stages' MFU."""
+        passes = 2.0 if self.ppo else 1.0  # PPO: the critic is a second model of the same size
+        flops = self.total_gpus * self.tflops * 1e12
+        per_param = 2.0 / (flops * self.inference_mfu) + 6.0 / (flops * self.learner_mfu)
+        return self.model.params * passes * per_param
+
 
 @dataclass
 class ActorRun:
@@ -126,6 +137,14 @@ class StepResult:
     tokens: float
     mean_response: float
     actors: list[dict[str, float]]
+    floor_time: float = 0.0  # the generation floor of this step's true lengths (`planner.floor`)
+    floor_latency: float = 0.0
+    floor_throughput: float = 0.0
+    floor_cost: float = 0.0  # the work floor, USD
+    generation_over_floor: float = 1.0
+    cost_over_floor: float = 1.0
+    forecast_floor_time: float = 0.0  # the plan's floor, from predicted lengths
+    cost_after: float = 0.0  # preparation and learning, USD (the whole-step bound adds it to the floor)
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -139,7 +158,10 @@ class Simulator:
         self.serverful = config.policy == "verl"
         cold = 0.0 if self.serverful else stage.cold_start_s
         self.planner_profile = replace(stage.profile, cold_start_s=cold)
-        self.phases = PhaseModel()  # preparation + learning seconds per token, learned per step
+        # Preparation + learning seconds per token: known exactly here (the execution's own
+        # formula), learned per step in the runtime.
+        self.phases = PhaseModel(per_token_s=stage.after_per_token_s)
+        self.margins = Margins()  # how far the step forecast fell short lately (budget, deadline)
 
     def billing(self) -> Billing:
         """The simulated executor: cold starts hidden behind the previous step's learning, no
@@ -149,11 +171,13 @@ class Simulator:
             cold_start_hidden=True,
             after_units=float(self.stage.total_gpus),
             after_per_token_s=self.phases.per_token_s or 0.0,
+            time_margin=self.margins.margin("time"),
+            cost_margin=self.margins.margin("cost"),
         )
 
     def plan(self, prompts: StepPrompts) -> StepPlan:
         specs = [
-            PromptSpec(uid, tokens, int(answer) or None)
+            PromptSpec(uid, tokens, int(answer) or None, "workload")  # one source: the workload
             for uid, tokens, answer in zip(
                 prompts.uids, prompts.prompt_tokens, prompts.answer_tokens, strict=True
             )
@@ -171,6 +195,7 @@ class Simulator:
         result = self.execute(step, prompts, plan)
         self.predictor.update_many(prompts.uids, prompts.lengths)
         self.phases.observe(result.tokens, result.preparation + result.learning)
+        self.margins.observe(plan.predicted_step_time, result.time, plan.predicted_step_cost, result.cost)
         return result
 
     def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
@@ -197,7 +222,10 @@ class Simulator:
                 )
                 for r, a in zip(gen.runs, plan.actors, strict=True)
             )
-        cost = cost_generation + charge(st.pricing, st.total_gpus, preparation + learning)
+        cost_after = charge(st.pricing, st.total_gpus, preparation + learning)
+        cost = cost_generation + cost_after
+        floor = self.floor(prompts)
+        ratios = floor.ratios(generation, cost_generation)
         return StepResult(
             step=step,
             time=total,
@@ -220,6 +248,7 @@ class Simulator:
                 {
                     "gpus": r.gpus,
                     "node": r.node,
+                    "colocated": r.colocated,
                     "requested": r.requested,
                     "ready": r.ready,
                     "released": r.released,
@@ -228,6 +257,28 @@ class Simulator:
                 }
                 for r in gen.runs
             ],
+            floor_time=floor.time_s,
+            floor_latency=floor.latency_s,
+            floor_throughput=floor.throughput_s,
+            floor_cost=floor.work_cost,
+            generation_over_floor=ratios["time_over_floor"],
+            cost_over_floor=ratios["cost_over_floor"],
+            forecast_floor_time=float(plan.floor.get("time_s", 0.0)),
+            cost_after=cost_after,
+        )
+
+    def floor(self, prompts: StepPrompts) -> Floor:
+        """The step's generation floor from its true lengths, on the cluster's actors."""
+        st = self.stage
+        g = prompts.lengths.shape[1]
+        unique = tree_tokens(PackedPrompts.pack(prompts.prompt_tokens))
+        actors = st.cluster.max_actors(st.profile.gpus)
+        return generation_floor(
+            [(st.profile, actors)],
+            np.repeat(prompts.prompt_lengths, g),
+            prompts.lengths.ravel(),
+            unique,
+            st.pricing,
         )
 
 
@@ -245,6 +296,7 @@ class _Generation:
         gmax = np.array([plan.predicted_length[u] for u in prompts.uids], dtype=float)
         self.predicted = np.repeat(gmax, g)
         self.gen_before = np.zeros(self.true.size)
+        self.moved = np.zeros(self.true.size, dtype=bool)  # migrated once: never again
         self.migrations = 0
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
@@ -288,7 +340,8 @@ class _Generation:
                 fired_global = True
             if not math.isfinite(t):
                 break
-            moves = decide(self._progress(t), self.config)
+            progress = self._progress(t)
+            moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress))
             if mode == "actor":
                 for run in self.runs:
                     if not run.cut_checked and self._cut_time(run) <= t + 1e-12:
@@ -341,8 +394,26 @@ class _Generation:
             generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
             work = np.maximum(self.predicted[idx] - generated, 1.0)
             free = max(0, run.slots - idx.size)  # queued sequences and migrants in flight hold slots
-            out.append(ActorProgress(i, run.total - idx.size, run.total, free, True, _Remaining(idx, work)))
+            context = float(np.mean(self.prompt_len[idx] + generated)) if idx.size else 0.0
+            moved = frozenset(map(str, idx[self.moved[idx]].tolist()))
+            remaining = _Remaining(idx, work)
+            out.append(
+                ActorProgress(i, run.total - idx.size, run.total, free, True, remaining, context, moved)
+            )
         return out
+
+    def _resume_estimate(self, progress: list[ActorProgress]) -> float:
+        """What the planner is told a migrant waits: its KV sent across nodes or re-prefilled,
+        whichever is sooner, at the running sequences' mean context."""
+        contexts = [p.context for p in progress if p.remaining]
+        if not contexts:
+            return 0.0
+        tokens = float(np.mean(contexts))
+        st = self.stage
+        send = float(
+            st.cluster.transfer_seconds(st.model.kv_bytes_per_token * tokens, False, st.profile.gpus)
+        )
+        return min(send, float(st.profile.prefill_seconds(tokens)))
 
     def _apply(self, moves: list, t: float) -> None:
         leaving: dict[int, list[int]] = {}
@@ -350,6 +421,7 @@ class _Generation:
         sources: dict[int, set[int]] = {}
         for m in moves:
             seq = int(m.sequence)
+            self.moved[seq] = True
             leaving.setdefault(m.source, []).append(seq)
             arriving.setdefault(m.target, []).append(seq)
             sources.setdefault(m.target, set()).add(m.source)

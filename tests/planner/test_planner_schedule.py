@@ -1,0 +1,118 @@
+"""Properties of the schedule that aims at the floor: assignment, admission order, migration gain."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless.planner import ActorProgress, LengthPredictor, PromptSpec, SchedulerConfig, decide, plan_step
+from rlhfless.planner.hardware import roofline_profile
+from rlhfless.planner.migration import _finish
+from tests.planner.planner_support import make_cluster, make_profile
+
+CONFIGS = {
+    "rlhfless": SchedulerConfig(),
+    "lpt": SchedulerConfig(assignment_method="lpt"),
+    "paper": SchedulerConfig(balance_rounds=0, longest_first=False, migration="paper"),
+    "verl": SchedulerConfig(policy="verl"),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=60),
+    g=st.integers(1, 16),
+    policy=st.sampled_from(sorted(CONFIGS)),
+)
+def test_every_prompt_is_assigned_exactly_once_longest_first(lengths, g, policy):
+    config = CONFIGS[policy]
+    predictor = LengthPredictor()
+    prompts = [PromptSpec(f"p{i}", [1, 2, i + 3]) for i in range(len(lengths))]
+    for p, n in zip(prompts, lengths, strict=True):
+        predictor.update(p.uid, [n] * g)
+    plan = plan_step(prompts, predictor, make_profile(per_seq_ms=0.05), make_cluster(), config, g)
+    assigned = [u for a in plan.actors for u in a.uids]
+    assert sorted(assigned) == sorted(p.uid for p in prompts)
+    if config.features["longest_first"]:
+        for a in plan.actors:
+            predicted = [plan.predicted_length[u] for u in a.uids]
+            assert predicted == sorted(predicted, reverse=True)
+    assert plan.floor["time_s"] >= plan.floor["latency_s"] > 0
+
+
+PROFILE = roofline_profile("qwen2.5-3b", "l40s", 1)
+
+
+@st.composite
+def actors(draw):
+    n = draw(st.integers(2, 6))
+    out = []
+    for i in range(n):
+        left = draw(st.lists(st.floats(1, 2000), min_size=0, max_size=30))
+        total = len(left) + draw(st.integers(0, 60))
+        out.append(
+            ActorProgress(
+                actor=i,
+                finished=total - len(left),
+                total=total,
+                free_slots=draw(st.integers(0, 40)),
+                running=bool(left) or draw(st.booleans()),
+                remaining={f"{i}-{k}": w for k, w in enumerate(left)},
+                context=draw(st.floats(1, 3000)),
+            )
+        )
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(progress=actors(), tau=st.floats(0.1, 1.0), resume=st.floats(0, 2))
+def test_no_migration_makes_a_migrant_finish_later_and_none_moves_twice(progress, tau, resume):
+    config = SchedulerConfig(tau=tau)
+    moves = decide(progress, config, PROFILE, resume)
+    by_id = {p.actor: p for p in progress}
+    batch = {p.actor: len(p.remaining) for p in progress}
+    for m in moves:
+        batch[m.source] -= 1
+        batch[m.target] += 1
+    assert len({m.sequence for m in moves}) == len(moves)
+    for m in moves:
+        src, dst = by_id[m.source], by_id[m.target]
+        work = src.remaining[m.sequence]
+        stay = _finish(PROFILE, work, len(src.remaining), src.context)
+        there = resume + _finish(PROFILE, work, batch[m.target], dst.context)
+        assert there <= stay * (1 + 1e-9), (m, stay, there)
+        assert dst.running and m.target != m.source
+    moved = [
+        ActorProgress(
+            p.actor,
+            p.finished,
+            p.total,
+            p.free_slots,
+            p.running,
+            p.remaining,
+            p.context,
+            frozenset(p.remaining),
+        )
+        for p in progress
+    ]
+    assert decide(moved, config, PROFILE, resume) == []
+
+
+def test_a_straggler_moves_to_a_drained_actor_not_a_busy_one():
+    profile = roofline_profile("qwen2.5-7b", "l40s", 1)
+    busy = ActorProgress(0, 10, 400, 50, True, {f"b{k}": 900.0 for k in range(390)}, 800.0)
+    drained = ActorProgress(1, 95, 100, 50, True, {f"d{k}": 100.0 for k in range(5)}, 800.0)
+    cut = ActorProgress(2, 700, 1000, 0, True, {f"c{k}": 300.0 for k in range(300)}, 800.0)
+    moves = decide([busy, drained, cut], SchedulerConfig(tau=0.7), profile, 0.01)
+    assert moves and {m.target for m in moves} == {1}
+    assert {m.sequence for m in moves} <= set(cut.remaining)
+
+
+def test_the_floor_is_the_larger_bound_and_the_work_floor_is_priced():
+    from rlhfless.planner.floor import generation_floor
+    from rlhfless.planner.pricing import Pricing
+
+    profile = make_profile(step_ms=10.0, per_seq_ms=0.01, max_kv_tokens=10_000)
+    floor = generation_floor([(profile, 4)], np.full(8, 100), np.r_[np.full(7, 10), 1000], 500, Pricing(3.6))
+    assert floor.latency_s == np.float64(1000 * 0.01001)
+    assert floor.time_s == max(floor.latency_s, floor.throughput_s)
+    assert floor.work_cost == floor.work_gpu_s / 1000  # 3.6 $/h = 0.001 $/s

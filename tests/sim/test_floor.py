@@ -1,0 +1,30 @@
+"""No simulated generation beats its own floor, under any policy, cluster or length shape."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless.sim.config import build
+from rlhfless.sim.runner import VARIANTS, run_policy
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    gpu=st.sampled_from(["l40s", "h100", "a100"]),
+    tp=st.sampled_from([1, 2]),
+    samples=st.integers(4, 16),
+    cap=st.sampled_from([1024, 2048, 4096, 8192]),
+    dataset=st.sampled_from(["gsm8k", "gpqa", "lcb"]),
+    variant=st.sampled_from(["verl", "rlhfless", "rlhfuse", "+assignment"]),
+)
+def test_generation_is_never_shorter_than_its_floor(gpu, tp, samples, cap, dataset, variant):
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": gpu},
+            "model": {"name": "qwen2.5-3b", "tp": tp},
+            "workload": {"dataset": dataset, "prompts_per_step": 24, "samples": samples, "max_response": cap},
+        }
+    )
+    for step in run_policy(cfg, VARIANTS[variant], 2):
+        assert step.generation >= step.floor_time * (1 - 1e-9) > 0
+        assert step.cost_generation >= step.floor_cost * (1 - 1e-9)
+        assert step.floor_time == max(step.floor_latency, step.floor_throughput)
