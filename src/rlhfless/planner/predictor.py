@@ -213,12 +213,14 @@ class LengthPredictor:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(group max, group mean) predicted response lengths, one entry per uid. `sources` (data
         source or task per uid) are remembered, so that observations teach the source estimate."""
-        if sources is not None:
+        if sources is not None and any(sources):  # answers matter only for a named source's fit
             self._source_of.update((u, s) for u, s in zip(uids, sources, strict=True) if s)
-        if answer_tokens is not None:
-            self._answer_of.update(
-                (u, float(a)) for u, a in zip(uids, answer_tokens, strict=True) if a is not None
-            )
+            if answer_tokens is not None:
+                self._answer_of.update(
+                    (u, float(a))
+                    for u, a, s in zip(uids, answer_tokens, sources, strict=True)
+                    if s and a is not None
+                )
         rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         seen = rows >= 0
         safe = np.where(seen, rows, 0)
