@@ -80,14 +80,17 @@ class Stage:
     inference_mfu: float
     ppo: bool
 
-    @property
-    def after_per_token_s(self) -> float:
-        """Preparation (reference and critic forwards) and learning seconds per prompt + response
-        token on every GPU: 2 and 6 FLOPs per parameter per token at the stages' MFU."""
+    def phase_seconds(self, tokens: float) -> tuple[float, float]:
+        """(preparation, learning) seconds for `tokens` prompt + response tokens on every GPU: the
+        reference (and PPO's critic) forward at 2 FLOPs per parameter per token, learning at 6."""
         passes = 2.0 if self.ppo else 1.0  # PPO: the critic is a second model of the same size
         flops = self.total_gpus * self.tflops * 1e12
-        per_param = 2.0 / (flops * self.inference_mfu) + 6.0 / (flops * self.learner_mfu)
-        return self.model.params * passes * per_param
+        work = self.model.params * tokens * passes
+        return 2.0 * work / (flops * self.inference_mfu), 6.0 * work / (flops * self.learner_mfu)
+
+    @property
+    def after_per_token_s(self) -> float:
+        return sum(self.phase_seconds(1.0))
 
 
 @dataclass
@@ -204,10 +207,7 @@ class Simulator:
         gen.run()
         generation = max(r.released for r in gen.runs)
         tokens = float(gen.true.sum() + gen.prompt_len.sum())
-        passes = 2.0 if st.ppo else 1.0  # PPO: the critic is a second model of the same size
-        flops_per_s = st.total_gpus * st.tflops * 1e12
-        preparation = 2.0 * st.model.params * tokens * passes / (flops_per_s * st.inference_mfu)
-        learning = 6.0 * st.model.params * tokens * passes / (flops_per_s * st.learner_mfu)
+        preparation, learning = st.phase_seconds(tokens)
         total = generation + preparation + learning
         if self.serverful:
             cost_generation = charge(st.pricing, st.total_gpus, generation)
