@@ -61,9 +61,9 @@ class RuntimeConfig:
     place_timeout_s: float = field(
         default=120.0,
         metadata={
-            "help": "seconds a new function may take to be placed and started before it is stopped "
-            "and its sequences are placed again elsewhere (Ray may not place it: its node is gone, "
-            "or another job took the resources)"
+            "help": "seconds Ray may take to place a new function (give it a worker on its node; "
+            "its cold start may run longer) before it is stopped and its sequences are placed "
+            "again elsewhere (its node is gone, or another job took the resources)"
         },
     )
     migrate_kv: bool = field(

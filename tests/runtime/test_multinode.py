@@ -13,6 +13,7 @@ import pytest
 import ray
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlhfless.config import load_config
 from rlhfless.data import PromptLoader, load_prompts
@@ -197,3 +198,37 @@ def test_a_node_killed_mid_step_has_its_sequences_rerun_elsewhere_token_identica
     assert tokens(lost["samples"]) == tokens(first["samples"])  # the undisturbed two-node step 1
     assert after["spec"].node_gpus == (2, 1)  # the next plan sees the smaller cluster
     assert added.node_id not in decode_nodes(after["timeline"])
+
+
+@ray.remote(num_cpus=1)
+class Squatter:
+    """Another job's actor, taking a node's CPU after the plan was made for it."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_a_function_ray_cannot_place_in_time_is_replanned_not_waited_on(cluster, two_then_three):
+    first, _, _ = two_then_three
+    driver = Driver("runtime.place_timeout_s=3")
+    worker = cluster.worker.node_id
+    try:
+        ex = driver.executor
+        prompts = tokenize_prompts(next(driver.loader), driver.tokenizer, 10**6)
+        plan = driver.planner.plan(prompts, [None] * len(prompts), driver.predictor, 0, ex.cluster())
+        assert [a.node for a in plan.actors].count(1) == 1  # one function planned on the worker
+        squatter = Squatter.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(worker, soft=False)
+        ).remote()
+        ray.get(squatter.ready.remote())
+        samples, metrics = ex.generate(prompts, plan, 1)
+        ray.kill(squatter)
+        ref, _ = ex.prepare(prompts, samples)
+        ex.learn(samples, advantages(driver.cfg, samples), ref)
+        _, timeline = ex.finish_step(1)
+    finally:
+        driver.close()
+    assert metrics["faults/unplaced"] == 1 and metrics["faults/rerun_sequences"] > 0
+    [unplaced] = [f for f in timeline["functions"] if any(e["kind"] == "unplaced" for e in f["events"])]
+    assert unplaced["node"] == worker and unplaced["released"] - unplaced["requested"] < 10
+    assert tokens(samples) == tokens(first["samples"])

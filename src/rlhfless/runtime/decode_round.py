@@ -61,7 +61,7 @@ class Run:
     finished: set[Key] = field(default_factory=set)
     free_slots: int = 0
     incoming: int = 0  # sequences sent after its in-flight slice began: not in that slice's report
-    reported: bool = False  # a report came back: it was placed and started
+    placed: bool = False  # Ray gave it a worker on its node (a report came back, or Ray says so)
     done: bool = False
     keep_warm: bool = False  # at release: back to the pool warm (the plan's choice), else stopped
     sync: object = None  # ObjectRef of the weight load, when one was needed
@@ -186,7 +186,7 @@ class DecodeRound:
 
     def _absorb(self, run: Run, report: Report) -> None:
         run.inv.mark_busy(report.begin, report.end)
-        run.reported = True
+        run.placed = True
         for r in report.results:
             key = (r.uid, r.sample)
             self.results[key] = r
@@ -276,19 +276,19 @@ class DecodeRound:
 
     def _placement_wait(self) -> float | None:
         """Seconds until the first not-yet-placed function's placement deadline (None: none waits)."""
-        waiting = [r.inv.requested for r in self.runs if not r.done and not r.reported and r.lease.hello]
+        waiting = [r.inv.requested for r in self.runs if not r.done and not r.placed]
         if not waiting:
             return None
         return max(0.0, min(waiting) + self.rt.place_timeout_s - time.time())
 
     def _replace_unplaced(self) -> None:
-        """Functions Ray has not started by their deadline: stopped, their sequences placed again."""
+        """Functions Ray has not placed by their deadline: stopped, their sequences placed again."""
         now = time.time()
-        for run in [r for r in self.runs if not r.done and not r.reported and r.lease.hello]:
+        for run in [r for r in self.runs if not r.done and not r.placed]:
             if now < run.inv.requested + self.rt.place_timeout_s:
                 continue
             if self.functions.placed(run.lease):
-                run.reported = True  # started, merely slow to report: keep waiting on it
+                run.placed = True  # placed, its cold start still running: wait on it
                 continue
             self.inflight = {ref: r for ref, r in self.inflight.items() if r is not run}
             self.metrics["faults/unplaced"] += 1

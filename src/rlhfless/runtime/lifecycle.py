@@ -11,6 +11,7 @@ stopped first: keep-alive gives way to a request.
 from __future__ import annotations
 
 import ray
+from ray._private.state import actors
 from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -100,8 +101,12 @@ class Functions:
         lease.hello = None
 
     def placed(self, lease: Lease) -> bool:
-        """Whether a cold function has started (its `hello` came back); warm ones have."""
-        return lease.hello is None or bool(ray.wait([lease.hello], timeout=0)[0])
+        """Whether Ray has placed the function: given it a worker on a node (its cold start may
+        still be running), as the GCS actor table says; warm ones have been."""
+        if lease.hello is None or ray.wait([lease.hello], timeout=0)[0]:
+            return True
+        info = actors(lease.handle._actor_id.hex())  # no public call says "placed, still starting"
+        return info.get("State") == "ALIVE" or bool(info.get("Address", {}).get("Port"))
 
     def release(self, lease: Lease, now: float, keep: bool = True) -> None:
         self.pool.release(lease, now, keep=keep)
