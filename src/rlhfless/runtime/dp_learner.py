@@ -235,5 +235,8 @@ class ElasticLearner:
         self.engine.weight_version = self.version
 
     def close(self) -> None:
-        self.narrow(time.time())
-        ray.kill(self.rank0)
+        """Stop every rank, without waiting on a phase an error may have left in a collective."""
+        for rank in self.ranks:
+            ray.kill(rank)
+        if self.group is not None:
+            remove_placement_group(self.group)

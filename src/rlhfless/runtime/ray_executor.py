@@ -9,8 +9,9 @@ through the object store (`publishing`), and are driven by one `DecodeRound` per
 made for the cluster Ray reports at the start of the step (`cluster`).
 
 Billing (the one pricing model, through the meter): the learner's resources for the whole step
-under every policy, its ranks beyond rank 0 per slot while they are held; the prefill function, the decode function the plan colocates with the learner,
-and the reference/reward function share them and are billed once. Other decode functions are
+under every policy, and its ranks beyond rank 0 per slot while they are held; the prefill
+function, rank 0, the decode function the plan colocates with the learner, and the
+reference/reward function share the learner's resources and are billed once. Other decode functions are
 billed while leased, then while warm in the pool; at release each is kept warm or stopped as the
 plan says. Under `verl` they are held for the whole step, as a serverful deployment would.
 """
@@ -63,8 +64,8 @@ class RayExecutor:
         self.reference_ref = None if reference is None else ray.put(flat_weights(reference))
         self.shape = ModelShape.from_hf_config(policy.config.to_dict())
         if not gpu and not cfg.trainer.threads:
-            # The learner holds one CPU slot like every function: more threads would use cores
-            # that nobody is billed for (and that a decode function of the same step is using).
+            # The learner's slot (the driver's prefill, then rank 0's learning) is one CPU slot
+            # like every function's: more threads would use cores that nobody is billed for.
             torch.set_num_threads(cfg.runtime.threads_per_actor)
         self.view: ClusterView | None = None  # the cluster the next plan is made for
         self.held: list[Lease] = []
