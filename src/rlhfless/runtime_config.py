@@ -50,6 +50,14 @@ class RuntimeConfig:
         metadata={"help": "CPU-only machines: CPU slot of one decode function (stands in for its GPUs)"},
     )
     threads_per_actor: int = field(default=1, metadata={"help": "torch threads inside each function"})
+    learner_width: int = field(
+        default=0,
+        metadata={
+            "help": "ray executor: data-parallel learner ranks for the learning phase, one slot each, "
+            "billed per slot while held; 0 = every slot free after generation (the learner's own "
+            "and those the decode functions released); 1 = the learner alone"
+        },
+    )
     keep_alive_s: float = field(
         default=300.0,
         metadata={"help": "seconds a released function stays warm for reuse before it is stopped"},
@@ -105,6 +113,7 @@ class RuntimeConfig:
         check(self.num_cpus >= 0, "num_cpus", self.num_cpus, "an integer >= 0")
         check(self.cpus_per_actor >= 1, "cpus_per_actor", self.cpus_per_actor, "an integer >= 1")
         check(self.threads_per_actor >= 1, "threads_per_actor", self.threads_per_actor, "an integer >= 1")
+        check(self.learner_width >= 0, "learner_width", self.learner_width, "an integer >= 0")
         check(self.keep_alive_s >= 0, "keep_alive_s", self.keep_alive_s, "seconds >= 0")
         check(self.slice_s > 0, "slice_s", self.slice_s, "seconds > 0")
         check(self.place_timeout_s > 0, "place_timeout_s", self.place_timeout_s, "seconds > 0")

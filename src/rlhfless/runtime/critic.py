@@ -15,6 +15,7 @@ from torch import Tensor
 
 from rlhfless.algo import explained_variance, gae, masked_mean, value_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
+from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.learner import MicroBatch, pack, response_hidden, shuffle_seed, stack, update_order
 from rlhfless.runtime.samples import Sample
 
@@ -50,7 +51,8 @@ def _padded(per_sample: list[Tensor], width: int) -> tuple[Tensor, Tensor]:
 
 
 class Critic:
-    """Owns the value model and its AdamW; fits it to GAE returns and hands back the advantages."""
+    """Owns the value model and its AdamW; fits it to GAE returns and hands back the advantages.
+    As one rank of a data-parallel learner (`dp`) it computes its share, as the policy's `Learner`."""
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class Critic:
         self.micro_batch_tokens, self.pad_id = micro_batch_tokens, pad_id
         self.seed, self.norm_len = seed, norm_len
         self.updates = 0  # optimizer steps so far: the shuffle's counter, checkpointed
+        self.dp = DataParallel()
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=algo.critic_lr,
@@ -83,12 +86,13 @@ class Critic:
         """Per-sample response values under the current critic, no gradients."""
         out: list[Tensor] = [torch.empty(0)] * len(samples)
         self.model.eval()
-        for mb in self._batches(samples, list(range(len(samples)))):
+        mine = self.dp.rows(samples, list(range(len(samples))))
+        for mb in self._batches(samples, mine):
             values = response_values(self.model, mb)
             for b, i in enumerate(mb.rows):
                 out[i] = values[b, : len(samples[i].response_ids)]
         self.model.train()
-        return out
+        return self.dp.merge(out, mine)
 
     def update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict[str, float]]:
         """GAE from the critic's values before this update, then epochs x mini-batches of clipped
@@ -117,7 +121,8 @@ class Critic:
         for rows in chunks:
             tokens = max(sum(lengths[i] for i in rows), 1)
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in self._batches(samples, rows):
+            mine = self.dp.rows(samples, rows)
+            for mb in self._batches(samples, mine):  # weighed by the whole `rows`
                 width = mb.mask.shape[1]
                 values = response_values(self.model, mb)
                 if fused:  # the pre-update values are this very forward's, detached
@@ -139,11 +144,17 @@ class Critic:
                 if algo.value_clip is not None:
                     moved = ((values.detach() - old_v).abs() > algo.value_clip).float()
                     totals["critic/vf_clip_frac"] += float(masked_mean(moved, mb.mask)) * token_share
+            self.dp.reduce_grads(list(self.model.parameters()))
             max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             totals["critic/grad_norm"] += float(grad_norm)
             self.optimizer.step()
             self.updates += 1
+        if fused:  # each rank filled its own rows
+            merged = self.dp.merge(list(zip(advantages, returns, old, strict=True)), mine)
+            advantages, returns, old = (list(column) for column in zip(*merged, strict=True))
+        shares = self.dp.reduce_sums({k: v for k, v in totals.items() if k != "critic/grad_norm"})
+        totals |= shares  # the grad norm is already every rank's
         metrics = {key: value / len(chunks) for key, value in totals.items()}
         values, mask = _padded(old, max(lengths))
         ret = _padded(returns, max(lengths))[0]

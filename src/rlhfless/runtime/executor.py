@@ -73,6 +73,33 @@ def sampling_params(cfg: Config) -> SamplingParams:
     )
 
 
+def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer) -> Engine:
+    """The learner's engine on the policy's own parameters: the prefill function (and, in-process,
+    the only decode actor)."""
+    return Engine(
+        policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        weight_version=0,
+        max_running=cfg.generation.max_running,
+    )
+
+
+def build_learner(cfg: Config, policy: torch.nn.Module, pad_id: int) -> Learner:
+    """The policy's optimizer and update, as the run's config sets them."""
+    return Learner(
+        policy,
+        cfg.algorithm,
+        cfg.optim,
+        total_steps=cfg.trainer.steps,
+        micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+        temperature=cfg.generation.temperature,
+        pad_id=pad_id,
+        seed=cfg.seed,
+        norm_len=cfg.generation.max_new_tokens,
+    )
+
+
 def build_critic(cfg: Config, policy: torch.nn.Module, pad_id: int) -> Critic | None:
     """PPO's critic, started from the policy's weights; None for the critic-free algorithms."""
     if cfg.algorithm.name != "ppo":
@@ -113,24 +140,8 @@ class LocalLearner:
         self.tokenizer, self.reward_fn = tokenizer, reward_fn
         self.params = sampling_params(cfg)
         self.version = 0
-        self.engine = Engine(
-            policy,
-            eos_token_ids=[tokenizer.eos_token_id],
-            pad_token_id=tokenizer.pad_token_id,
-            weight_version=self.version,
-            max_running=cfg.generation.max_running,
-        )
-        self.learner = Learner(
-            policy,
-            cfg.algorithm,
-            cfg.optim,
-            total_steps=cfg.trainer.steps,
-            micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-            temperature=cfg.generation.temperature,
-            pad_id=tokenizer.pad_token_id,
-            seed=cfg.seed,
-            norm_len=cfg.generation.max_new_tokens,
-        )
+        self.engine = build_engine(cfg, policy, tokenizer)
+        self.learner = build_learner(cfg, policy, tokenizer.pad_token_id)
         self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)
 
     def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:

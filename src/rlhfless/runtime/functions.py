@@ -78,7 +78,7 @@ def started(begin: float, ready: float) -> Started:
     return Started(begin, ready, os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id())
 
 
-def _setup(threads: int) -> float:
+def function_setup(threads: int) -> float:
     """Set the thread count; returns when this process was created (its imports are cold start too)."""
     torch.set_num_threads(threads)
     return psutil.Process().create_time()
@@ -98,7 +98,7 @@ class DecodeFunction:
         threads: int,
         device: str,
     ) -> None:
-        self.started = _setup(threads)
+        self.started = function_setup(threads)
         model = load_model(model_cfg, vocab_size, seed).to(device).eval()
         self.engine = Engine(
             model,
@@ -196,7 +196,7 @@ class PrepareFunction:
         pad_token_id: int,
         threads: int,
     ) -> None:
-        self.started = _setup(threads)
+        self.started = function_setup(threads)
         self.reward_fn = build_reward_fn(reward_cfg)
         self.reference = None
         if model_cfg is not None:

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlhfless.algo import aggregate_loss, kl_penalty, policy_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
+from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.samples import Sample
 
 
@@ -205,7 +206,8 @@ def stack(per_sample: list[Tensor], rows: list[int], width: int) -> Tensor:
 
 
 class Learner:
-    """Owns the policy's optimizer and schedule; updates the policy from scored samples."""
+    """Owns the policy's optimizer and schedule; updates the policy from scored samples. As one rank
+    of a data-parallel learner (`dp`) it computes its share of each step and the ranks add up."""
 
     def __init__(
         self,
@@ -224,6 +226,7 @@ class Learner:
         self.model, self.algo, self.optim_cfg = model, algo, optim
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_id
         self.seed, self.norm_len = seed, norm_len
+        self.dp = DataParallel()
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optim.lr,
@@ -256,12 +259,13 @@ class Learner:
         """Per-sample response log-probs under `model` (the reference, or the policy before update)."""
         was_training = model.training
         model.eval()
+        mine = self.dp.rows(samples, list(range(len(samples))))
         results = [
             (mb.rows, response_logprobs(model, mb, self.temperature), mb.mask)
-            for mb in self._batches(samples)
+            for mb in self._batches(samples, mine)
         ]
         model.train(was_training)
-        return _scatter(results, len(samples))
+        return self.dp.merge(_scatter(results, len(samples)), mine)
 
     def learn(
         self,
@@ -303,7 +307,7 @@ class Learner:
         by_tokens = algo.loss_agg == "token-mean"
         sums = {"loss/policy": 0.0, "kl/mean": 0.0, "actor/clip_frac": 0.0, "actor/approx_kl": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        for mb in self._batches(samples, rows):
+        for mb in self._batches(samples, self.dp.rows(samples, rows)):  # weighed by the whole `rows`
             width = mb.mask.shape[1]
             logp = response_logprobs(self.model, mb, self.temperature)
             old_logp = logp.detach() if old is None else stack(old, mb.rows, width)
@@ -332,7 +336,10 @@ class Learner:
             sums["kl/mean"] += kl_value * token_share
             sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
             sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.dp.reduce_grads(trainable)
+        sums = self.dp.reduce_sums(sums)
+        params = [p for p in trainable if p.grad is not None]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         self.optimizer.step()

@@ -1,14 +1,17 @@
 """The serverless executor: each step's plan runs as short-lived functions on Ray, metered.
 
-The learner lives in this (driver) process for the whole run and is also the prefill function:
-it computes the step's unique prefix KV on the current weights, with no sync. Decode functions are
+The driver holds the policy for the whole run and is also the prefill function: it computes the
+step's unique prefix KV on the current weights, with no sync. The learner is data parallel
+(`dp_learner`): rank 0 on the learner's slot all run, more ranks on released slots while it learns,
+the driver's weights loaded from rank 0 after each update. Decode functions are
 leased per step on the nodes the plan names (`lifecycle`), get the new weights and the prefix KV
 through the object store (`publishing`), and are driven by one `DecodeRound` per step. The plan is
 made for the cluster Ray reports at the start of the step (`cluster`).
 
 Billing (the one pricing model, through the meter): the learner's resources for the whole step
-under every policy; the prefill function, the decode function the plan colocates with the learner,
-and the reference/reward function share them and are billed once. Other decode functions are
+under every policy, and its ranks beyond rank 0 per slot while they are held; the prefill
+function, rank 0, the decode function the plan colocates with the learner, and the
+reference/reward function share the learner's resources and are billed once. Other decode functions are
 billed while leased, then while warm in the pool; at release each is kept warm or stopped as the
 plan says. Under `verl` they are held for the whole step, as a serverful deployment would.
 """
@@ -29,7 +32,7 @@ from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.decode_round import DecodeRound
-from rlhfless.runtime.executor import LocalLearner
+from rlhfless.runtime.dp_learner import ElasticLearner
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
@@ -50,19 +53,19 @@ class RayExecutor:
         reward_fn: RewardFn,
     ) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.learner = LocalLearner(cfg, policy, reference, tokenizer, reward_fn)  # and the prefill engine
-        self.policy, self.engine = policy, self.learner.engine
         self.owns_ray = start_ray(cfg.runtime)
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         self.driver = ray.get_runtime_context().get_node_id()
         self.functions = Functions(cfg, tokenizer, reference is not None, gpu, self.driver)
+        self.learner = ElasticLearner(cfg, policy, tokenizer, self.functions)  # and the prefill engine
+        self.policy, self.engine = policy, self.learner.engine
         self.meter = Meter(cfg.scheduler.pricing)
         self.weights = Weights(policy)
         self.reference_ref = None if reference is None else ray.put(flat_weights(reference))
         self.shape = ModelShape.from_hf_config(policy.config.to_dict())
         if not gpu and not cfg.trainer.threads:
-            # The learner holds one CPU slot like every function: more threads would use cores
-            # that nobody is billed for (and that a decode function of the same step is using).
+            # The learner's slot (the driver's prefill, then rank 0's learning) is one CPU slot
+            # like every function's: more threads would use cores that nobody is billed for.
             torch.set_num_threads(cfg.runtime.threads_per_actor)
         self.view: ClusterView | None = None  # the cluster the next plan is made for
         self.held: list[Lease] = []
@@ -178,6 +181,7 @@ class RayExecutor:
         appears in the timeline as its own function."""
         start = time.time()
         self.meter.phase("learning", start)
+        self._widen(samples, start)
         out = self.learner.critic_update(samples, rewards)
         end = time.time()
         self._on_learner("critic", start, end, end)
@@ -193,10 +197,18 @@ class RayExecutor:
         if self.meter.phases[-1][0] != "learning":
             self.meter.phase("learning", time.time())
         with self.learner_inv.busy_while():
+            self._widen(samples, time.time())
             return self.learner.learn(samples, advantages, ref, old)
+
+    def _widen(self, samples: list[Sample], now: float) -> None:
+        """The learning phase on the planner's width: slots our held decode functions (verl's)
+        are not free."""
+        held = sum(1 for lease in self.held if lease.units > 0)
+        self.learner.widen(self.meter, samples, held, now)
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         end = time.time()
+        self.learner.narrow(end)
         pool = self.functions.pool
         for lease in self.held:  # verl: held to the end of the step, then kept for the next
             pool.release(lease, end)
@@ -235,6 +247,7 @@ class RayExecutor:
             lease.version = None
 
     def close(self) -> None:
+        self.learner.close()
         self.functions.close()
         if self.owns_ray:
             ray.shutdown()

@@ -1,0 +1,140 @@
+"""Data parallelism for the learner: which samples a rank computes, and the collectives that make
+its update the single-process one.
+
+Each optimizer step's rows are split by prompt group (a group's prompt then still runs once), the
+groups balanced by tokens. A rank weighs its micro-batches by the whole mini-batch's token and
+sample counts, so the sum of the ranks' gradients is the single-process gradient, however the
+rows were split; one all-reduce of a flat buffer adds them. At width 1 every method is a no-op and
+no process group exists (the in-process executor, a lone rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlhfless.runtime.samples import Sample
+from rlhfless.runtime.transfer import copy_into_parameters
+
+
+def split_rows(samples: list[Sample], rows: list[int], width: int) -> list[list[int]]:
+    """`rows` in `width` parts, whole prompt groups each, the heaviest group first to the lightest
+    part (tokens: prompt once, every response); each part in `rows` order."""
+    groups: dict[str, list[int]] = {}
+    for i in rows:
+        groups.setdefault(samples[i].uid, []).append(i)
+    cost = {
+        uid: len(samples[idx[0]].prompt_ids) + sum(len(samples[i].response_ids) for i in idx)
+        for uid, idx in groups.items()
+    }
+    parts: list[list[int]] = [[] for _ in range(width)]
+    load = [0] * width
+    for uid in sorted(groups, key=lambda u: (-cost[u], u)):
+        k = min(range(width), key=lambda r: (load[r], r))
+        parts[k] += groups[uid]
+        load[k] += cost[uid]
+    order = {i: n for n, i in enumerate(rows)}
+    return [sorted(part, key=order.__getitem__) for part in parts]
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """Rank `rank` of `width` in the default process group (none at width 1)."""
+
+    rank: int = 0
+    width: int = 1
+
+    def rows(self, samples: list[Sample], rows: list[int]) -> list[int]:
+        """This rank's share of `rows`."""
+        return rows if self.width == 1 else split_rows(samples, rows, self.width)[self.rank]
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every rank's gradients of `params`. A parameter that some rank has a gradient for
+        gets one on every rank (zeros where none); one that no rank has stays without, as it would
+        in one process (the optimizer skips it)."""
+        if self.width == 1:
+            return
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        dist.all_reduce(has)
+        params = [p for p, n in zip(params, has.tolist(), strict=True) if n]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
+
+    def reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Every rank's metric sums added up (sums weighted by whole-batch shares add to its means)."""
+        if self.width == 1:
+            return sums
+        keys = sorted(sums)
+        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(values)
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def merge(self, per_sample: list[Tensor], mine: list[int]) -> list[Tensor]:
+        """Per-sample tensors of which this rank filled rows `mine`, completed from the others."""
+        if self.width == 1:
+            return per_sample
+        parts: list[list[tuple[int, Tensor]] | None] = [None] * self.width
+        dist.all_gather_object(parts, [(i, per_sample[i]) for i in mine])
+        out = list(per_sample)
+        for part in parts:
+            for i, value in part:
+                out[i] = value
+        return out
+
+
+def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
+    """`src`'s parameters into every rank's `module` (one flat buffer)."""
+    with torch.no_grad():
+        flat = torch.nn.utils.parameters_to_vector(module.parameters())
+    dist.broadcast(flat, src)
+    copy_into_parameters(module, flat)
+
+
+def broadcast_state(state: dict | None, src: int = 0) -> dict:
+    """`src`'s state dict (an optimizer's, a scheduler's: nested dicts and lists with tensors) on
+    every rank: its layout as one object, then each tensor as a tensor, not pickled."""
+    tensors: list[Tensor] = []
+
+    def strip(leaf):
+        if not isinstance(leaf, Tensor):
+            return leaf
+        tensors.append(leaf.contiguous())
+        return _Slot(len(tensors) - 1, tuple(leaf.shape), leaf.dtype)
+
+    def allocate(leaf):
+        if isinstance(leaf, _Slot):
+            tensors.append(torch.empty(leaf.shape, dtype=leaf.dtype))
+        return leaf
+
+    layout = [_walk(state, strip) if dist.get_rank() == src else None]
+    dist.broadcast_object_list(layout, src)
+    if dist.get_rank() != src:
+        _walk(layout[0], allocate)
+    for tensor in tensors:
+        dist.broadcast(tensor, src)
+    return _walk(layout[0], lambda leaf: tensors[leaf.index] if isinstance(leaf, _Slot) else leaf)
+
+
+def _walk(node, leaf_fn):
+    """`node` rebuilt with `leaf_fn` applied to every leaf of its dicts, lists and tuples, in order."""
+    if isinstance(node, dict):
+        return {k: _walk(v, leaf_fn) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return type(node)(_walk(v, leaf_fn) for v in node)
+    return leaf_fn(node)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor sits in a broadcast state's layout."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype

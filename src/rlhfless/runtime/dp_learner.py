@@ -1,0 +1,242 @@
+"""The elastic data-parallel learner on Ray: one function per slot, joined by `torch.distributed`.
+
+Rank 0 lives for the whole run on the learner's slot (colocated with the driver, which waits
+while it works); it owns the optimizer states, and checkpoints read them from it. Each learning
+phase takes the planner's width (`planner.learning.learner_width`): ranks 1.. start cold on the
+slots the decode functions released (one placement group: all of them or none), get rank 0's
+weights and optimizer states over the phase's process group, and are stopped when the phase ends.
+Each rank is billed per slot from its start to its stop; rank 0 through the learner, whose slot
+is billed the whole step. Gradients are summed by one all-reduce per optimizer step
+(`data_parallel`), not sharded with FSDP2 (docs/DECISIONS.md). After each update the driver loads
+rank 0's weights, one flat buffer through the object store: its engine prefills with them, and
+checkpoints save them.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from contextlib import ExitStack
+from datetime import timedelta
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from torch import Tensor
+
+from rlhfless.config import Config
+from rlhfless.models import load_model
+from rlhfless.planner.learning import learner_width
+from rlhfless.runtime.billing import Invocation, Meter
+from rlhfless.runtime.data_parallel import DataParallel, broadcast_params, broadcast_state
+from rlhfless.runtime.executor import build_critic, build_engine, build_learner, sampling_params
+from rlhfless.runtime.functions import Started, function_setup, started
+from rlhfless.runtime.lifecycle import Functions
+from rlhfless.runtime.samples import Sample
+from rlhfless.runtime.transfer import flat_weights, load_flat_weights
+
+
+class LearnerRank:
+    """One rank: a replica of the policy (and PPO's critic) with its optimizer."""
+
+    def __init__(self, cfg: Config, vocab_size: int, pad_id: int) -> None:
+        self.begin = function_setup(cfg.runtime.threads_per_actor)
+        self.policy = load_model(cfg.model, vocab_size, cfg.seed).train()
+        self.learner = build_learner(cfg, self.policy, pad_id)
+        self.critic = build_critic(cfg, self.policy, pad_id)  # from the same initial weights
+        self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
+        self.ready = time.time()
+
+    def hello(self) -> Started:
+        return started(self.begin, self.ready)
+
+    def address(self) -> tuple[str, int]:
+        """Where the phase's process group meets: this node, a port free now."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, address: str, port: int, rank: int, width: int) -> None:
+        """Form the phase's group; ranks 1.. take rank 0's weights and optimizer states. The models
+        stay on the CPU (no `runtime.device` yet), so the backend is gloo."""
+        url = f"tcp://{address}:{port}"
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=width, timeout=self.timeout)
+        broadcast_params(self.policy)
+        state = broadcast_state(self.state_dict() if rank == 0 else None)
+        if rank:
+            self._load_state(state)
+        self._use(DataParallel(rank, width))
+
+    def leave(self) -> None:
+        """Back to width 1: the phase's group is gone."""
+        dist.destroy_process_group()
+        self._use(DataParallel())
+
+    def _use(self, dp: DataParallel) -> None:
+        self.learner.dp = dp
+        if self.critic is not None:
+            self.critic.dp = dp
+
+    def logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        return self.learner.logprobs(self.policy, samples)
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        return self.critic.update(samples, rewards)
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None,
+    ) -> dict:
+        return self.learner.learn(samples, advantages, ref, old)
+
+    def weights(self) -> np.ndarray:
+        return flat_weights(self.policy)
+
+    def state_dict(self) -> dict:
+        state = {"learner": self.learner.state_dict()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
+
+    def load(self, flat: np.ndarray, state: dict) -> None:
+        """A checkpoint's policy weights and learner state (a resumed run)."""
+        load_flat_weights(self.policy, flat)
+        self._load_state(state)
+
+    def _load_state(self, state: dict) -> None:
+        self.learner.load_state_dict(state["learner"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+
+
+class ElasticLearner:
+    """The driver's side: the policy its engine prefills with, rank 0, and the phase's ranks.
+    Same verbs as the in-process `LocalLearner`, plus `widen` and `narrow` around the phase."""
+
+    def __init__(self, cfg: Config, policy: torch.nn.Module, tokenizer, functions: Functions) -> None:
+        self.cfg, self.policy, self.functions = cfg, policy, functions
+        self.params = sampling_params(cfg)
+        self.version = 0
+        self.engine = build_engine(cfg, policy, tokenizer)
+        self.rank_args = (cfg, len(tokenizer), tokenizer.pad_token_id)
+        colocated = NodeAffinitySchedulingStrategy(functions.driver, soft=False)
+        self.rank0 = self._create(num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
+        self.ranks = [self.rank0]
+        self.invocations: list[Invocation] = []  # the open phase's, one per rank
+        self.group = None  # the open phase's placement group
+        self.phase: dict[str, float] = {}
+
+    def _create(self, **options):
+        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args)
+
+    def widen(self, meter: Meter, samples: list[Sample], held_slots: int, now: float) -> None:
+        """Open the learning phase (once a step): as many ranks as the planner's width, placed on
+        the slots nobody holds (`held_slots`: slots our own decode functions still hold)."""
+        if self.invocations:
+            return
+        view = self.functions.cluster()
+        idle = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
+        free = sum(n.total for n in view.nodes) - held_slots - idle
+        width = learner_width(self.cfg.runtime.learner_width, free, len({s.uid for s in samples}))
+        driver = self.functions.driver
+        rank0 = Invocation(
+            "learner-0",
+            "learner",
+            dict(self.functions.slot),
+            0.0,
+            now,
+            now,
+            now,
+            colocated_with="learner",
+            node=driver,
+        )
+        self.invocations = [meter.open(rank0)]
+        if width > 1:
+            width = self._start_ranks(meter, width, now)
+        self.phase = {"learner/width": float(width), "time/learner_start": time.time() - now}
+
+    def _start_ranks(self, meter: Meter, width: int, now: float) -> int:
+        """Ranks 1.. on one placement group (all placed or none), joined with rank 0; the width got."""
+        slot, units = dict(self.functions.slot), float(self.cfg.scheduler.gpus_per_actor)
+        self.group = placement_group([slot] * (width - 1), strategy="PACK")
+        if not self.group.wait(self.cfg.runtime.place_timeout_s):
+            remove_placement_group(self.group)  # taken by someone else: learn alone this step
+            self.group = None
+            return 1
+        resources = {"num_cpus": 0, "num_gpus": units} if "GPU" in slot else {"num_cpus": slot["CPU"]}
+        for r in range(1, width):
+            strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r - 1)
+            self.ranks.append(self._create(scheduling_strategy=strategy, **resources))
+            inv = Invocation(f"learner-{r}", "learner", slot, units, requested=now, cold=True)
+            self.invocations.append(meter.open(inv))
+        hellos = ray.get([rank.hello.remote() for rank in self.ranks[1:]])
+        for inv, hello in zip(self.invocations[1:], hellos, strict=True):
+            inv.started, inv.ready, inv.node = max(inv.requested, hello.started), hello.ready, hello.node
+        address, port = ray.get(self.rank0.address.remote())
+        ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
+        return width
+
+    def narrow(self, now: float) -> None:
+        """Close the learning phase: ranks 1.. stopped and released, rank 0 alone again."""
+        if len(self.ranks) > 1:
+            ray.get([rank.leave.remote() for rank in self.ranks])
+            for rank in self.ranks[1:]:
+                ray.kill(rank)
+            remove_placement_group(self.group)
+        for inv in self.invocations:
+            inv.released = now
+        self.ranks, self.invocations, self.group = [self.rank0], [], None
+
+    def _call(self, method: str, *args):
+        """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's result."""
+        refs = [ray.put(a) for a in args]
+        with ExitStack() as busy:
+            for inv in self.invocations:
+                busy.enter_context(inv.busy_while())
+            return ray.get([getattr(rank, method).remote(*refs) for rank in self.ranks])[0]
+
+    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        return self._call("logprobs", samples)
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        if self.cfg.algorithm.name != "ppo":
+            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
+        advantages, metrics = self._call("critic_update", samples, rewards)
+        return advantages, metrics | self.phase
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None = None,
+    ) -> dict:
+        metrics = self._call("learn", samples, advantages, ref, old)
+        start = time.perf_counter()
+        load_flat_weights(self.policy, ray.get(self.rank0.weights.remote()))
+        self.version += 1
+        self.engine.weight_version = self.version
+        return metrics | self.phase | {"time/learner_sync": time.perf_counter() - start}
+
+    def state_dict(self) -> dict:
+        return {**ray.get(self.rank0.state_dict.remote()), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
+        ray.get(self.rank0.load.remote(flat_weights(self.policy), state))
+        self.version = state["version"]
+        self.engine.weight_version = self.version
+
+    def close(self) -> None:
+        """Stop every rank, without waiting on a phase an error may have left in a collective."""
+        for rank in self.ranks:
+            ray.kill(rank)
+        if self.group is not None:
+            remove_placement_group(self.group)

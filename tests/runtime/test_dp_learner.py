@@ -1,0 +1,178 @@
+"""The data-parallel learner: two ranks on CPU make the single-process step, and a run saved at two
+ranks resumes at one.
+
+One embedded Ray with one CPU for the module: with the driver's slot, two learner slots.
+"""
+
+import copy
+import json
+import shutil
+import time
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+
+from rlhfless.config import load_config
+from rlhfless.models import load_model, load_tokenizer
+from rlhfless.planner.pricing import charge
+from rlhfless.runtime.billing import Meter
+from rlhfless.runtime.data_parallel import split_rows
+from rlhfless.runtime.dp_learner import ElasticLearner
+from rlhfless.runtime.executor import build_critic, build_learner
+from rlhfless.runtime.lifecycle import Functions
+from rlhfless.runtime.samples import Sample
+from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(
+        address="local",
+        num_cpus=1,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+def make_samples(vocab: int, n_prompts: int = 5, group: int = 3) -> list[Sample]:
+    """Groups of `group` samples sharing a prompt, lengths varied, rewards in [0, 1]."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for u in range(n_prompts):
+        prompt = torch.randint(
+            0, vocab, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g
+        ).tolist()
+        for k in range(group):
+            r = int(torch.randint(1, 14, (1,), generator=g))
+            response = torch.randint(0, vocab, (r,), generator=g).tolist()
+            s = Sample(f"u{u}", k, prompt, response, "stop")
+            s.reward = float(torch.rand((), generator=g))
+            out.append(s)
+    return out
+
+
+def test_split_keeps_prompt_groups_whole_and_covers_every_row():
+    samples = make_samples(50, n_prompts=7)
+    rows = list(range(0, len(samples), 2)) + list(range(1, len(samples), 2))
+    parts = split_rows(samples, rows, 3)
+    assert sorted(i for part in parts for i in part) == sorted(rows)
+    owner = {samples[i].uid: k for k, part in enumerate(parts) for i in part}
+    assert all(owner[samples[i].uid] == k for k, part in enumerate(parts) for i in part)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("epochs,mini_batches", [(1, 1), (2, 2)])
+def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included(epochs, mini_batches):
+    # PPO with the KL as a loss against a reference that differs from the policy, micro-batches
+    # of a few groups each: one update (fused old log-probs and values), then several.
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            "runtime.executor=ray",
+            "algorithm.name=ppo",
+            "algorithm.kl_coef=0.1",
+            f"algorithm.epochs={epochs}",
+            f"algorithm.mini_batches={mini_batches}",
+            "trainer.micro_batch_tokens=64",
+            "optim.grad_clip=0.5",
+        ),
+    )
+    tokenizer = load_tokenizer(cfg.model)
+    pad, vocab = tokenizer.pad_token_id, len(tokenizer)
+    samples = make_samples(vocab)
+    policy = load_model(cfg.model, vocab, cfg.seed)
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    single_policy, initial = copy.deepcopy(policy), copy.deepcopy(policy)
+    single, single_critic = build_learner(cfg, single_policy, pad), build_critic(cfg, single_policy, pad)
+    ref = single.logprobs(reference, samples)
+    rewards = token_rewards(samples, None, 0.0)
+
+    raw, want_critic = single_critic.update(samples, rewards)
+    want = single.learn(samples, whiten_tokens(raw), ref)
+
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        elastic.widen(meter, samples, 0, time.time())
+        for got_lp, want_lp in zip(
+            elastic.policy_logprobs(samples), single.logprobs(policy, samples), strict=True
+        ):
+            close(got_lp, want_lp)
+        got_raw, got_critic = elastic.critic_update(samples, rewards)
+        got = elastic.learn(samples, whiten_tokens(got_raw), ref)
+        critic_state = elastic.state_dict()["critic"]["model"]
+        elastic.narrow(time.time())
+        _, records = meter.close_step(time.time())
+    finally:
+        elastic.close()
+
+    assert got["learner/width"] == 2
+    for a, b in zip(got_raw, raw, strict=True):
+        close(a, b)
+    for key, value in {**want_critic, **want}.items():
+        assert {**got_critic, **got}[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
+        close(a, b)  # the driver's weights, loaded from rank 0
+    for name, value in single_critic.model.state_dict().items():
+        close(critic_state[name], value)
+    moved = [
+        float((a - b).detach().abs().max())
+        for a, b in zip(policy.parameters(), initial.parameters(), strict=True)
+    ]
+    assert max(moved) > 1e-4  # the step is large against the tolerance
+
+    ranks = {r["name"]: r for r in records}
+    assert ranks["learner-0"]["colocated_with"] == "learner" and ranks["learner-0"]["cost"] == 0
+    extra = ranks["learner-1"]
+    held = extra["released"] - extra["started"]
+    starting = extra["ready"] - extra["started"]
+    assert extra["units"] == 1 and held > 0 and extra["busy"]
+    assert extra["cost"] == pytest.approx(charge(cfg.scheduler.pricing, 1.0, held, starting), rel=1e-3)
+
+
+def driver_node() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def test_a_run_saved_at_two_ranks_resumes_at_one(tmp_path):
+    base = (
+        "runtime.executor=ray",
+        "trainer.steps=2",
+        "trainer.progress=false",
+        "trainer.tensorboard=false",
+        "generation.max_new_tokens=8",
+    )
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    train(load_config(preset="tiny", overrides=(*base, f"output_dir={whole}", "runtime.learner_width=2")))
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000002")
+    train(
+        load_config(
+            preset="tiny",
+            overrides=(*base, f"output_dir={resumed}", "runtime.learner_width=1", "resume=true"),
+        )
+    )
+    rows = {
+        name: [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        for name, d in (("whole", whole), ("resumed", resumed))
+    }
+    assert [r["learner/width"] for r in rows["whole"]] == [2, 2]
+    assert [r["learner/width"] for r in rows["resumed"]] == [2, 1]
+    assert rows["resumed"][1]["loss/policy"] == pytest.approx(rows["whole"][1]["loss/policy"], rel=1e-4)
+    a = load_file(whole / "checkpoints" / "step_000002" / "model.safetensors")
+    b = load_file(resumed / "checkpoints" / "step_000002" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        close(b[name], a[name])
