@@ -108,7 +108,12 @@ def real(args: argparse.Namespace) -> None:
     print(f"lam run {base_dir}: steps {steps[0]}-{steps[-1]}: mean step {base[0]:.2f} s, cost {base[1]:.6g}")
     cfg = load_config(
         base_dir / "config.yaml",
-        overrides=(f"scheduler.{key}={value}", f"output_dir={args.out}", "trainer.progress=false"),
+        overrides=(
+            f"scheduler.{key}={value}",
+            f"output_dir={args.out}",
+            "trainer.progress=false",
+            *((f"trainer.steps={args.steps}",) if args.steps else ()),
+        ),
     )
     result = train(cfg)
     rows = [(h["time/step"], h["cost/step"]) for h in result.history if h["step"] > 1]
@@ -129,6 +134,7 @@ def main() -> None:
     r.add_argument("--baseline", type=Path, required=True, help="a finished run directory (lam)")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget", type=float, help="USD per step (default: a midway deadline instead)")
+    r.add_argument("--steps", type=int, help="steps of the targeted run (default: the baseline's)")
     args = parser.parse_args()
     sim(args) if args.mode == "sim" else real(args)
 

@@ -31,6 +31,7 @@ BASE = (
     "scheduler.n_min=8",  # as many functions as the cluster has slots
     "scheduler.cut_and_migrate=false",
     "runtime.slice_s=0.005",
+    "runtime.learner_width=1",  # learning on the learner's slot: these tests are about generation
 )
 FAST_HEALTH_CHECK = {"health_check_period_ms": 200, "health_check_failure_threshold": 3}
 

@@ -32,6 +32,7 @@ from rlhfless.runtime.samples import StepPrompt
 from rlhfless.runtime.transfer import Transfer
 
 Key = tuple[str, int]  # (uid, sample index)
+RERUNS_PER_ACTOR = 4  # replacement functions a step may start per planned one before it gives up
 METRICS = (
     "time/weight_sync",
     "bytes/weight_sync",
@@ -357,6 +358,11 @@ class DecodeRound:
         if node is None and alive:
             return max(alive, key=lambda r: r.free_slots), False
         index = max(r.index for r in self.runs) + 1
+        if index > RERUNS_PER_ACTOR * (len(self.plan.actors) + 1):
+            raise RuntimeError(
+                f"step {self.step}: {index - len(self.plan.actors)} replacement decode functions died "
+                f"too; expected Ray to keep one alive (is its node reachable?)"
+            )
         run = self._open(
             index, f"decode-{dead.index}-rerun", node is None, node or self.view.driver, dead.inv.units
         )
