@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 from dataclasses import asdict, replace
@@ -41,7 +42,8 @@ def _profile(run_dir: Path, cfg) -> str:
     """The time table the run planned with: its own file, else the cached measured one it used."""
     if cfg.runtime.profile and cfg.runtime.profile != "derived":
         return cfg.runtime.profile
-    cached = sorted((Path(cfg.model.cache_dir).expanduser() / "profiles").glob("[0-9a-f]*.json"))
+    folder = Path(cfg.model.cache_dir).expanduser() / "profiles"
+    cached = [p for p in folder.glob("*.json") if re.fullmatch(r"[0-9a-f]{16}\.json", p.name)]
     if not cached:
         raise SystemExit(f"{run_dir}: no measured profile found; run it with runtime.profile=FILE")
     return str(max(cached, key=lambda p: p.stat().st_mtime))
@@ -85,7 +87,8 @@ def replay(run_dir: Path, spec_file: Path) -> list[dict[str, float]]:
         result = sim.execute(step, trace.step(k), plan)
         end = result.generation + (cal.overhead_s or 0.0)
         own = [a for a in result.actors if serverful or not a["colocated"]]
-        cost = charge(stage.pricing, 1.0, end) + sum(
+        # The learner's slot is the colocated actor's: verl's held allocation counts it once.
+        cost = (0.0 if serverful else charge(stage.pricing, 1.0, end)) + sum(
             charge(stage.pricing, a["gpus"], (end if serverful else a["released"]) - a["requested"])
             for a in own
         )
