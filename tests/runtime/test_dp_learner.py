@@ -83,6 +83,7 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
             f"algorithm.mini_batches={mini_batches}",
             "trainer.micro_batch_tokens=64",
             "optim.grad_clip=0.5",
+            "runtime.learner_width=0",  # every free slot: two here
         ),
     )
     tokenizer = load_tokenizer(cfg.model)

@@ -122,7 +122,14 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
         max_length=cfg.generation.max_new_tokens,
         resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
         memory=memory,
+        learning_units=float(cfg.scheduler.gpus_per_actor * _learning_width(cfg)),
     )
+
+
+def _learning_width(cfg: Config) -> int:
+    """Slots the learning phase is expected to hold (`runtime.learner_width`; 0: every slot)."""
+    width = cfg.runtime.learner_width
+    return cfg.runtime.slots() if width == 0 else min(width, cfg.runtime.slots())
 
 
 class StepPlanner:
@@ -138,11 +145,13 @@ class StepPlanner:
         max_length: int | None = None,
         resident_units: float = 0.0,
         memory: Path | None = None,
+        learning_units: float | None = None,
     ):
         """`memory`: where the time model learned by earlier runs of this model on this machine is
         kept; it starts this run's, and every step updates it."""
         self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
         self.max_length, self.resident_units = max_length, resident_units
+        self.learning_units = resident_units if learning_units is None else learning_units
         self.calibration = Calibration()
         self.phases = PhaseModel()
         self.margins = Margins()
@@ -162,7 +171,7 @@ class StepPlanner:
             resident_units=self.resident_units,
             warm_actors=warm,
             overhead_s=self.calibration.overhead_s or 0.0,
-            after_units=self.resident_units,
+            after_units=self.learning_units,
             after_per_token_s=self.phases.per_token_s or 0.0,
             next_use_after=True,
             time_margin=self.margins.margin("time"),

@@ -27,7 +27,7 @@ from rlhfless.config import Config, write_atomic
 from rlhfless.data import Prompt, PromptLoader
 from rlhfless.engine import Engine, rollout
 from rlhfless.planner import LengthPredictor
-from rlhfless.runtime.learner import Learner
+from rlhfless.runtime.executor import build_learner, sampling_params
 from rlhfless.runtime.planning import StepPlanner, cache_key
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -52,17 +52,7 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
         except (ValueError, KeyError, OSError):
             pass  # damaged: measure again
     model = copy.deepcopy(policy).train()
-    learner = Learner(
-        model,
-        algo,
-        cfg.optim,
-        total_steps=1,
-        micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-        temperature=cfg.generation.temperature,
-        pad_id=0,
-        seed=cfg.seed,
-        norm_len=cfg.generation.max_new_tokens,
-    )
+    learner = build_learner(cfg, model, pad_id=0)
     rng = np.random.default_rng(0)
     vocab = int(policy.config.vocab_size)
     length = max(1, cfg.generation.max_new_tokens // 2)
@@ -90,8 +80,6 @@ def length_pilot(
     """Sample `per_source` prompts of each data source G times and teach `predictor` their
     sources' lengths. The pilot's uids are its own (`pilot:<uid>`): the prompts themselves stay
     unseen, and its responses are keyed to no training step."""
-    from rlhfless.runtime.executor import sampling_params
-
     chosen: dict[str, list[StepPrompt]] = {}
     for p in prompts:
         group = chosen.setdefault(p.prompt.data_source, [])
