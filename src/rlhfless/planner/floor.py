@@ -3,9 +3,12 @@
 No schedule beats either of two bounds, both read from the profile:
 - latency: the longest sequence decoded alone (batch 1) from its prompt, token by token;
 - throughput: every decode token at the best tokens/s one actor reaches within what its KV memory
-  and engine batch limit allow, on every actor the cluster holds.
+  and engine batch limit allow, on every actor the cluster holds. An actor's batch is also bounded
+  by the sequences there are: the step's N sequences shared by A actors run at most N / A each
+  (tokens/s is concave in the batch, so an even share is the best split; fewer actors only lower
+  the total rate).
 The floor is the larger. Cost has its own floor, the work floor: the decode tokens' GPU-seconds at
-that best throughput plus one prefill of every unique prompt token (a prefix tree's tokens), priced
+the best throughput one actor reaches with every sequence it could hold, plus one prefill of every unique prompt token (a prefix tree's tokens), priced
 by `pricing.charge`. A policy's generation time and cost over these say how much a schedule can
 still win. Given several actor shapes (tensor-parallel sizes), each bound takes the best of them.
 
@@ -16,6 +19,7 @@ in context inside a profile cell, so the bound at the mean context is the bound 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -52,12 +56,13 @@ class Floor:
         return {**asdict(self), "time_s": self.time_s}
 
 
-def best_throughput(profile: Profile, context: float) -> tuple[float, int]:
+def best_throughput(profile: Profile, context: float, sequences: float = np.inf) -> tuple[float, int]:
     """(tokens/s, batch) of the fastest-decoding batch at `context` that the actor may run.
 
     Step time is linear in batch between profile points, so batch / step peaks at a point or at
-    the cap (KV memory at `context` tokens a sequence, the engine's batch limit)."""
-    cap = int(profile.concurrency(context))
+    the cap (KV memory at `context` tokens a sequence, the engine's batch limit, the `sequences`
+    it can be given)."""
+    cap = max(1, int(min(profile.concurrency(context), sequences)))
     grid = profile.decode_batch[profile.decode_batch <= cap].astype(np.int64)
     batches = np.unique(np.r_[grid, cap, 1])
     step = profile.decode_step_seconds(batches, context)
@@ -84,14 +89,16 @@ def generation_floor(
     k = np.ones_like(n) if counts is None else np.asarray(counts, dtype=float).ravel()
     n = np.where(k > 0, n, 0.0)
     tokens = float((k * n).sum())
+    sequences = float(k[n > 0].sum())
     mean_prompt = float(p.mean()) if p.size else 1.0
     context = float((k * n * (p + (n - 1) / 2)).sum() / tokens) if tokens > 0 else mean_prompt
     latency, through, work = [], [], []
     rates: list[tuple[float, int, int]] = []
     for profile, actors in shapes:
         latency.append(float(np.max(n * profile.decode_step_seconds(1, p + (n - 1) / 2), initial=0.0)))
-        rate, batch = best_throughput(profile, context)
-        through.append(tokens / (rate * max(actors, 1)))
+        shared, _ = best_throughput(profile, context, math.ceil(sequences / max(actors, 1)))
+        through.append(tokens / (shared * max(actors, 1)))
+        rate, batch = best_throughput(profile, context, sequences)
         work.append(profile.gpus * (tokens / rate + float(profile.prefill_seconds(unique_prompt_tokens))))
         rates.append((rate, batch, profile.gpus))
     cheapest = int(np.argmin(work))

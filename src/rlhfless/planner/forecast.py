@@ -86,16 +86,24 @@ class PhaseModel:
         self.per_token_s, self.steps = state.get("per_token_s"), int(state.get("steps", 0))
 
 
+# Predicted lengths scaled so for a forecast's low and high ends: the range it may fall in.
+LENGTH_RANGE = (0.5, 1.5)
+
+
 @dataclass
 class Margins:
     """How far the step forecast has fallen short lately, so that a budget or deadline is met
     although its plan sits at the edge: the 90th percentile of the last `window` steps' actual /
-    forecast ratios, less one (0 when the forecast has erred high)."""
+    forecast ratios, less one (0 when the forecast has erred high), plus a prior that shrinks as
+    steps are observed. Before any step, the prior is the forecast range's high end (predicted
+    lengths x 1.5); after k steps whose ratios it kept it is a (k + 1)-th of that, because a quantile of a few
+    ratios says little (a run's later epochs may err the other way)."""
 
     window: int = 8
     time: list[float] | None = None
     cost: list[float] | None = None
     steps: int = 0
+    prior: float = LENGTH_RANGE[1] - 1.0
 
     def observe(self, forecast_s: float, actual_s: float, forecast_cost: float, actual_cost: float) -> None:
         """Fold in one step; the run's first is left out (its forecast knew nothing of the run)."""
@@ -108,8 +116,9 @@ class Margins:
                 setattr(self, name, ratios[-self.window :])
 
     def margin(self, name: str) -> float:
-        ratios = getattr(self, name)
-        return max(0.0, float(np.quantile(ratios, 0.9)) - 1.0) if ratios else 0.0
+        ratios = getattr(self, name) or []
+        seen = max(0.0, float(np.quantile(ratios, 0.9)) - 1.0) if ratios else 0.0
+        return seen + self.prior / max(1, self.steps)  # the first step taught it nothing
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -27,11 +27,11 @@ from rlhfless.config import Config, write_atomic
 from rlhfless.data import Prompt, PromptLoader
 from rlhfless.engine import Engine, rollout
 from rlhfless.planner import LengthPredictor
+from rlhfless.planner.forecast import LENGTH_RANGE
 from rlhfless.runtime.executor import build_learner, sampling_params
 from rlhfless.runtime.planning import StepPlanner, cache_key
 from rlhfless.runtime.samples import Sample, StepPrompt
 
-RANGE = (0.5, 1.5)  # predicted lengths scaled so for the forecast's low and high ends
 PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it
 
 
@@ -148,8 +148,8 @@ def forecast_run(
         return sum(r["time"] for r in rows), sum(r["cost"] for r in rows), rows
 
     time_s, cost, rows = totals(predictor)
-    low_t, low_c, _ = totals(ScaledPredictor(predictor, RANGE[0]))
-    high_t, high_c, _ = totals(ScaledPredictor(predictor, RANGE[1]))
+    low_t, low_c, _ = totals(ScaledPredictor(predictor, LENGTH_RANGE[0]))
+    high_t, high_c, _ = totals(ScaledPredictor(predictor, LENGTH_RANGE[1]))
     return {
         "steps": len(rows),
         "first_step": first_step,
@@ -157,7 +157,7 @@ def forecast_run(
         "cost": cost,
         "time_range_s": [low_t, high_t],
         "cost_range": [low_c, high_c],
-        "range": f"predicted lengths x {RANGE[0]} .. x {RANGE[1]}",
+        "range": f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}",
         "per_step": rows,
     }
 
