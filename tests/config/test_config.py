@@ -65,7 +65,10 @@ def test_section_checks_of_other_rooms_use_the_same_form():
 def test_missing_config_file_is_one_line_and_exit_2(capsys, tmp_path):
     code, err = run_cli(capsys, str(tmp_path / "nope.yaml"))
     assert code == 2
-    assert err == f"rlhfless: {tmp_path / 'nope.yaml'}: not found, expected a YAML config (a mapping of sections)"
+    assert (
+        err
+        == f"rlhfless: {tmp_path / 'nope.yaml'}: not found, expected a YAML config (a mapping of sections)"
+    )
 
 
 def test_override_without_equals_sign_is_a_config_file_pair_error(capsys, tmp_path):

@@ -162,8 +162,18 @@ def _estimates(times, costs):
     n = np.arange(1, len(times) + 1)
     one = np.ones(len(times))
     return ActorEstimates(
-        n, 0 * n, n, np.array(times, float), np.array(costs, float), 0 * n, 0 * one, one > 0, one, one,
-        0 * one, one,
+        n,
+        0 * n,
+        n,
+        np.array(times, float),
+        np.array(costs, float),
+        0 * n,
+        0 * one,
+        one > 0,
+        one,
+        one,
+        0 * one,
+        one,
     )
 
 
