@@ -105,6 +105,11 @@ def test_a_run_records_its_forecast_before_step_1_and_each_steps_forecast_beside
             row["forecast/generation_time"] / row["time/generation"] - 1
         )
         assert row["forecast/step_time"] >= row["forecast/generation_time"]
+        # ...and the floor of its true lengths, with the measured generation over it.
+        assert row["floor/generation_s"] == max(row["floor/latency_s"], row["floor/throughput_s"]) > 0
+        assert row["floor/time_over"] == pytest.approx(row["time/generation"] / row["floor/generation_s"])
+        if "cost/generation" in row:
+            assert row["floor/cost_over"] == pytest.approx(row["cost/generation"] / row["floor/work_cost"])
     assert result.history[-1]["calibration/after_s_per_token"] > 0
 
 

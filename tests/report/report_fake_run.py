@@ -267,6 +267,10 @@ def write_fake_run(
                 "forecast/generation_cost": 0.7 * m["cost/generation"],
                 "forecast/step_time": 0.95 * m["time/step"],
                 "forecast/step_cost": 1.05 * m["cost/step"],
+                "floor/generation_s": 0.5 * m["time/generation"],
+                "floor/work_cost": 0.25 * m["cost/generation"],
+                "floor/time_over": 2.0,
+                "floor/cost_over": 4.0,
             }
         if ppo:
             m |= {"loss/value": 0.3 / step, "value/mean": 0.1 * step, "value/explained_variance": 0.2}

@@ -22,6 +22,7 @@ SECTIONS = [
     "Phase breakdown per step",
     "Response lengths and the length predictor",
     "Forecast against actual",
+    "Generation over its floor",
     "Scaling decisions",
 ]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -106,6 +107,16 @@ def test_forecast_section_scores_each_forecast_and_puts_the_whole_run_beside_its
     assert scores["step cost ($)"] == ["100%", "5.0%"]
     whole = {r[1]: r[5] for table in rows for r in table if r and r[0] == "tiny" and r[1] in ("time", "cost")}
     assert whole == {"time": "+20.0%", "cost": "-10.0%"}
+
+
+def test_floor_section_puts_each_run_s_generation_over_its_floor(tiny_page) -> None:
+    rows = PageParts(tiny_page.read_text(encoding="utf-8")).tables
+    floor = [
+        r for table in rows for r in table if r and r[0] == "tiny" and len(r) == 5 and r[3].endswith("x")
+    ]
+    assert [r[3:] for r in floor] == [
+        ["2.00x", "4.00x"]
+    ]  # the fake run: floor half its time, a quarter its cost
 
 
 def test_in_process_executor_run_says_what_is_missing(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ class Floor:
     tokens_per_s: float  # best decode throughput of one actor of the best shape
     batch: int  # the batch that reaches it
     gpus: int  # GPUs per actor of that shape
+    actors: int = 1  # actors of the shape setting the throughput bound that the cluster holds
 
     @property
     def time_s(self) -> float:
@@ -104,4 +105,5 @@ def generation_floor(
     cheapest = int(np.argmin(work))
     rate, batch, gpus = rates[cheapest]
     cost = charge(pricing, 1.0, work[cheapest])
-    return Floor(min(latency), min(through), work[cheapest], cost, rate, batch, gpus)
+    fastest = shapes[int(np.argmin(through))][1]
+    return Floor(min(latency), min(through), work[cheapest], cost, rate, batch, gpus, fastest)

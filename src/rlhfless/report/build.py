@@ -297,6 +297,38 @@ def _forecast_section(runs: list[Run], out: Path) -> Section:
     return section
 
 
+FLOOR_KEYS = ("time/generation", "floor/generation_s", "floor/time_over", "floor/cost_over")
+
+
+def _floor_section(runs: list[Run]) -> Section:
+    section = Section(
+        "floor",
+        "Generation over its floor",
+        "The floor of each step's true lengths on the profile its plan used: no schedule generates "
+        "faster (the longest sequence alone, or every token at the best batch on every actor) or "
+        "more cheaply (every token at the best batch). Means over the run's steps.",
+    )
+    rows = []
+    for run in runs:
+        steps = [m for m in run.metrics.values() if "floor/generation_s" in m]
+        if not steps:
+            section.notes.append(f"{run.name}: no `floor/*` metrics (recorded since the floor was added)")
+            continue
+        mean = {k: float(np.mean([m.get(k, np.nan) for m in steps])) for k in FLOOR_KEYS}
+        rows.append(
+            [
+                run.name,
+                _seconds(mean["time/generation"]),
+                _seconds(mean["floor/generation_s"]),
+                f"{mean['floor/time_over']:.2f}x",
+                "-" if np.isnan(mean["floor/cost_over"]) else f"{mean['floor/cost_over']:.2f}x",
+            ]
+        )
+    if rows:
+        section.html.append(table(["run", "generation", "floor", "time / floor", "cost / work floor"], rows))
+    return section
+
+
 def _scaling_section(runs: list[Run], out: Path) -> Section:
     section = Section(
         "scaling",
@@ -343,6 +375,7 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
             _phase_section(runs, out),
             _lengths_section(runs, out),
             _forecast_section(runs, out),
+            _floor_section(runs),
             _scaling_section(runs, out),
         ]
     for section in sections:

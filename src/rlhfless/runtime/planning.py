@@ -28,6 +28,8 @@ from rlhfless.planner import (
     plan_step,
     prediction_quality,
 )
+from rlhfless.planner.dedup import PackedPrompts, tree_tokens
+from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.forecast import Calibration, Margins, PhaseModel, relative_error, replay_times
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
 from rlhfless.planner.scaling import Billing
@@ -204,8 +206,9 @@ class StepPlanner:
         )
 
     def observe(self, plan: StepPlan, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
-        """The step's forecast against what happened; then learn from it for the next plan."""
-        out = forecast_metrics(plan, metrics)
+        """The step's forecast against what happened, and its floor; then learn from it for the
+        next plan."""
+        out = forecast_metrics(plan, metrics) | self.floor_metrics(plan, samples, metrics)
         self.margins.observe(
             plan.predicted_step_time,
             metrics["time/step"],
@@ -236,6 +239,32 @@ class StepPlanner:
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
         out["calibration/after_s_per_token"] = self.phases.per_token_s or 0.0
+        return out
+
+    def floor_metrics(
+        self, plan: StepPlan, samples: list[Sample], metrics: dict[str, float]
+    ) -> dict[str, float]:
+        """The generation floor of the step's true lengths on the profile its plan used (as
+        calibrated so far), and the measured generation's time and cost over it."""
+        if not samples:
+            return {}
+        floor = generation_floor(
+            [(self.calibration.profile(self.profile), int(plan.floor.get("actors", 1)))],
+            np.array([len(s.prompt_ids) for s in samples]),
+            np.array([len(s.response_ids) for s in samples]),
+            tree_tokens(PackedPrompts.pack(list({s.uid: s.prompt_ids for s in samples}.values()))),
+            self.scheduler.pricing,
+        )
+        ratios = floor.ratios(metrics.get("time/generation", 0.0), metrics.get("cost/generation", 0.0))
+        out = {
+            "floor/generation_s": floor.time_s,
+            "floor/latency_s": floor.latency_s,
+            "floor/throughput_s": floor.throughput_s,
+            "floor/work_cost": floor.work_cost,
+            "floor/time_over": ratios["time_over_floor"],
+        }
+        if "cost/generation" in metrics:  # billed executors only
+            out["floor/cost_over"] = ratios["cost_over_floor"]
         return out
 
     def state_dict(self) -> dict:
