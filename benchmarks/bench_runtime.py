@@ -97,6 +97,12 @@ def main() -> None:
             mean("rlhfless", "time/learning"),
         ),
         ("generation cost ($/step)", mean("verl", "cost/generation"), mean("rlhfless", "cost/generation")),
+        ("generation time / its floor", mean("verl", "floor/time_over"), mean("rlhfless", "floor/time_over")),
+        (
+            "generation cost / work floor",
+            mean("verl", "floor/cost_over"),
+            mean("rlhfless", "floor/cost_over"),
+        ),
         ("decode actors (mean)", mean("verl", "n_actors", 0), mean("rlhfless", "n_actors", 0)),
         (
             "prefill tokens saved (all steps)",
