@@ -97,6 +97,48 @@ def test_no_migration_makes_a_migrant_finish_later_and_none_moves_twice(progress
     assert decide(moved, config, PROFILE, resume) == []
 
 
+@settings(max_examples=150, deadline=None)
+@given(progress=actors(), tau=st.floats(0.1, 1.0), resume=st.floats(0, 2))
+def test_gathering_empties_whole_cut_actors_without_ending_the_step_later(progress, tau, resume):
+    config = SchedulerConfig(tau=tau, migration="gather")
+    moves = decide(progress, config, PROFILE, resume)
+    by_id = {p.actor: p for p in progress}
+    step = {
+        p.actor: _finish(PROFILE, max(p.remaining.values(), default=0.0), len(p.remaining), p.context)
+        for p in progress
+    }
+    step_end = max(step.values())
+    sources = {m.source for m in moves}
+    targets = {m.target for m in moves}
+    assert not sources & targets and len({m.sequence for m in moves}) == len(moves)
+    for a in sources:  # all of a cut actor's stragglers leave, so it can be released
+        p = by_id[a]
+        assert p.finished >= tau * p.total
+        assert {m.sequence for m in moves if m.source == a} == set(p.remaining)
+    for a in targets:  # within its room, and neither it nor its migrants end after the step
+        p = by_id[a]
+        incoming = [by_id[m.source].remaining[m.sequence] for m in moves if m.target == a]
+        assert p.running and len(incoming) <= p.free_slots
+        batch = len(p.remaining) + len(incoming)
+        own = _finish(PROFILE, max(p.remaining.values(), default=0.0), batch, p.context)
+        migrants = resume + _finish(PROFILE, max(incoming), batch, p.context)
+        assert max(own, migrants) <= step_end * (1 + 1e-9)
+    moved = [
+        ActorProgress(
+            p.actor,
+            p.finished,
+            p.total,
+            p.free_slots,
+            p.running,
+            p.remaining,
+            p.context,
+            frozenset(p.remaining),
+        )
+        for p in progress
+    ]
+    assert decide(moved, config, PROFILE, resume) == []  # a migrant never moves twice
+
+
 def test_a_straggler_moves_to_a_drained_actor_not_a_busy_one():
     profile = roofline_profile("qwen2.5-7b", "l40s", 1)
     busy = ActorProgress(0, 10, 400, 50, True, {f"b{k}": 900.0 for k in range(390)}, 800.0)

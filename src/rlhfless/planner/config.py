@@ -10,7 +10,7 @@ from rlhfless.planner.pricing import Pricing
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
-MIGRATIONS = ("gain", "paper")
+MIGRATIONS = ("gain", "gather", "paper")
 NORMALISATIONS = ("relative", "range")
 
 
@@ -116,8 +116,10 @@ class SchedulerConfig:
         default="gain",
         metadata={
             "help": "per-actor cut: gain (a straggler moves once, only where it finishes sooner, "
-            "resume and the receiver's slowdown counted; needs the time table) or paper (every "
-            "straggler to the least-loaded actor with a free slot)"
+            "resume and the receiver's slowdown counted; needs the time table), gather (a cut "
+            "actor's stragglers all move, or none, where they fit without ending after the step's "
+            "predicted end, and the emptied actor is released) or paper (every straggler to the "
+            "least-loaded actor with a free slot)"
         },
     )
     predictor: str = field(

@@ -134,6 +134,70 @@ def _gain_moves(
     return moves
 
 
+def _gather_moves(
+    sources: Sequence[ActorProgress], targets: Sequence[ActorProgress], profile: Profile, resume_s: float
+) -> list[Migration]:
+    """Empty cut actors so that they can be released: all of a cut actor's stragglers move, or
+    none do, each to the running actor where it fits with the most slack, provided no receiver,
+    and no migrant, is then predicted to end after the step's predicted end. Decoding a few more
+    sequences costs a receiver little (its steps are bound by reading the weights), while the
+    emptied actor stops being billed for the rest of the tail. Sources with the fewest stragglers
+    go first; a sequence that moved once never moves again, so an actor holding migrants stays."""
+    if not sources or not targets:
+        return []
+    actors = {p.actor: p for p in (*sources, *targets)}
+    batch = {a: len(p.remaining) for a, p in actors.items()}
+    longest = {a: max(p.remaining.values(), default=0.0) for a, p in actors.items()}
+    arrivals = dict.fromkeys(actors, 0.0)  # the longest migrant each receiver got, tokens
+    committed = dict(arrivals)  # ... in the moves decided so far (a failed trial is undone)
+    free = {t.actor: t.free_slots for t in targets}
+
+    def step_s(a: int, extra: int = 0) -> float:
+        return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
+
+    def end_s(a: int, extra: int, work: float = 0.0) -> float:
+        s = step_s(a, extra)
+        return max(longest[a] * s, resume_s + max(arrivals[a], work) * s)
+
+    step_end = max(longest[a] * step_s(a) for a in actors)
+    emptied: set[int] = set()
+    received: set[int] = set()
+    moves = []
+    for p in sorted(sources, key=lambda p: (len(p.remaining), p.actor)):
+        if not p.remaining or p.migrated or p.actor in received:
+            continue
+        trial: list[tuple[str, int]] = []
+        taken: dict[int, int] = {}
+        for name, work in sorted(p.remaining.items(), key=lambda kv: -kv[1]):  # longest first
+            best, best_slack = None, -1.0
+            for a, room in free.items():
+                if a == p.actor or a in emptied or room - taken.get(a, 0) <= 0:
+                    continue
+                # A target's earlier migrants of this source are no shorter than this one.
+                slack = step_end - end_s(a, taken.get(a, 0) + 1, work)
+                if slack >= 0 and slack > best_slack:
+                    best, best_slack = a, slack
+            if best is None:
+                break
+            trial.append((name, best))
+            if best not in taken:
+                arrivals[best] = max(arrivals[best], work)
+            taken[best] = taken.get(best, 0) + 1
+        if len(trial) < len(p.remaining):
+            for a in taken:
+                arrivals[a] = committed[a]
+            continue
+        moves.extend(Migration(name, p.actor, a) for name, a in trial)
+        for a, k in taken.items():
+            committed[a] = arrivals[a]
+            batch[a] += k
+            free[a] -= k
+            received.add(a)
+        batch[p.actor] = 0
+        emptied.add(p.actor)
+    return moves
+
+
 def decide_migrations(
     progress: Sequence[ActorProgress],
     config: SchedulerConfig,
@@ -143,6 +207,8 @@ def decide_migrations(
     """Per-actor cut at tau; targets are running actors not themselves cut (the gain rule: any
     running actor, so that stragglers gather on a drained one)."""
     cut = [p for p in progress if _is_cut(p, config.tau)]
+    if profile is not None and config.migration == "gather":
+        return _gather_moves(cut, [p for p in progress if p.running], profile, resume_s)
     if profile is not None and config.migration == "gain":  # a drained cut actor may gather
         return _gain_moves(cut, [p for p in progress if p.running], profile, resume_s)
     cut_ids = {p.actor for p in cut}

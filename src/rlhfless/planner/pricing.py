@@ -100,9 +100,12 @@ def keep_warm(pricing: Pricing, gap_s: Any, cold_start_s: float, lam: float) -> 
 
     Warm costs the gap's idle bill. Stopping costs a cold start at the next use: its billed
     seconds, plus the seconds it adds to the step, valued at lam / (1 - lam) unit-seconds per
-    second (lam = 1: time only, always keep; lam = 0: cost only). An unbilled keep-alive is free.
+    second (lam = 1: time only, keep whenever there is a next use; lam = 0: cost only). A function
+    with no next use (an infinite gap) saves nothing by staying warm. An unbilled keep-alive is free.
     """
     gap = np.asarray(gap_s, dtype=float)
-    if not pricing.bill_keep_alive or lam >= 1.0:
+    if not pricing.bill_keep_alive:
         return np.ones(gap.shape, dtype=bool)
+    if lam >= 1.0:
+        return np.isfinite(gap)
     return gap <= cold_start_s * (float(pricing.bill_cold_start) + lam / (1.0 - lam))

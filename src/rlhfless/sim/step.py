@@ -106,7 +106,7 @@ class ActorRun:
     sched: Schedule
     finished_before: int = 0
     released: float = math.inf
-    cut_checked: bool = False
+    cut_checks: int = 0  # decisions made at its cut points so far
     migrated_in: int = 0
     migrated_out: int = 0
 
@@ -297,6 +297,10 @@ class _Generation:
         self.predicted = np.repeat(gmax, g)
         self.gen_before = np.zeros(self.true.size)
         self.moved = np.zeros(self.true.size, dtype=bool)  # migrated once: never again
+        # The runtime asks the planner at every progress report; here each actor's cut points
+        # stand in for those: tau only, or (gathering, which a later look may make possible)
+        # tau and three more halfway to all.
+        self.checks = 4 if config.migration == "gather" else 1
         self.migrations = 0
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
@@ -344,8 +348,8 @@ class _Generation:
             moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress))
             if mode == "actor":
                 for run in self.runs:
-                    if not run.cut_checked and self._cut_time(run) <= t + 1e-12:
-                        run.cut_checked = True
+                    if run.cut_checks < self.checks and self._cut_time(run) <= t + 1e-12:
+                        run.cut_checks += 1
             if moves:
                 self._apply(moves, t)
         for run in self.runs:
@@ -356,8 +360,10 @@ class _Generation:
         return not math.isfinite(run.released) and run.sched.ids.size > 0
 
     def _cut_time(self, run: ActorRun) -> float:
-        """When this actor's finished share reaches tau with work left (inf: never)."""
-        need = math.ceil(self.config.tau * run.total - 1e-9) - run.finished_before
+        """When this actor's finished share reaches its next cut point with work left (inf: never):
+        tau, then halfway from there to all."""
+        share = 1.0 - (1.0 - self.config.tau) / 2**run.cut_checks
+        need = math.ceil(share * run.total - 1e-9) - run.finished_before
         n = run.sched.ids.size
         if need >= n:
             return math.inf
@@ -370,7 +376,7 @@ class _Generation:
         )
 
     def _next_actor_cut(self) -> float:
-        times = [self._cut_time(r) for r in self.runs if self._alive(r) and not r.cut_checked]
+        times = [self._cut_time(r) for r in self.runs if self._alive(r) and r.cut_checks < self.checks]
         return min(times, default=math.inf)
 
     def _global_cut(self) -> float:
