@@ -1,24 +1,15 @@
-"""One simulated training step: the planner's plan executed on the modelled cluster.
+"""One simulated training step: plan with the planner, generate (`sim.generation`), then
+preparation (reference and, for PPO, critic forward) and learning on all GPUs.
 
-Generation: the prefill actor (on the learner's GPUs) computes the deduplicated prefixes; each
-decode actor waits for its cold start, the new weights and its prefix KV (the actor on the
-learner's GPUs needs neither), prefills what is left of its prompts, then decodes with continuous
-batching (`execution.schedule`). Cut-and-migrate events are found analytically from the schedules;
-at each one the planner's `migration.decide` is asked what moves, and the receiving actors are
-rescheduled from that moment (migrated sequences are resumed by re-prefilling prompt + partial
-response, or by receiving their KV when that is cheaper). Then preparation (reference and, for
-PPO, critic forward) and learning run on all GPUs. Billing goes through the one pricing model
-(`planner.pricing.charge`): `verl` holds every GPU for the whole step (serverful); other policies
-pay each function from its request (its cold start runs while the previous step learns) to its
-release, plus keep-alive idle to the end of generation where the plan keeps it warm (it never
-does here: the learner takes every GPU next, so a warm function would have no next use), and
-every GPU for preparation and learning.
+Billing goes through the one pricing model (`planner.pricing.charge`): `verl` holds every GPU for
+the whole step (serverful); other policies pay each function from its request (its cold start runs
+while the previous step learns) to its release, plus keep-alive idle to the end of generation where
+the plan keeps it warm (it never does here: the learner takes every GPU next, so a warm function
+would have no next use), and every GPU for preparation and learning.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,94 +19,15 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
 from rlhfless.planner.forecast import Margins, PhaseModel
-from rlhfless.planner.hardware import ModelShape
-from rlhfless.planner.migration import ActorProgress, decide
-from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.planner.pricing import Pricing, charge
-from rlhfless.planner.profile import Profile
+from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import Billing
-from rlhfless.sim.execution import Schedule, schedule, slot_cap
+from rlhfless.sim.generation import Generation
+from rlhfless.sim.stage import Stage
 from rlhfless.sim.workload import StepPrompts
 
-
-class _Remaining(Mapping[str, float]):
-    """Unfinished sequences of one actor -> remaining predicted tokens, backed by arrays.
-
-    A sequence's id is its global index in the step (prompt * G + sample) as a string.
-    """
-
-    def __init__(self, idx: np.ndarray, work: np.ndarray) -> None:
-        self._idx, self._work = idx, work
-
-    def __len__(self) -> int:
-        return int(self._idx.size)
-
-    def __iter__(self) -> Iterator[str]:
-        return map(str, self._idx.tolist())
-
-    def __getitem__(self, key: str) -> float:
-        return dict(zip(self, self._work.tolist(), strict=True))[key]
-
-    def values(self) -> list[float]:  # type: ignore[override]
-        return self._work.tolist()
-
-    def items(self) -> Iterator[tuple[str, float]]:  # type: ignore[override]
-        return zip(self, self._work.tolist(), strict=True)
-
-
-@dataclass
-class Stage:
-    """Fixed facts of the simulated setup that every step uses."""
-
-    model: ModelShape
-    profile: Profile  # one decode actor (tp GPUs), the truth the simulator executes
-    cluster: ClusterSpec
-    total_gpus: int
-    pricing: Pricing
-    cold_start_s: float
-    tflops: float  # peak BF16 per GPU
-    learner_mfu: float
-    inference_mfu: float
-    ppo: bool
-
-    def phase_seconds(self, tokens: float) -> tuple[float, float]:
-        """(preparation, learning) seconds for `tokens` prompt + response tokens on every GPU: the
-        reference (and PPO's critic) forward at 2 FLOPs per parameter per token, learning at 6."""
-        passes = 2.0 if self.ppo else 1.0  # PPO: the critic is a second model of the same size
-        flops = self.total_gpus * self.tflops * 1e12
-        work = self.model.params * tokens * passes
-        return 2.0 * work / (flops * self.inference_mfu), 6.0 * work / (flops * self.learner_mfu)
-
-    @property
-    def after_per_token_s(self) -> float:
-        return sum(self.phase_seconds(1.0))
-
-
-@dataclass
-class ActorRun:
-    """One decode actor's life in this step; `sched` holds only what is unfinished since `since`."""
-
-    gpus: int
-    node: int
-    colocated: bool
-    requested: float
-    ready: float
-    slots: int
-    sched: Schedule
-    finished_before: int = 0
-    released: float = math.inf
-    cut_checks: int = 0  # decisions made at its cut points so far
-    migrated_in: int = 0
-    migrated_out: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.finished_before + int(self.sched.ids.size)
-
-    def finished_at(self, t: float) -> int:
-        return self.finished_before + int(np.count_nonzero(self.sched.end <= self.sched.step_at(t) + 1e-9))
+__all__ = ["Simulator", "Stage", "StepResult"]
 
 
 @dataclass
@@ -203,7 +115,7 @@ class Simulator:
 
     def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
         st = self.stage
-        gen = _Generation(st, self.config, prompts, plan, self.serverful)
+        gen = Generation(st, self.config, prompts, plan, self.serverful)
         gen.run()
         generation = max(r.released for r in gen.runs)
         tokens = float(gen.true.sum() + gen.prompt_len.sum())
@@ -280,226 +192,3 @@ class Simulator:
             unique,
             st.pricing,
         )
-
-
-class _Generation:
-    """The generation phase of one step: actors, their schedules, and the cut events."""
-
-    def __init__(
-        self, stage: Stage, config: SchedulerConfig, prompts: StepPrompts, plan: StepPlan, serverful: bool
-    ) -> None:
-        self.stage, self.config, self.plan = stage, config, plan
-        g = prompts.lengths.shape[1]
-        plen = prompts.prompt_lengths
-        self.prompt_len = np.repeat(plen, g).astype(float)
-        self.true = prompts.lengths.ravel().astype(float)
-        gmax = np.array([plan.predicted_length[u] for u in prompts.uids], dtype=float)
-        self.predicted = np.repeat(gmax, g)
-        self.gen_before = np.zeros(self.true.size)
-        self.moved = np.zeros(self.true.size, dtype=bool)  # migrated once: never again
-        # The runtime asks the planner at every progress report; here each actor's cut points
-        # stand in for those: tau only, or (gathering, which a later look may make possible)
-        # tau and three more halfway to all.
-        self.checks = 4 if config.migration == "gather" else 1
-        self.migrations = 0
-        profile = stage.profile
-        dedup = bool(plan.features.get("dedup_prefill"))
-        prefix = np.minimum(plen, plan.prefix_length) if dedup else np.zeros_like(plen)
-        self.prefill_s = float(profile.prefill_seconds(plan.prefill["tokens"])) if dedup else 0.0
-        index = {u: i for i, u in enumerate(prompts.uids)}
-        cluster = stage.cluster
-        self.runs: list[ActorRun] = []
-        for actor in plan.actors:
-            p = np.fromiter((index[u] for u in actor.uids), dtype=np.int64, count=len(actor.uids))
-            seqs = (p[:, None] * g + np.arange(g)).ravel()
-            colocated = bool(actor.gpu_ids) and actor.gpu_ids[0] == 0
-            near = actor.node == 0  # the learner's node
-            if serverful:
-                requested = ready = 0.0
-            elif colocated:
-                requested, ready = 0.0, self.prefill_s
-            else:
-                # The plan is known before learning ends, so the container starts during learning
-                # (billed from its request); weights stream as soon as learning ends (t = 0).
-                weights = float(cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
-                kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
-                kv = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
-                ready = max(weights, kv)
-                requested = -stage.cold_start_s
-            t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
-            context, remaining = self.prompt_len[seqs], self.true[seqs]
-            cap = slot_cap(profile, context, remaining)
-            sched = schedule(profile, t0, seqs, context, remaining, cap)
-            slots = min(cap, seqs.size)
-            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
-
-    def run(self) -> None:
-        mode = self.plan.cut
-        fired_global = False
-        while mode in ("actor", "global"):
-            if mode == "actor":
-                t = self._next_actor_cut()
-            else:
-                t = math.inf if fired_global else self._global_cut()
-                fired_global = True
-            if not math.isfinite(t):
-                break
-            progress = self._progress(t)
-            moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress))
-            if mode == "actor":
-                for run in self.runs:
-                    if run.cut_checks < self.checks and self._cut_time(run) <= t + 1e-12:
-                        run.cut_checks += 1
-            if moves:
-                self._apply(moves, t)
-        for run in self.runs:
-            if not math.isfinite(run.released):
-                run.released = run.sched.end_time
-
-    def _alive(self, run: ActorRun) -> bool:
-        return not math.isfinite(run.released) and run.sched.ids.size > 0
-
-    def _cut_time(self, run: ActorRun) -> float:
-        """When this actor's finished share reaches its next cut point with work left (inf: never):
-        tau, then halfway from there to all."""
-        share = 1.0 - (1.0 - self.config.tau) / 2**run.cut_checks
-        need = math.ceil(share * run.total - 1e-9) - run.finished_before
-        n = run.sched.ids.size
-        if need >= n:
-            return math.inf
-        if need <= 0:
-            return run.sched.t0
-        return float(
-            np.interp(
-                np.partition(run.sched.end, need - 1)[need - 1], run.sched.grid_steps, run.sched.grid_time
-            )
-        )
-
-    def _next_actor_cut(self) -> float:
-        times = [self._cut_time(r) for r in self.runs if self._alive(r) and r.cut_checks < self.checks]
-        return min(times, default=math.inf)
-
-    def _global_cut(self) -> float:
-        total = sum(r.total for r in self.runs)
-        need = math.ceil(self.config.tau * total - 1e-9) - sum(r.finished_before for r in self.runs)
-        finish = np.concatenate([r.sched.finish for r in self.runs])
-        if need >= finish.size:
-            return math.inf
-        return float(np.partition(finish, max(need, 1) - 1)[max(need, 1) - 1])
-
-    def _progress(self, t: float) -> list[ActorProgress]:
-        out = []
-        for i, run in enumerate(self.runs):
-            s = run.sched
-            if not self._alive(run):
-                out.append(ActorProgress(i, run.total, run.total, 0, False, {}))
-                continue
-            step = s.step_at(t)
-            unfinished = s.end > step + 1e-9
-            idx = s.ids[unfinished]
-            generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
-            work = np.maximum(self.predicted[idx] - generated, 1.0)
-            free = max(0, run.slots - idx.size)  # queued sequences and migrants in flight hold slots
-            context = float(np.mean(self.prompt_len[idx] + generated)) if idx.size else 0.0
-            moved = frozenset(map(str, idx[self.moved[idx]].tolist()))
-            remaining = _Remaining(idx, work)
-            out.append(
-                ActorProgress(i, run.total - idx.size, run.total, free, True, remaining, context, moved)
-            )
-        return out
-
-    def _resume_estimate(self, progress: list[ActorProgress]) -> float:
-        """What the planner is told a migrant waits: its KV sent across nodes or re-prefilled,
-        whichever is sooner, at the running sequences' mean context."""
-        contexts = [p.context for p in progress if p.remaining]
-        if not contexts:
-            return 0.0
-        tokens = float(np.mean(contexts))
-        st = self.stage
-        send = float(
-            st.cluster.transfer_seconds(st.model.kv_bytes_per_token * tokens, False, st.profile.gpus)
-        )
-        return min(send, float(st.profile.prefill_seconds(tokens)))
-
-    def _apply(self, moves: list, t: float) -> None:
-        leaving: dict[int, list[int]] = {}
-        arriving: dict[int, list[int]] = {}
-        sources: dict[int, set[int]] = {}
-        for m in moves:
-            seq = int(m.sequence)
-            self.moved[seq] = True
-            leaving.setdefault(m.source, []).append(seq)
-            arriving.setdefault(m.target, []).append(seq)
-            sources.setdefault(m.target, set()).add(m.source)
-        self.migrations += len(moves)
-        affected = sorted(set(leaving) | set(arriving))
-        # Freeze every affected actor at t first: a migrant's progress must be known before it lands.
-        held = {i: self._freeze(i, t) for i in affected}
-        resume: dict[int, tuple[float, float]] = {}
-        sending_until: dict[int, float] = {}
-        for target, seqs in arriving.items():
-            resume[target] = self._resume(target, np.array(seqs, dtype=np.int64), sources[target])
-            for source in sources[target]:  # a sender lives until its KV has left
-                sending_until[source] = max(sending_until.get(source, t), t + resume[target][1])
-        for i in affected:
-            out = np.array(leaving.get(i, []), dtype=np.int64)
-            incoming = np.array(arriving.get(i, []), dtype=np.int64)
-            self._restart(i, t, held[i], out, incoming, resume.get(i, (0.0, 0.0)))
-            run = self.runs[i]
-            if math.isfinite(run.released):
-                run.released = max(run.released, sending_until.get(i, t))
-
-    def _resume(self, target: int, incoming: np.ndarray, sources: set[int]) -> tuple[float, float]:
-        """(receiver stall, migrant KV transfer) seconds: re-prefill prompt + partial response on
-        the receiver (stalls it), or send the KV (only the migrants wait), whichever is sooner."""
-        tokens = float((self.prompt_len[incoming] + self.gen_before[incoming]).sum())
-        run = self.runs[target]
-        same_node = all(self.runs[s].node == run.node for s in sources)
-        kv_bytes = self.stage.model.kv_bytes_per_token * tokens
-        transfer = float(self.stage.cluster.transfer_seconds(kv_bytes, same_node, run.gpus))
-        prefill = float(self.stage.profile.prefill_seconds(tokens))
-        return (0.0, transfer) if transfer <= prefill else (prefill, 0.0)
-
-    def _freeze(self, i: int, t: float) -> tuple[np.ndarray, np.ndarray]:
-        """Book actor i's progress up to t; return its unfinished ids, running ones first."""
-        run = self.runs[i]
-        s = run.sched
-        step = s.step_at(t)
-        unfinished = s.end > step + 1e-9
-        run.finished_before += int(np.count_nonzero(~unfinished))
-        generated = np.clip(step - s.start, 0, s.remaining)
-        self.gen_before[s.ids[unfinished]] += generated[unfinished]
-        started = s.start <= step + 1e-9
-        return s.ids[unfinished & started], s.ids[unfinished & ~started]
-
-    def _restart(
-        self,
-        i: int,
-        t: float,
-        held: tuple[np.ndarray, np.ndarray],
-        out: np.ndarray,
-        incoming: np.ndarray,
-        resume: tuple[float, float],
-    ) -> None:
-        """Actor i's new schedule from t: its running sequences, then migrants, then its queue."""
-        run = self.runs[i]
-        profile = self.stage.profile
-        running, waiting = (ids[~np.isin(ids, out)] for ids in held)
-        ids = np.concatenate([running, incoming, waiting])
-        run.migrated_out += int(out.size)
-        run.migrated_in += int(incoming.size)
-        if ids.size == 0:
-            run.released = t
-            run.sched = schedule(profile, t, ids, ids.astype(float), ids.astype(float), run.sched.cap)
-            return
-        context = self.prompt_len[ids] + self.gen_before[ids]
-        remaining = self.true[ids] - self.gen_before[ids]
-        stall, transfer = resume
-        ready = None
-        if transfer > 0:
-            # The receiver keeps decoding its own sequences; migrants join once their KV arrived.
-            own = np.r_[np.arange(running.size), np.arange(running.size + incoming.size, ids.size)]
-            base = schedule(profile, t, ids[own], context[own], remaining[own], run.sched.cap)
-            ready = np.zeros(ids.size)
-            ready[running.size : running.size + incoming.size] = base.step_after(profile, t + transfer)
-        run.sched = schedule(profile, t + stall, ids, context, remaining, run.sched.cap, ready)
