@@ -8,7 +8,8 @@ steps. It runs again under each target and prints the share of steps whose *simu
 
 `real`: the same on this machine's runtime. `--baseline RUN_DIR` is a finished default run (e.g.
 the rlhfless run of `bench_runtime.py --out DIR`); its plans give the cheapest and fastest plans
-per step, and one more run of as many steps trains under the midway deadline (or `--budget`).
+per step, and one more run of as many steps trains under the midway deadline (or `--target
+budget`; `--value` sets either).
 
     .venv/bin/python benchmarks/bench_targets.py sim --preset paper-sim
     .venv/bin/python benchmarks/bench_targets.py real --baseline /tmp/bench_rt/rlhfless --out /tmp/targets
@@ -96,13 +97,11 @@ def real(args: argparse.Namespace) -> None:
     plans = [json.loads((base_dir / "plans" / f"step_{s:06d}.json").read_text()) for s in steps]
     after_t = [p["predicted_step_time"] - p["predicted_time"] for p in plans]
     after_c = [p["predicted_step_cost"] - p["predicted_cost"] for p in plans]
-    key, value = (
-        ("budget_per_step", args.budget)
-        if args.budget
-        else ("deadline_per_step", _midway([p["candidates"] for p in plans], after_t, "time"))
-    )
-    if key == "budget_per_step" and not value:
-        value = _midway([p["candidates"] for p in plans], after_c, "cost")
+    candidates = [p["candidates"] for p in plans]
+    if args.target == "budget":
+        key, value = "budget_per_step", args.value or _midway(candidates, after_c, "cost")
+    else:
+        key, value = "deadline_per_step", args.value or _midway(candidates, after_t, "time")
     base_rows = [(metrics[s]["time/step"], metrics[s]["cost/step"]) for s in steps]
     base = (statistics.fmean(r[0] for r in base_rows), statistics.fmean(r[1] for r in base_rows))
     print(f"lam run {base_dir}: steps {steps[0]}-{steps[-1]}: mean step {base[0]:.2f} s, cost {base[1]:.6g}")
@@ -133,7 +132,8 @@ def main() -> None:
     r = sub.add_parser("real")
     r.add_argument("--baseline", type=Path, required=True, help="a finished run directory (lam)")
     r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--budget", type=float, help="USD per step (default: a midway deadline instead)")
+    r.add_argument("--target", choices=("deadline", "budget"), default="deadline")
+    r.add_argument("--value", type=float, help="the target (s or USD per step; default: midway)")
     r.add_argument("--steps", type=int, help="steps of the targeted run (default: the baseline's)")
     args = parser.parse_args()
     sim(args) if args.mode == "sim" else real(args)
