@@ -4,7 +4,9 @@ Per-actor cut (RLHFless): an actor whose finished share reached tau is cut. Give
 table (`profile`), a straggler moves only where it gains (`_gain_moves`): to the running actor on
 which it finishes soonest, counting the resume (`resume_s`) and that actor's slower steps with it,
 and only when that is sooner than staying and does not push the receiver's end past the step's
-predicted end; a sequence that moved once never moves again (`ActorProgress.migrated`). Without a
+predicted end; a sequence that moved once never moves again (`ActorProgress.migrated`). With
+`scheduler.migration=gather`, a cut actor is emptied instead, when all its stragglers fit elsewhere
+without the step ending later, so that it can be released (`_gather_moves`). Without a
 profile, or with `scheduler.migration=paper`, the paper's rule holds: each unfinished sequence (most remaining predicted work first)
 moves to the running, not-cut actor with free slots and the least remaining predicted work. Global cut (RLHFuse-like
 baseline): once tau of all responses finished, every actor is cut together and the stragglers are
@@ -142,7 +144,8 @@ def _gather_moves(
     and no migrant, is then predicted to end after the step's predicted end. Decoding a few more
     sequences costs a receiver little (its steps are bound by reading the weights), while the
     emptied actor stops being billed for the rest of the tail. Sources with the fewest stragglers
-    go first; a sequence that moved once never moves again, so an actor holding migrants stays."""
+    go first. A gathered sequence may be gathered again later, since each gather releases an
+    actor (so a sequence moves at most once per actor); within one call a receiver stays."""
     if not sources or not targets:
         return []
     actors = {p.actor: p for p in (*sources, *targets)}
@@ -164,7 +167,7 @@ def _gather_moves(
     received: set[int] = set()
     moves = []
     for p in sorted(sources, key=lambda p: (len(p.remaining), p.actor)):
-        if not p.remaining or p.migrated or p.actor in received:
+        if not p.remaining or p.actor in received:
             continue
         trial: list[tuple[str, int]] = []
         taken: dict[int, int] = {}
