@@ -99,6 +99,15 @@ class SchedulerConfig:
             "generation by under 1% and costs the planner ~10 ms); 0 = the paper's equal work"
         },
     )
+    overlap_preparation: bool = field(
+        default=True,
+        metadata={
+            "help": "rlhfless: a group's reference (and critic) forward runs once all its samples "
+            "finished, on GPUs the decode actors released, while stragglers decode (strictly "
+            "on-policy: nothing trained changes); modelled by the simulator, not yet carried out "
+            "by the Ray runtime"
+        },
+    )
     longest_first: bool = field(
         default=True,
         metadata={
@@ -221,6 +230,8 @@ class SchedulerConfig:
                 "longest_first": self.longest_first,
                 "actor_scaling": self.actor_scaling,
                 "cut": "actor" if self.cut_and_migrate else "none",
+                "migration": self.migration if self.cut_and_migrate else "none",
+                "overlap_preparation": self.overlap_preparation,
             }
         return {
             "dedup_prefill": False,
@@ -229,4 +240,6 @@ class SchedulerConfig:
             "longest_first": False,
             "actor_scaling": False,
             "cut": "global" if self.policy == "rlhfuse" else "none",
+            "migration": "global" if self.policy == "rlhfuse" else "none",
+            "overlap_preparation": False,
         }

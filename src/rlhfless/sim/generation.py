@@ -82,7 +82,7 @@ class Generation:
         self, stage: Stage, config: SchedulerConfig, prompts: StepPrompts, plan: StepPlan, serverful: bool
     ) -> None:
         self.stage, self.config, self.plan = stage, config, plan
-        g = prompts.lengths.shape[1]
+        g = self.group_size = prompts.lengths.shape[1]
         plen = prompts.prompt_lengths
         self.prompt_len = np.repeat(plen, g).astype(float)
         self.true = prompts.lengths.ravel().astype(float)
@@ -90,6 +90,7 @@ class Generation:
         self.predicted = np.repeat(gmax, g)
         self.gen_before = np.zeros(self.true.size)
         self.moved = np.zeros(self.true.size, dtype=bool)  # migrated once: never again
+        self.finish = np.full(self.true.size, np.nan)  # when each sequence finished (s)
         # The runtime asks the planner at every progress report; here each actor's cut points
         # stand in for those: tau only, or (gathering, which a later look may make possible)
         # tau and three more halfway to all.
@@ -148,6 +149,7 @@ class Generation:
         for run in self.runs:
             if not math.isfinite(run.released):
                 run.released = run.sched.end_time
+            self.finish[run.sched.ids] = run.sched.finish
 
     def _alive(self, run: ActorRun) -> bool:
         return not math.isfinite(run.released) and run.sched.ids.size > 0
@@ -260,6 +262,7 @@ class Generation:
         step = s.step_at(t)
         unfinished = s.end > step + 1e-9
         run.finished_before += int(np.count_nonzero(~unfinished))
+        self.finish[s.ids[~unfinished]] = s.finish[~unfinished]
         generated = np.clip(step - s.start, 0, s.remaining)
         self.gen_before[s.ids[unfinished]] += generated[unfinished]
         started = s.start <= step + 1e-9

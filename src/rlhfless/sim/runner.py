@@ -24,6 +24,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "sorted_assignment": False,
         "actor_scaling": False,
         "cut_and_migrate": False,
+        "overlap_preparation": False,
     },
     "+assignment": {  # the paper's PA step: equal-work sorted ranges, its cut-and-migrate rule
         "policy": "rlhfless",
@@ -34,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "migration": "paper",
         "actor_scaling": False,
         "cut_and_migrate": True,
+        "overlap_preparation": False,
     },
     "rlhfless": {"policy": "rlhfless"},  # +scaling: everything on
     "rlhfuse": {"policy": "rlhfuse"},

@@ -24,6 +24,7 @@ from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import Billing
 from rlhfless.sim.generation import Generation
+from rlhfless.sim.overlap import FreeGpus, Overlap, overlap_preparation
 from rlhfless.sim.stage import Stage
 from rlhfless.sim.workload import StepPrompts
 
@@ -60,6 +61,7 @@ class StepResult:
     cost_over_floor: float = 1.0
     forecast_floor_time: float = 0.0  # the plan's floor, from predicted lengths
     cost_after: float = 0.0  # preparation and learning, USD (the whole-step bound adds it to the floor)
+    preparation_overlapped: float = 0.0  # preparation run during generation, in all-GPU seconds
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -120,6 +122,8 @@ class Simulator:
         generation = max(r.released for r in gen.runs)
         tokens = float(gen.true.sum() + gen.prompt_len.sum())
         preparation, learning = st.phase_seconds(tokens)
+        overlap = self.overlap(gen, generation, preparation, tokens)
+        preparation = overlap.left_gpu_s / st.total_gpus
         total = generation + preparation + learning
         if self.serverful:
             cost_generation = charge(st.pricing, st.total_gpus, generation)
@@ -134,7 +138,7 @@ class Simulator:
                 )
                 for r, a in zip(gen.runs, plan.actors, strict=True)
             )
-        cost_after = charge(st.pricing, st.total_gpus, preparation + learning)
+        cost_after = charge(st.pricing, st.total_gpus, preparation + learning) + overlap.billed
         cost = cost_generation + cost_after
         floor = self.floor(prompts)
         ratios = floor.ratios(generation, cost_generation)
@@ -177,7 +181,28 @@ class Simulator:
             cost_over_floor=ratios["cost_over_floor"],
             forecast_floor_time=float(plan.floor.get("time_s", 0.0)),
             cost_after=cost_after,
+            preparation_overlapped=overlap.done_gpu_s / st.total_gpus,
         )
+
+    def overlap(self, gen: Generation, generation: float, preparation: float, tokens: float) -> Overlap:
+        """The preparation that runs during the generation tail (none unless the plan overlaps it)."""
+        st = self.stage
+        work = preparation * st.total_gpus
+        if not gen.plan.features.get("overlap_preparation") or self.serverful:
+            return Overlap(0.0, work, 0.0)
+        g = gen.group_size
+        per_group = (gen.true + gen.prompt_len).reshape(-1, g).sum(axis=1) * (work / tokens)
+        finish = gen.finish.reshape(-1, g).max(axis=1)
+        # Each released actor's GPUs take the reference weights first; GPUs no actor held too.
+        free = []
+        for r in gen.runs:
+            load = float(st.cluster.transfer_seconds(st.model.weight_bytes, r.node == 0, r.gpus))
+            free.append(FreeGpus(r.released + load, float(r.gpus), load))
+        unused = st.total_gpus - sum(r.gpus for r in gen.runs)
+        if unused > 0:
+            load = float(st.cluster.transfer_seconds(st.model.weight_bytes, True, st.profile.gpus))
+            free.append(FreeGpus(load, float(unused), load))
+        return overlap_preparation(finish, per_group, free, generation, st.pricing)
 
     def floor(self, prompts: StepPrompts) -> Floor:
         """The step's generation floor from its true lengths, on the cluster's actors."""
