@@ -7,7 +7,7 @@ slots the decode functions released (one placement group: all of them or none), 
 weights and optimizer states over the phase's process group, and are stopped when the phase ends.
 Each rank is billed per slot from its start to its stop; rank 0 through the learner, whose slot
 is billed the whole step. Gradients are summed by one all-reduce per optimizer step
-(`data_parallel`), not sharded with FSDP2 (docs/DECISIONS.md). After each update the driver loads
+(`data_parallel`: gloo on CPUs, NCCL on GPUs), not sharded with FSDP2 (docs/DECISIONS.md). After each update the driver loads
 rank 0's weights, one flat buffer through the object store: its engine prefills with them, and
 checkpoints save them.
 """
@@ -31,7 +31,7 @@ from rlhfless.config import Config
 from rlhfless.models import load_model
 from rlhfless.planner.learning import learner_width
 from rlhfless.runtime.billing import Invocation, Meter
-from rlhfless.runtime.data_parallel import DataParallel, broadcast_params, broadcast_state
+from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
 from rlhfless.runtime.executor import build_critic, build_engine, build_learner, sampling_params
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import Functions
@@ -42,9 +42,14 @@ from rlhfless.runtime.transfer import flat_weights, load_flat_weights
 class LearnerRank:
     """One rank: a replica of the policy (and PPO's critic) with its optimizer."""
 
-    def __init__(self, cfg: Config, vocab_size: int, pad_id: int) -> None:
+    def __init__(self, cfg: Config, vocab_size: int, pad_id: int, device: str) -> None:
+        """`device`: the run's (`runtime.device`), as this process sees it: rank 0 the learner's
+        GPU on the driver's node, ranks 1.. the one Ray gave them (their `cuda`)."""
         self.begin = function_setup(cfg.runtime.threads_per_actor)
-        self.policy = load_model(cfg.model, vocab_size, cfg.seed).train()
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
+        self.policy = load_model(cfg.model, vocab_size, cfg.seed, device).train()
         self.learner = build_learner(cfg, self.policy, pad_id)
         self.critic = build_critic(cfg, self.policy, pad_id)  # from the same initial weights
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
@@ -61,15 +66,17 @@ class LearnerRank:
         return ray.util.get_node_ip_address(), port
 
     def join(self, address: str, port: int, rank: int, width: int) -> None:
-        """Form the phase's group; ranks 1.. take rank 0's weights and optimizer states. The models
-        stay on the CPU (no `runtime.device` yet), so the backend is gloo."""
+        """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
+        optimizer states."""
         url = f"tcp://{address}:{port}"
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=width, timeout=self.timeout)
+        dist.init_process_group(
+            backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
+        )
         broadcast_params(self.policy)
-        state = broadcast_state(self.state_dict() if rank == 0 else None)
+        state = broadcast_state(self.state_dict() if rank == 0 else None, device=self.device)
         if rank:
             self._load_state(state)
-        self._use(DataParallel(rank, width))
+        self._use(DataParallel(rank, width, self.device))
 
     def leave(self) -> None:
         """Back to width 1: the phase's group is gone."""
@@ -127,14 +134,16 @@ class ElasticLearner:
         self.engine = build_engine(cfg, policy, tokenizer)
         self.rank_args = (cfg, len(tokenizer), tokenizer.pad_token_id)
         colocated = NodeAffinitySchedulingStrategy(functions.driver, soft=False)
-        self.rank0 = self._create(num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
+        # On the learner's slot, which the driver holds: on its GPU, the policy's own.
+        device = str(next(policy.parameters()).device)
+        self.rank0 = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
         self.ranks = [self.rank0]
         self.invocations: list[Invocation] = []  # the open phase's, one per rank
         self.group = None  # the open phase's placement group
         self.phase: dict[str, float] = {}
 
-    def _create(self, **options):
-        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args)
+    def _create(self, device: str, **options):
+        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args, device)
 
     def widen(self, meter: Meter, samples: list[Sample], held_slots: int, now: float) -> None:
         """Open the learning phase (once a step): as many ranks as the planner's width, placed on
@@ -173,7 +182,9 @@ class ElasticLearner:
         resources = {"num_cpus": 0, "num_gpus": units} if "GPU" in slot else {"num_cpus": slot["CPU"]}
         for r in range(1, width):
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r - 1)
-            self.ranks.append(self._create(scheduling_strategy=strategy, **resources))
+            self.ranks.append(
+                self._create(self.cfg.runtime.device, scheduling_strategy=strategy, **resources)
+            )
             inv = Invocation(f"learner-{r}", "learner", slot, units, requested=now, cold=True)
             self.invocations.append(meter.open(inv))
         hellos = ray.get([rank.hello.remote() for rank in self.ranks[1:]])

@@ -54,9 +54,10 @@ class RayExecutor:
     ) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.owns_ray = start_ray(cfg.runtime)
-        gpu = ray.cluster_resources().get("GPU", 0) > 0
+        gpu = cfg.runtime.device == "cuda"  # slots are GPUs; every function puts its model on one
         self.driver = ray.get_runtime_context().get_node_id()
-        self.functions = Functions(cfg, tokenizer, reference is not None, gpu, self.driver)
+        learner_device = str(next(policy.parameters()).device)
+        self.functions = Functions(cfg, tokenizer, reference is not None, gpu, self.driver, learner_device)
         self.learner = ElasticLearner(cfg, policy, tokenizer, self.functions)  # and the prefill engine
         self.policy, self.engine = policy, self.learner.engine
         self.meter = Meter(cfg.scheduler.pricing)
