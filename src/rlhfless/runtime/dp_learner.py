@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from torch import Tensor
 
 from rlhfless.config import Config
+from rlhfless.devices import resolve_device
 from rlhfless.models import load_model
 from rlhfless.planner.learning import learner_width
 from rlhfless.runtime.billing import Invocation, Meter
@@ -128,6 +129,7 @@ class ElasticLearner:
     Same verbs as the in-process `LocalLearner`, plus `widen` and `narrow` around the phase."""
 
     def __init__(self, cfg: Config, policy: torch.nn.Module, tokenizer, functions: Functions) -> None:
+        cfg = resolve_device(cfg)  # as the run resolved it (a no-op then): the ranks get it concrete
         self.cfg, self.policy, self.functions = cfg, policy, functions
         self.params = sampling_params(cfg)
         self.version = 0

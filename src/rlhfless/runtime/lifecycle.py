@@ -16,6 +16,7 @@ from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorEr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlhfless.config import Config
+from rlhfless.devices import resolve_device
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import DecodeFunction, PrepareFunction
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
@@ -33,6 +34,7 @@ class Functions:
     ) -> None:
         """`gpu`: the run's device is CUDA (slots are GPUs); `learner_device`: the learner's slot's
         device on the driver's node, where colocated functions put their models."""
+        cfg = resolve_device(cfg)  # as the run resolved it (a no-op then): functions get it concrete
         self.cfg, self.tokenizer, self.has_reference, self.gpu = cfg, tokenizer, has_reference, gpu
         self.learner_device = learner_device
         self.rt = cfg.runtime
