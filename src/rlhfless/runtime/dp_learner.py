@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
-from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
@@ -33,15 +32,15 @@ from rlhfless.models import load_model
 from rlhfless.planner.learning import learner_width
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
-from rlhfless.runtime.executor import build_critic, build_engine, build_learner, sampling_params
+from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import flat_weights, load_flat_weights
 
 
-class LearnerRank:
-    """One rank: a replica of the policy (and PPO's critic) with its optimizer."""
+class LearnerRank(LearnerReplica):
+    """One rank: a replica of the policy (and PPO's critic) with its optimizer, in its own process."""
 
     def __init__(self, cfg: Config, vocab_size: int, pad_id: int, device: str) -> None:
         """`device`: the run's (`runtime.device`), as this process sees it: rank 0 the learner's
@@ -50,9 +49,7 @@ class LearnerRank:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
-        self.policy = load_model(cfg.model, vocab_size, cfg.seed, device).train()
-        self.learner = build_learner(cfg, self.policy, pad_id)
-        self.critic = build_critic(cfg, self.policy, pad_id)  # from the same initial weights
+        super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
         self.ready = time.time()
 
@@ -76,7 +73,7 @@ class LearnerRank:
         broadcast_params(self.policy)
         state = broadcast_state(self.state_dict() if rank == 0 else None, device=self.device)
         if rank:
-            self._load_state(state)
+            self.load_state_dict(state)
         self._use(DataParallel(rank, width, self.device))
 
     def leave(self) -> None:
@@ -89,51 +86,23 @@ class LearnerRank:
         if self.critic is not None:
             self.critic.dp = dp
 
-    def logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        return self.learner.logprobs(self.policy, samples)
-
-    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        return self.critic.update(samples, rewards)
-
-    def learn(
-        self,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-        old: list[Tensor] | None,
-    ) -> dict:
-        return self.learner.learn(samples, advantages, ref, old)
-
     def weights(self) -> np.ndarray:
         return flat_weights(self.policy)
-
-    def state_dict(self) -> dict:
-        state = {"learner": self.learner.state_dict()}
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        return state
 
     def load(self, flat: np.ndarray, state: dict) -> None:
         """A checkpoint's policy weights and learner state (a resumed run)."""
         load_flat_weights(self.policy, flat)
-        self._load_state(state)
-
-    def _load_state(self, state: dict) -> None:
-        self.learner.load_state_dict(state["learner"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
+        self.load_state_dict(state)
 
 
-class ElasticLearner:
+class ElasticLearner(LearnerSide):
     """The driver's side: the policy its engine prefills with, rank 0, and the phase's ranks.
-    Same verbs as the in-process `LocalLearner`, plus `widen` and `narrow` around the phase."""
+    The verbs of every `LearnerSide`, run on every rank, plus `widen` and `narrow` around the phase."""
 
     def __init__(self, cfg: Config, policy: torch.nn.Module, tokenizer, functions: Functions) -> None:
         cfg = resolve_device(cfg)  # as the run resolved it (a no-op then): the ranks get it concrete
-        self.cfg, self.policy, self.functions = cfg, policy, functions
-        self.params = sampling_params(cfg)
-        self.version = 0
-        self.engine = build_engine(cfg, policy, tokenizer)
+        super().__init__(cfg, policy, tokenizer)
+        self.functions = functions
         self.rank_args = (cfg, len(tokenizer), tokenizer.pad_token_id)
         colocated = NodeAffinitySchedulingStrategy(functions.driver, soft=False)
         # On the learner's slot, which the driver holds: on its GPU, the policy's own.
@@ -207,7 +176,7 @@ class ElasticLearner:
             inv.released = now
         self.ranks, self.invocations, self.group = [self.rank0], [], None
 
-    def _call(self, method: str, *args):
+    def _run(self, method: str, *args):
         """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's result."""
         refs = [ray.put(a) for a in args]
         with ExitStack() as busy:
@@ -215,37 +184,21 @@ class ElasticLearner:
                 busy.enter_context(inv.busy_while())
             return ray.get([getattr(rank, method).remote(*refs) for rank in self.ranks])[0]
 
-    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        return self._call("logprobs", samples)
+    def _phase(self) -> dict:
+        return self.phase
 
-    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        if self.cfg.algorithm.name != "ppo":
-            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
-        advantages, metrics = self._call("critic_update", samples, rewards)
-        return advantages, metrics | self.phase
-
-    def learn(
-        self,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-        old: list[Tensor] | None = None,
-    ) -> dict:
-        metrics = self._call("learn", samples, advantages, ref, old)
+    def _synced(self) -> dict:
+        """The driver's policy (its engine's, the checkpoints') loaded from rank 0."""
         start = time.perf_counter()
         load_flat_weights(self.policy, ray.get(self.rank0.weights.remote()))
-        self.version += 1
-        self.engine.weight_version = self.version
-        return metrics | self.phase | {"time/learner_sync": time.perf_counter() - start}
+        return {"time/learner_sync": time.perf_counter() - start}
 
-    def state_dict(self) -> dict:
-        return {**ray.get(self.rank0.state_dict.remote()), "version": self.version}
+    def _state(self) -> dict:
+        return ray.get(self.rank0.state_dict.remote())
 
-    def load_state_dict(self, state: dict) -> None:
+    def _restore(self, state: dict) -> None:
         """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
         ray.get(self.rank0.load.remote(flat_weights(self.policy), state))
-        self.version = state["version"]
-        self.engine.weight_version = self.version
 
     def close(self) -> None:
         """Stop every rank, without waiting on a phase an error may have left in a collective."""

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from rlhfless.config import Config
+from rlhfless.devices import resolve_device
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import StepPlan
@@ -52,6 +53,7 @@ class RayExecutor:
         tokenizer,
         reward_fn: RewardFn,
     ) -> None:
+        cfg = resolve_device(cfg)  # as the run resolved it (a no-op then)
         self.cfg, self.tokenizer = cfg, tokenizer
         self.owns_ray = start_ray(cfg.runtime)
         gpu = cfg.runtime.device == "cuda"  # slots are GPUs; every function puts its model on one
