@@ -58,7 +58,8 @@ SHAPES = {
 }
 # Per model: the preset and the data shape of the GRPO steps (qwen: the default run's shape).
 RUNS = {
-    "qwen2.5-0.5b": ("default", ()),
+    # Byte-level prompts are longer than Qwen's own tokenizer would make them.
+    "qwen2.5-0.5b": ("default", ("generation.max_prompt_tokens=4096",)),
     "tiny": ("tiny", ("data.batch_size=2", "algorithm.group_size=2", "generation.max_new_tokens=8")),
 }
 
@@ -201,9 +202,13 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check."))
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"gpu_check: model {args.model} (random weights), device {args.device} ({where})", flush=True)
+    start = time.perf_counter()
     model_dir = build_model_dir(args.model, out)
+    print(f"model built and saved in {time.perf_counter() - start:.1f} s", flush=True)
 
+    start = time.perf_counter()
     n, same, same_migrated = sample_identity(model_dir, args.device, args.identity_tokens)
+    print(f"sample identity checked in {time.perf_counter() - start:.1f} s", flush=True)
     print(f"sample identity, cpu vs {args.device} functions: {same}/{n} identical", flush=True)
     print(f"sample identity, cut on cpu, resumed on {args.device}: {same_migrated}/{n} identical", flush=True)
 
@@ -223,6 +228,8 @@ def main() -> int:
         a, b = results["verl"][key], results["rlhfless"][key]
         print(f"{label:30s} {a:12.4g} {b:12.4g} {b / a if a else float('nan'):14.3f}")
     print(f"(means over steps 2..{args.steps}; step 1 pays the cold starts; device {args.device})")
+    for policy, r in results.items():
+        print(f"{policy}: {r['steps']} steps in {r['wall_s']:.0f} s, set-up and cold starts included")
     ok = same == n and same_migrated == n and all(np.isfinite(r["step_s"]) for r in results.values())
     print("gpu_check:", "ok" if ok else "FAILED (samples differ)")
     return 0 if ok else 1

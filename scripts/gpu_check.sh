@@ -36,10 +36,10 @@ PY
 
 echo "== (a) CUDA tests"
 start=$SECONDS
-timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/engine tests/runtime/test_device.py
+timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/engine tests/runtime/test_device.py
 echo "(a) took $((SECONDS - start)) s"
 
 echo "== (b) GRPO steps under verl and rlhfless, (c) CPU/$DEVICE sample identity"
 start=$SECONDS
-timeout 420 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@"
+timeout 360 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@"
 echo "(b, c) took $((SECONDS - start)) s"

@@ -48,6 +48,8 @@ class LearnerRank(LearnerReplica):
         self.begin = function_setup(cfg.runtime.threads_per_actor)
         self.device = torch.device(device)
         if self.device.type == "cuda":
+            if self.device.index is None:  # the GPU Ray gave this process
+                self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
         super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
