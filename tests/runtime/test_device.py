@@ -162,3 +162,55 @@ def test_functions_sample_the_same_tokens_on_any_device_even_migrated_mid_decode
     migrated = finish(source)
     migrated |= finish(dest)
     assert migrated == reference
+
+
+DRIVER, OTHER = "ab" * 28, "cd" * 28  # node ids as Ray spells them
+
+
+class FakeRemote:
+    """Stands in for `ray.remote`: records the options and arguments a function is created with."""
+
+    made: list[tuple[str, dict, tuple]] = []
+
+    def __init__(self, cls) -> None:
+        self.cls, self.opts = cls, {}
+
+    def options(self, **opts):
+        self.opts = opts
+        return self
+
+    def remote(self, *args):
+        FakeRemote.made.append((self.cls.__name__, self.opts, args))
+
+
+def test_on_a_gpu_run_colocated_functions_use_the_learners_gpu_and_others_ask_ray_for_theirs(monkeypatch):
+    from rlhfless.runtime import lifecycle
+
+    monkeypatch.setattr(lifecycle.ray, "remote", FakeRemote)
+    monkeypatch.setattr(lifecycle, "resolve_device", lambda cfg: cfg)  # this machine has no GPU
+    cfg = resolve_device(tiny("runtime.executor=ray", "algorithm.kl_coef=0.1"), cuda_available=True)
+    tokenizer = load_tokenizer(cfg.model)
+    functions = lifecycle.Functions(cfg, tokenizer, True, True, DRIVER, learner_device="cuda:3")
+    FakeRemote.made.clear()
+    for shape in (
+        ("decode", True, DRIVER),
+        ("decode", False, OTHER),
+        ("prepare", True, DRIVER),
+    ):
+        functions._create(shape)
+    (_, colocated, args_c), (_, own, args_o), (_, prepare, args_p) = FakeRemote.made
+    assert (colocated["num_gpus"], args_c[-1]) == (0, "cuda:3")  # the learner's slot, held by the driver
+    assert (own["num_gpus"], args_o[-1]) == (cfg.scheduler.gpus_per_actor, "cuda")  # the GPU Ray gives it
+    assert (prepare["num_gpus"], args_p[-1]) == (0, "cuda:3")
+
+
+@pytest.mark.parametrize("device,offered", [("cuda", 3), ("auto", 3), ("cpu", 0)])
+def test_an_embedded_ray_offers_every_gpu_but_the_learners(monkeypatch, device, offered):
+    from rlhfless.runtime import ray_cluster
+
+    calls = []
+    monkeypatch.setattr(ray_cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster.ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert ray_cluster.start_ray(tiny(f"runtime.device={device}").runtime)
+    assert calls[0]["num_gpus"] == offered
