@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ run: $(STAMP)
 
 # pytest exits 5 when it collected no test: make fails loudly then.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+# Tests over 20 s that make test leaves out (the GPU check's whole path on a CPU).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

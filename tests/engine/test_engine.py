@@ -80,7 +80,7 @@ def cut_and_resume(model, requests, params, k: int, with_kv: bool) -> dict:
     return key(first.take_finished() + second.run())
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
@@ -99,6 +99,19 @@ def test_same_tokens_alone_in_a_mixed_batch_and_after_cut_and_resume(model, para
     assert key(engine.run()) == reference
     assert cut_and_resume(model, requests, params, k=4, with_kv=False) == reference
     assert cut_and_resume(model, requests, params, k=4, with_kv=True) == reference
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_same_tokens_whatever_the_torch_thread_count(model, threads):
+    """Another thread count sums the matmuls in another order; the sampled tokens stay the same."""
+    requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts(6))]
+    reference = key(make_engine(model).generate(requests, SAMPLED, step=3))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert key(make_engine(model, max_running=5).generate(requests, SAMPLED, step=3)) == reference
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_greedy_matches_hugging_face_generate(model):

@@ -82,3 +82,18 @@ def test_noise_bits_are_the_integer_hash_whatever_the_batch_shape_and_threads(th
         bits = _splitmix64(_splitmix64(keys[i]) ^ v)
         u = ((bits >> 40) + 0.5) / (1 << 24)
         assert float(batch[i, v]) == pytest.approx(-math.log(-math.log(u)), rel=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_noise_and_tokens_are_the_same_on_cuda():
+    """The same integer bits on the GPU: the noise within float rounding, the tokens equal."""
+    seeds = [token_seed(sequence_key(0, 1, f"u{i}", i % 3), i) for i in range(64)]
+    cpu = gumbel_noise(seeds, 50000)
+    cuda = gumbel_noise(seeds, 50000, "cuda").cpu()
+    assert torch.allclose(cpu, cuda, rtol=1e-6, atol=1e-6)
+    logits = torch.randn(64, 50000, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, seed=0)
+    assert torch.equal(
+        sample_tokens(logits, params, seeds)[0], sample_tokens(logits.cuda(), params, seeds)[0].cpu()
+    )

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
+from rlhfless.devices import resolve_device
 from rlhfless.inputs import InputError, read_text
 
 SUMMARY_KEYS = (
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         path, overrides = _split(args)
         if args.resume:
             overrides.append("resume=true")
-        cfg = _load(path, args.preset, tuple(overrides))
+        cfg = resolve_device(_load(path, args.preset, tuple(overrides)))  # as the run records it
         _check_resume(cfg)
     except (ConfigError, InputError) as err:
         print(f"rlhfless: {err}", file=sys.stderr)

@@ -35,7 +35,8 @@ class ValueModel(torch.nn.Module):
     def from_policy(cls, policy: torch.nn.Module) -> ValueModel:
         """The critic starts from the policy's weights (its own copy) and a fresh head."""
         backbone = copy.deepcopy(policy.base_model).train().requires_grad_(True)
-        return cls(backbone, policy.config.hidden_size).to(next(policy.parameters()).dtype)
+        param = next(policy.parameters())
+        return cls(backbone, policy.config.hidden_size).to(param.device, param.dtype)
 
 
 def response_values(critic: ValueModel, mb: MicroBatch) -> Tensor:
@@ -69,6 +70,7 @@ class Critic:
         self.micro_batch_tokens, self.pad_id = micro_batch_tokens, pad_id
         self.seed, self.norm_len = seed, norm_len
         self.updates = 0  # optimizer steps so far: the shuffle's counter, checkpointed
+        self.device = next(model.parameters()).device  # micro-batches go there; results come back on the CPU
         self.dp = DataParallel()
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
@@ -79,7 +81,7 @@ class Critic:
         )
 
     def _batches(self, samples: list[Sample], rows: list[int]) -> list[MicroBatch]:
-        return pack(samples, rows, self.micro_batch_tokens, self.pad_id)
+        return pack(samples, rows, self.micro_batch_tokens, self.pad_id, self.device)
 
     @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[Tensor]:
@@ -90,7 +92,7 @@ class Critic:
         for mb in self._batches(samples, mine):
             values = response_values(self.model, mb)
             for b, i in enumerate(mb.rows):
-                out[i] = values[b, : len(samples[i].response_ids)]
+                out[i] = values[b, : len(samples[i].response_ids)].cpu()
         self.model.train()
         return self.dp.merge(out, mine)
 
@@ -127,15 +129,17 @@ class Critic:
                 values = response_values(self.model, mb)
                 if fused:  # the pre-update values are this very forward's, detached
                     old_v = values.detach()
-                    adv, ret = gae(stack(rewards, mb.rows, width), old_v, mb.mask, algo.gamma, algo.lam)
+                    rewards_mb = stack(rewards, mb.rows, width, self.device)
+                    adv, ret = gae(rewards_mb, old_v, mb.mask, algo.gamma, algo.lam)
                     for b, i in enumerate(mb.rows):
                         advantages[i], returns[i], old[i] = (
-                            adv[b, : lengths[i]],
-                            ret[b, : lengths[i]],
-                            old_v[b, : lengths[i]],
+                            adv[b, : lengths[i]].cpu(),
+                            ret[b, : lengths[i]].cpu(),
+                            old_v[b, : lengths[i]].cpu(),
                         )
                 else:
-                    old_v, ret = stack(old, mb.rows, width), stack(returns, mb.rows, width)
+                    old_v = stack(old, mb.rows, width, self.device)
+                    ret = stack(returns, mb.rows, width, self.device)
                 loss = value_loss(values, old_v, ret, mb.mask, algo.value_clip, algo.loss_agg, self.norm_len)
                 token_share = float(mb.mask.sum()) / tokens
                 weight = token_share if algo.loss_agg == "token-mean" else len(mb.rows) / len(rows)

@@ -5,7 +5,8 @@ Each optimizer step's rows are split by prompt group (a group's prompt then stil
 groups balanced by tokens. A rank weighs its micro-batches by the whole mini-batch's token and
 sample counts, so the sum of the ranks' gradients is the single-process gradient, however the
 rows were split; one all-reduce of a flat buffer adds them. At width 1 every method is a no-op and
-no process group exists (the in-process executor, a lone rank).
+no process group exists (the in-process executor, a lone rank). The backend follows the device:
+gloo for CPU ranks, NCCL for CUDA ones, whose collectives take tensors on the rank's GPU only.
 """
 
 from __future__ import annotations
@@ -40,12 +41,19 @@ def split_rows(samples: list[Sample], rows: list[int], width: int) -> list[list[
     return [sorted(part, key=order.__getitem__) for part in parts]
 
 
+def backend(device: torch.device | str) -> str:
+    """The process group's backend for ranks on `device`."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 @dataclass(frozen=True)
 class DataParallel:
-    """Rank `rank` of `width` in the default process group (none at width 1)."""
+    """Rank `rank` of `width` in the default process group (none at width 1), its collectives'
+    tensors on `device` (the rank's models')."""
 
     rank: int = 0
     width: int = 1
+    device: torch.device | str = "cpu"
 
     def rows(self, samples: list[Sample], rows: list[int]) -> list[int]:
         """This rank's share of `rows`."""
@@ -57,7 +65,7 @@ class DataParallel:
         in one process (the optimizer skips it)."""
         if self.width == 1:
             return
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.device)
         dist.all_reduce(has)
         params = [p for p, n in zip(params, has.tolist(), strict=True) if n]
         for p in params:
@@ -72,7 +80,7 @@ class DataParallel:
         if self.width == 1:
             return sums
         keys = sorted(sums)
-        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(values)
         return dict(zip(keys, values.tolist(), strict=True))
 
@@ -97,20 +105,22 @@ def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
     copy_into_parameters(module, flat)
 
 
-def broadcast_state(state: dict | None, src: int = 0) -> dict:
+def broadcast_state(state: dict | None, src: int = 0, device: torch.device | str = "cpu") -> dict:
     """`src`'s state dict (an optimizer's, a scheduler's: nested dicts and lists with tensors) on
-    every rank: its layout as one object, then each tensor as a tensor, not pickled."""
+    every rank: its layout as one object, then each tensor as a tensor, not pickled. Each tensor
+    travels on `device` (NCCL's GPU) and lands where it was on `src` (Adam keeps its step count
+    on the CPU)."""
     tensors: list[Tensor] = []
 
     def strip(leaf):
         if not isinstance(leaf, Tensor):
             return leaf
-        tensors.append(leaf.contiguous())
-        return _Slot(len(tensors) - 1, tuple(leaf.shape), leaf.dtype)
+        tensors.append(leaf.contiguous().to(device))
+        return _Slot(len(tensors) - 1, tuple(leaf.shape), leaf.dtype, leaf.device.type == "cpu")
 
     def allocate(leaf):
         if isinstance(leaf, _Slot):
-            tensors.append(torch.empty(leaf.shape, dtype=leaf.dtype))
+            tensors.append(torch.empty(leaf.shape, dtype=leaf.dtype, device=device))
         return leaf
 
     layout = [_walk(state, strip) if dist.get_rank() == src else None]
@@ -119,7 +129,9 @@ def broadcast_state(state: dict | None, src: int = 0) -> dict:
         _walk(layout[0], allocate)
     for tensor in tensors:
         dist.broadcast(tensor, src)
-    return _walk(layout[0], lambda leaf: tensors[leaf.index] if isinstance(leaf, _Slot) else leaf)
+    return _walk(
+        layout[0], lambda leaf: _land(tensors[leaf.index], leaf) if isinstance(leaf, _Slot) else leaf
+    )
 
 
 def _walk(node, leaf_fn):
@@ -138,3 +150,8 @@ class _Slot:
     index: int
     shape: tuple[int, ...]
     dtype: torch.dtype
+    on_cpu: bool  # where it was on the source rank: the CPU, or the rank's own device
+
+
+def _land(tensor: Tensor, slot: _Slot) -> Tensor:
+    return tensor.cpu() if slot.on_cpu else tensor

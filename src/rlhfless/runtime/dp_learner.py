@@ -7,7 +7,7 @@ slots the decode functions released (one placement group: all of them or none), 
 weights and optimizer states over the phase's process group, and are stopped when the phase ends.
 Each rank is billed per slot from its start to its stop; rank 0 through the learner, whose slot
 is billed the whole step. Gradients are summed by one all-reduce per optimizer step
-(`data_parallel`), not sharded with FSDP2 (docs/DECISIONS.md). After each update the driver loads
+(`data_parallel`: gloo on CPUs, NCCL on GPUs), not sharded with FSDP2 (docs/DECISIONS.md). After each update the driver loads
 rank 0's weights, one flat buffer through the object store: its engine prefills with them, and
 checkpoints save them.
 """
@@ -25,28 +25,33 @@ import torch
 import torch.distributed as dist
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
-from torch import Tensor
 
 from rlhfless.config import Config
+from rlhfless.devices import resolve_device
 from rlhfless.models import load_model
 from rlhfless.planner.learning import learner_width
 from rlhfless.runtime.billing import Invocation, Meter
-from rlhfless.runtime.data_parallel import DataParallel, broadcast_params, broadcast_state
-from rlhfless.runtime.executor import build_critic, build_engine, build_learner, sampling_params
+from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
+from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import flat_weights, load_flat_weights
 
 
-class LearnerRank:
-    """One rank: a replica of the policy (and PPO's critic) with its optimizer."""
+class LearnerRank(LearnerReplica):
+    """One rank: a replica of the policy (and PPO's critic) with its optimizer, in its own process."""
 
-    def __init__(self, cfg: Config, vocab_size: int, pad_id: int) -> None:
+    def __init__(self, cfg: Config, vocab_size: int, pad_id: int, device: str) -> None:
+        """`device`: the run's (`runtime.device`), as this process sees it: rank 0 the learner's
+        GPU on the driver's node, ranks 1.. the one Ray gave them (their `cuda`)."""
         self.begin = function_setup(cfg.runtime.threads_per_actor)
-        self.policy = load_model(cfg.model, vocab_size, cfg.seed).train()
-        self.learner = build_learner(cfg, self.policy, pad_id)
-        self.critic = build_critic(cfg, self.policy, pad_id)  # from the same initial weights
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            if self.device.index is None:  # the GPU Ray gave this process
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
+        super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
         self.ready = time.time()
 
@@ -61,15 +66,17 @@ class LearnerRank:
         return ray.util.get_node_ip_address(), port
 
     def join(self, address: str, port: int, rank: int, width: int) -> None:
-        """Form the phase's group; ranks 1.. take rank 0's weights and optimizer states. The models
-        stay on the CPU (no `runtime.device` yet), so the backend is gloo."""
+        """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
+        optimizer states."""
         url = f"tcp://{address}:{port}"
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=width, timeout=self.timeout)
+        dist.init_process_group(
+            backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
+        )
         broadcast_params(self.policy)
-        state = broadcast_state(self.state_dict() if rank == 0 else None)
+        state = broadcast_state(self.state_dict() if rank == 0 else None, device=self.device)
         if rank:
-            self._load_state(state)
-        self._use(DataParallel(rank, width))
+            self.load_state_dict(state)
+        self._use(DataParallel(rank, width, self.device))
 
     def leave(self) -> None:
         """Back to width 1: the phase's group is gone."""
@@ -81,60 +88,35 @@ class LearnerRank:
         if self.critic is not None:
             self.critic.dp = dp
 
-    def logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        return self.learner.logprobs(self.policy, samples)
-
-    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        return self.critic.update(samples, rewards)
-
-    def learn(
-        self,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-        old: list[Tensor] | None,
-    ) -> dict:
-        return self.learner.learn(samples, advantages, ref, old)
-
     def weights(self) -> np.ndarray:
         return flat_weights(self.policy)
-
-    def state_dict(self) -> dict:
-        state = {"learner": self.learner.state_dict()}
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        return state
 
     def load(self, flat: np.ndarray, state: dict) -> None:
         """A checkpoint's policy weights and learner state (a resumed run)."""
         load_flat_weights(self.policy, flat)
-        self._load_state(state)
-
-    def _load_state(self, state: dict) -> None:
-        self.learner.load_state_dict(state["learner"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
+        self.load_state_dict(state)
 
 
-class ElasticLearner:
+class ElasticLearner(LearnerSide):
     """The driver's side: the policy its engine prefills with, rank 0, and the phase's ranks.
-    Same verbs as the in-process `LocalLearner`, plus `widen` and `narrow` around the phase."""
+    The verbs of every `LearnerSide`, run on every rank, plus `widen` and `narrow` around the phase."""
 
     def __init__(self, cfg: Config, policy: torch.nn.Module, tokenizer, functions: Functions) -> None:
-        self.cfg, self.policy, self.functions = cfg, policy, functions
-        self.params = sampling_params(cfg)
-        self.version = 0
-        self.engine = build_engine(cfg, policy, tokenizer)
+        cfg = resolve_device(cfg)  # as the run resolved it (a no-op then): the ranks get it concrete
+        super().__init__(cfg, policy, tokenizer)
+        self.functions = functions
         self.rank_args = (cfg, len(tokenizer), tokenizer.pad_token_id)
         colocated = NodeAffinitySchedulingStrategy(functions.driver, soft=False)
-        self.rank0 = self._create(num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
+        # On the learner's slot, which the driver holds: on its GPU, the policy's own.
+        device = str(next(policy.parameters()).device)
+        self.rank0 = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
         self.ranks = [self.rank0]
         self.invocations: list[Invocation] = []  # the open phase's, one per rank
         self.group = None  # the open phase's placement group
         self.phase: dict[str, float] = {}
 
-    def _create(self, **options):
-        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args)
+    def _create(self, device: str, **options):
+        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args, device)
 
     def widen(self, meter: Meter, samples: list[Sample], held_slots: int, now: float) -> None:
         """Open the learning phase (once a step): as many ranks as the planner's width, placed on
@@ -173,7 +155,9 @@ class ElasticLearner:
         resources = {"num_cpus": 0, "num_gpus": units} if "GPU" in slot else {"num_cpus": slot["CPU"]}
         for r in range(1, width):
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r - 1)
-            self.ranks.append(self._create(scheduling_strategy=strategy, **resources))
+            self.ranks.append(
+                self._create(self.cfg.runtime.device, scheduling_strategy=strategy, **resources)
+            )
             inv = Invocation(f"learner-{r}", "learner", slot, units, requested=now, cold=True)
             self.invocations.append(meter.open(inv))
         hellos = ray.get([rank.hello.remote() for rank in self.ranks[1:]])
@@ -194,7 +178,7 @@ class ElasticLearner:
             inv.released = now
         self.ranks, self.invocations, self.group = [self.rank0], [], None
 
-    def _call(self, method: str, *args):
+    def _run(self, method: str, *args):
         """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's result."""
         refs = [ray.put(a) for a in args]
         with ExitStack() as busy:
@@ -202,37 +186,21 @@ class ElasticLearner:
                 busy.enter_context(inv.busy_while())
             return ray.get([getattr(rank, method).remote(*refs) for rank in self.ranks])[0]
 
-    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        return self._call("logprobs", samples)
+    def _phase(self) -> dict:
+        return self.phase
 
-    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        if self.cfg.algorithm.name != "ppo":
-            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
-        advantages, metrics = self._call("critic_update", samples, rewards)
-        return advantages, metrics | self.phase
-
-    def learn(
-        self,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-        old: list[Tensor] | None = None,
-    ) -> dict:
-        metrics = self._call("learn", samples, advantages, ref, old)
+    def _synced(self) -> dict:
+        """The driver's policy (its engine's, the checkpoints') loaded from rank 0."""
         start = time.perf_counter()
         load_flat_weights(self.policy, ray.get(self.rank0.weights.remote()))
-        self.version += 1
-        self.engine.weight_version = self.version
-        return metrics | self.phase | {"time/learner_sync": time.perf_counter() - start}
+        return {"time/learner_sync": time.perf_counter() - start}
 
-    def state_dict(self) -> dict:
-        return {**ray.get(self.rank0.state_dict.remote()), "version": self.version}
+    def _state(self) -> dict:
+        return ray.get(self.rank0.state_dict.remote())
 
-    def load_state_dict(self, state: dict) -> None:
+    def _restore(self, state: dict) -> None:
         """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
         ray.get(self.rank0.load.remote(flat_weights(self.policy), state))
-        self.version = state["version"]
-        self.engine.weight_version = self.version
 
     def close(self) -> None:
         """Stop every rank, without waiting on a phase an error may have left in a collective."""

@@ -124,9 +124,106 @@ def score(prompts: list[StepPrompt], samples: list[Sample], reward_fn: RewardFn)
         s.reward, s.reward_components = float(out.score), dict(out.components)
 
 
-class LocalLearner:
-    """The learner's side, common to every executor: the policy with its optimizer (and PPO's
-    critic), and an engine on the very same parameters, which serves as the prefill actor."""
+class LearnerReplica:
+    """One replica of the learner: the policy with its optimizer, and PPO's critic. The in-process
+    learner holds one; each data-parallel rank is one (`dp_learner.LearnerRank`)."""
+
+    def __init__(self, cfg: Config, policy: torch.nn.Module, pad_id: int) -> None:
+        self.policy = policy
+        self.learner = build_learner(cfg, policy, pad_id)
+        self.critic = build_critic(cfg, policy, pad_id)  # from the same initial weights
+
+    def logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        return self.learner.logprobs(self.policy, samples)
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        return self.critic.update(samples, rewards)
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None,
+    ) -> dict:
+        return self.learner.learn(samples, advantages, ref, old)
+
+    def state_dict(self) -> dict:
+        state = {"learner": self.learner.state_dict()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state["learner"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+
+
+class LearnerSide:
+    """The learner's side of every executor: the policy, an engine on its very parameters (the
+    prefill function, and in-process the only decode actor), the weight version, and the verbs
+    the step loop calls. Subclasses say where a replica's method runs (`_run`: in this process,
+    or on every data-parallel rank) and how a checkpoint's state reaches it (`_restore`)."""
+
+    def __init__(self, cfg: Config, policy: torch.nn.Module, tokenizer) -> None:
+        self.cfg, self.policy = cfg, policy
+        self.params = sampling_params(cfg)
+        self.version = 0
+        self.engine = build_engine(cfg, policy, tokenizer)
+
+    def _run(self, method: str, *args):
+        """`LearnerReplica.method(*args)` wherever the replicas are; the first replica's result."""
+        raise NotImplementedError
+
+    def _state(self) -> dict:
+        """The first replica's `state_dict()`."""
+        return self._run("state_dict")
+
+    def _restore(self, state: dict) -> None:
+        """A checkpoint's replica state (the policy's weights are already in `self.policy`)."""
+        raise NotImplementedError
+
+    def _synced(self) -> dict:
+        """After an update: `self.policy` made the updated one; metrics of doing so."""
+        return {}
+
+    def _phase(self) -> dict:
+        """Metrics of the learning phase (its width, its start)."""
+        return {}
+
+    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
+        return self._run("logprobs", samples)
+
+    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
+        if self.cfg.algorithm.name != "ppo":
+            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
+        advantages, metrics = self._run("critic_update", samples, rewards)
+        return advantages, metrics | self._phase()
+
+    def learn(
+        self,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+        old: list[Tensor] | None = None,
+    ) -> dict:
+        metrics = self._run("learn", samples, advantages, ref, old) | self._phase() | self._synced()
+        self.version += 1
+        self.engine.weight_version = self.version
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {**self._state(), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._restore(state)
+        self.version = state["version"]
+        self.engine.weight_version = self.version
+
+
+class LocalLearner(LearnerSide):
+    """The learner in this process: one replica on the policy itself, so the engine needs no copy."""
 
     def __init__(
         self,
@@ -136,46 +233,16 @@ class LocalLearner:
         tokenizer,
         reward_fn: RewardFn,
     ) -> None:
-        self.cfg, self.policy, self.reference = cfg, policy, reference
-        self.tokenizer, self.reward_fn = tokenizer, reward_fn
-        self.params = sampling_params(cfg)
-        self.version = 0
-        self.engine = build_engine(cfg, policy, tokenizer)
-        self.learner = build_learner(cfg, policy, tokenizer.pad_token_id)
-        self.critic = build_critic(cfg, policy, tokenizer.pad_token_id)
+        super().__init__(cfg, policy, tokenizer)
+        self.reference, self.tokenizer, self.reward_fn = reference, tokenizer, reward_fn
+        self.replica = LearnerReplica(cfg, policy, tokenizer.pad_token_id)
+        self.learner, self.critic = self.replica.learner, self.replica.critic
 
-    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        return self.learner.logprobs(self.policy, samples)
+    def _run(self, method: str, *args):
+        return getattr(self.replica, method)(*args)
 
-    def critic_update(self, samples: list[Sample], rewards: list[Tensor]) -> tuple[list[Tensor], dict]:
-        if self.critic is None:
-            raise RuntimeError("critic_update: this run has no critic (algorithm.name is not ppo)")
-        return self.critic.update(samples, rewards)
-
-    def learn(
-        self,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-        old: list[Tensor] | None = None,
-    ) -> dict:
-        metrics = self.learner.learn(samples, advantages, ref, old)
-        self.version += 1
-        self.engine.weight_version = self.version  # same parameters as the learner: nothing to copy
-        return metrics
-
-    def state_dict(self) -> dict:
-        state = {"learner": self.learner.state_dict(), "version": self.version}
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.learner.load_state_dict(state["learner"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-        self.version = state["version"]
-        self.engine.weight_version = self.version
+    def _restore(self, state: dict) -> None:
+        self.replica.load_state_dict(state)
 
 
 class InProcessExecutor(LocalLearner):

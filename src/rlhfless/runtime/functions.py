@@ -99,7 +99,7 @@ class DecodeFunction:
         device: str,
     ) -> None:
         self.started = function_setup(threads)
-        model = load_model(model_cfg, vocab_size, seed).to(device).eval()
+        model = load_model(model_cfg, vocab_size, seed, device)
         self.engine = Engine(
             model,
             eos_token_ids=eos_token_ids,
@@ -178,6 +178,9 @@ class DecodeFunction:
         out = [[by_key.pop(key) for key in group if key in by_key] for group in groups]
         if by_key:
             self.engine.resume(list(by_key.values()), self.params, self.step)
+        for group in out:  # KV travels through the object store from the CPU: any target can read it
+            for s in group:
+                s.kv = None if s.kv is None else s.kv.to("cpu")
         moved = [sum(s.kv.nbytes for s in group if s.kv is not None) for group in out]
         return [*out, {"bytes": moved}]
 
@@ -195,12 +198,13 @@ class PrepareFunction:
         temperature: float,
         pad_token_id: int,
         threads: int,
+        device: str,
     ) -> None:
         self.started = function_setup(threads)
         self.reward_fn = build_reward_fn(reward_cfg)
-        self.reference = None
+        self.reference, self.device = None, device
         if model_cfg is not None:
-            self.reference = load_model(model_cfg, vocab_size, seed).eval().requires_grad_(False)
+            self.reference = load_model(model_cfg, vocab_size, seed, device).requires_grad_(False)
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_token_id
         self.ready = time.time()
 
@@ -224,8 +228,9 @@ class PrepareFunction:
     @torch.no_grad()
     def _logprobs(self, samples: list[Sample]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(samples)
-        for mb in pack(samples, list(range(len(samples))), self.micro_batch_tokens, self.pad_id):
-            values = response_logprobs(self.reference, mb, self.temperature)
+        rows = list(range(len(samples)))
+        for mb in pack(samples, rows, self.micro_batch_tokens, self.pad_id, self.device):
+            values = response_logprobs(self.reference, mb, self.temperature).cpu()
             for b, i in enumerate(mb.rows):
                 out[i] = values[b, : len(samples[i].response_ids)].float().numpy()
         return out

@@ -100,6 +100,18 @@ class MicroBatch:
             mask[b, :r] = 1.0
         return cls(rows, prompt_ids, prompt_mask, group_index, targets[:, :-1], targets, mask)
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same micro-batch with its tensors on `device` (the model's)."""
+        tensors = (
+            self.prompt_ids,
+            self.prompt_mask,
+            self.group_index,
+            self.response_in,
+            self.targets,
+            self.mask,
+        )
+        return MicroBatch(self.rows, *(t.to(device) for t in tensors))
+
 
 def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
     """Final hidden states [N, R, H] at the positions that predict each response token: the last
@@ -119,7 +131,7 @@ def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
         follow = backbone(
             input_ids=mb.response_in,
             attention_mask=torch.cat([mb.prompt_mask[mb.group_index], response_mask], dim=-1),
-            position_ids=start + torch.arange(mb.response_in.shape[1]),
+            position_ids=start + torch.arange(mb.response_in.shape[1], device=start.device),
             past_key_values=cache,
             use_cache=True,
         )
@@ -154,15 +166,18 @@ def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float
             chunks.append(checkpoint(_token_logprobs, head, h, t, temperature, use_reentrant=False))
         else:
             chunks.append(_token_logprobs(head, h, t, temperature))
-    out = torch.zeros(mb.mask.shape, dtype=torch.float32)
+    out = torch.zeros(mb.mask.shape, dtype=torch.float32, device=mb.mask.device)
     return out.masked_scatter(real, torch.cat(chunks)) if chunks else out
 
 
-def pack(samples: list[Sample], rows: list[int], token_budget: int, pad_id: int) -> list[MicroBatch]:
-    """The micro-batches of `rows`: samples grouped by prompt, groups packed under the budget."""
+def pack(
+    samples: list[Sample], rows: list[int], token_budget: int, pad_id: int, device: torch.device | str = "cpu"
+) -> list[MicroBatch]:
+    """The micro-batches of `rows` on `device`: samples grouped by prompt, groups packed under the
+    budget."""
     groups = prompt_groups(samples, rows)
     return [
-        MicroBatch.build(samples, [groups[g] for g in chosen], pad_id)
+        MicroBatch.build(samples, [groups[g] for g in chosen], pad_id).to(device)
         for chosen in micro_batches(groups, token_budget)
     ]
 
@@ -193,13 +208,15 @@ def _scatter(per_mb: list[tuple[list[int], Tensor, Tensor]], n: int) -> list[Ten
     out: list[Tensor] = [torch.empty(0)] * n
     for rows, values, mask in per_mb:
         for b, i in enumerate(rows):
-            out[i] = values[b, : int(mask[b].sum())]
+            out[i] = values[b, : int(mask[b].sum())].cpu()
     return out
 
 
-def stack(per_sample: list[Tensor], rows: list[int], width: int) -> Tensor:
-    """Rows `rows` of per-sample token tensors, right-padded with 0 to `width`."""
-    out = torch.zeros((len(rows), width))
+def stack(
+    per_sample: list[Tensor], rows: list[int], width: int, device: torch.device | str = "cpu"
+) -> Tensor:
+    """Rows `rows` of per-sample token tensors, right-padded with 0 to `width`, on `device`."""
+    out = torch.zeros((len(rows), width), device=device)
     for b, i in enumerate(rows):
         out[b, : per_sample[i].numel()] = per_sample[i]
     return out
@@ -226,6 +243,7 @@ class Learner:
         self.model, self.algo, self.optim_cfg = model, algo, optim
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_id
         self.seed, self.norm_len = seed, norm_len
+        self.device = next(model.parameters()).device  # micro-batches go there; results come back on the CPU
         self.dp = DataParallel()
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -252,7 +270,7 @@ class Learner:
 
     def _batches(self, samples: list[Sample], rows: list[int] | None = None) -> list[MicroBatch]:
         rows = list(range(len(samples))) if rows is None else rows
-        return pack(samples, rows, self.micro_batch_tokens, self.pad_id)
+        return pack(samples, rows, self.micro_batch_tokens, self.pad_id, self.device)
 
     @torch.no_grad()
     def logprobs(self, model: torch.nn.Module, samples: list[Sample]) -> list[Tensor]:
@@ -310,8 +328,8 @@ class Learner:
         for mb in self._batches(samples, self.dp.rows(samples, rows)):  # weighed by the whole `rows`
             width = mb.mask.shape[1]
             logp = response_logprobs(self.model, mb, self.temperature)
-            old_logp = logp.detach() if old is None else stack(old, mb.rows, width)
-            adv = stack(advantages, mb.rows, width)
+            old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
+            adv = stack(advantages, mb.rows, width, self.device)
             loss, metrics = policy_loss(
                 logp,
                 old_logp,
@@ -327,7 +345,7 @@ class Learner:
             weight = mb_tokens / max(tokens, 1) if by_tokens else len(mb.rows) / len(rows)
             kl_value = 0.0
             if ref is not None:
-                kl = kl_penalty(logp, stack(ref, mb.rows, width), algo.kl_estimator)
+                kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
                 kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
             (loss * weight).backward()

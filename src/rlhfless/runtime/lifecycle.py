@@ -16,6 +16,7 @@ from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorEr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlhfless.config import Config
+from rlhfless.devices import resolve_device
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import DecodeFunction, PrepareFunction
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
@@ -28,8 +29,14 @@ LOST = (RayActorError, OutOfMemoryError, WorkerCrashedError, ActorUnschedulableE
 class Functions:
     """Every started function of the run: the warm pool, and how a new one is created."""
 
-    def __init__(self, cfg: Config, tokenizer, has_reference: bool, gpu: bool, driver: str) -> None:
+    def __init__(
+        self, cfg: Config, tokenizer, has_reference: bool, gpu: bool, driver: str, learner_device: str = "cpu"
+    ) -> None:
+        """`gpu`: the run's device is CUDA (slots are GPUs); `learner_device`: the learner's slot's
+        device on the driver's node, where colocated functions put their models."""
+        cfg = resolve_device(cfg)  # as the run resolved it (a no-op then): functions get it concrete
         self.cfg, self.tokenizer, self.has_reference, self.gpu = cfg, tokenizer, has_reference, gpu
+        self.learner_device = learner_device
         self.rt = cfg.runtime
         self.driver = driver
         self.slot: dict[str, float] = (
@@ -135,8 +142,10 @@ class Functions:
         else:
             options.update(num_cpus=self.rt.cpus_per_actor)
         cfg, vocab = self.cfg, len(self.tokenizer)
+        # Colocated: the learner's device (Ray leaves a process that asks for no GPU every GPU of
+        # its node); else the run's, `cuda` being the GPU Ray gave the function.
+        device = self.learner_device if colocated else cfg.runtime.device
         if kind == "decode":
-            device = "cuda" if self.gpu and not colocated else "cpu"
             return (
                 ray.remote(DecodeFunction)
                 .options(**options)
@@ -163,5 +172,6 @@ class Functions:
                 cfg.generation.temperature,
                 self.tokenizer.pad_token_id,
                 self.rt.threads_per_actor,
+                device,
             )
         )

@@ -56,10 +56,12 @@ PREFILL = (16, 64, 256, 1024)
 
 
 def cache_key(model: torch.nn.Module, threads: int) -> str:
-    """What a measured time depends on: the model's config and dtype, threads, torch, the machine."""
+    """What a measured time depends on: the model's config, dtype and device, threads, torch, the
+    machine."""
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
-    dtype = str(next(model.parameters()).dtype)
-    raw = f"{config}|{dtype}|{threads}|{torch.__version__}|{os.cpu_count()}"
+    param = next(model.parameters())
+    device = "" if param.device.type == "cpu" else f"|{torch.cuda.get_device_name(param.device)}"
+    raw = f"{config}|{param.dtype}|{threads}|{torch.__version__}|{os.cpu_count()}{device}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

@@ -29,7 +29,8 @@ def start_ray(rt: RuntimeConfig) -> bool:
     """Connect to `rt.ray_address`, or start an embedded Ray on 127.0.0.1; True if we started it.
 
     The embedded instance offers this machine's cores minus the learner's slot (the driver
-    process), so decode functions never oversubscribe the CPUs.
+    process), so decode functions never oversubscribe the CPUs; on a CUDA run, its GPUs minus the
+    learner's (`devices.learner_device`: the last), and none on a CPU run.
     """
     if ray.is_initialized():
         return False
@@ -38,9 +39,15 @@ def start_ray(rt: RuntimeConfig) -> bool:
         ray.init(address=rt.ray_address, **quiet)
         return True
     cores = rt.num_cpus or os.cpu_count() or 1
+    gpus = 0
+    if rt.device != "cpu":
+        import torch
+
+        gpus = max(0, torch.cuda.device_count() - 1)
     ray.init(
         address="local",
         num_cpus=max(1, cores - rt.cpus_per_actor),
+        num_gpus=gpus,
         include_dashboard=rt.dashboard,
         _node_ip_address="127.0.0.1",
         **quiet,

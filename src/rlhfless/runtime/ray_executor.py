@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from rlhfless.config import Config
+from rlhfless.devices import resolve_device
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import StepPlan
@@ -52,11 +53,13 @@ class RayExecutor:
         tokenizer,
         reward_fn: RewardFn,
     ) -> None:
+        cfg = resolve_device(cfg)  # as the run resolved it (a no-op then)
         self.cfg, self.tokenizer = cfg, tokenizer
         self.owns_ray = start_ray(cfg.runtime)
-        gpu = ray.cluster_resources().get("GPU", 0) > 0
+        gpu = cfg.runtime.device == "cuda"  # slots are GPUs; every function puts its model on one
         self.driver = ray.get_runtime_context().get_node_id()
-        self.functions = Functions(cfg, tokenizer, reference is not None, gpu, self.driver)
+        learner_device = str(next(policy.parameters()).device)
+        self.functions = Functions(cfg, tokenizer, reference is not None, gpu, self.driver, learner_device)
         self.learner = ElasticLearner(cfg, policy, tokenizer, self.functions)  # and the prefill engine
         self.policy, self.engine = policy, self.learner.engine
         self.meter = Meter(cfg.scheduler.pricing)

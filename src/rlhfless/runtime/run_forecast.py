@@ -188,16 +188,18 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     """`rlhfless plan --run`: the whole run's forecast without training (model, data and profile
     loaded as `rlhfless train` would, with the learner's thread count)."""
     from rlhfless.data import load_prompts
+    from rlhfless.devices import learner_device, resolve_device
     from rlhfless.models import load_model, load_tokenizer
     from rlhfless.runtime.planning import build_planner
 
+    cfg = resolve_device(cfg)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    elif cfg.runtime.executor == "ray" and not torch.cuda.is_available():
+    elif cfg.runtime.executor == "ray" and cfg.runtime.device == "cpu":
         torch.set_num_threads(cfg.runtime.threads_per_actor)  # as the Ray executor's learner
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
-    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     engine = Engine(
         policy,
         eos_token_ids=[tokenizer.eos_token_id],

@@ -29,6 +29,7 @@ from rlhfless.algo import (
 )
 from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
+from rlhfless.devices import learner_device, resolve_device
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError
@@ -189,6 +190,7 @@ def build_executor(cfg: Config, tokenizer, policy: torch.nn.Module) -> Executor:
 
 def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info: None) -> TrainResult:
     """Run `cfg.trainer.steps` synchronous steps; `on_event` feeds progress displays."""
+    cfg = resolve_device(cfg)  # chosen once: every model of the run goes there
     out = resolve_output_dir(cfg)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -197,7 +199,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     prompts = load_prompts(cfg.data)
     check_prompt_tokens(prompts, tokenizer, cfg.generation.max_prompt_tokens)  # before any write
     loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
-    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
     planner = build_planner(cfg, policy)

@@ -1,0 +1,239 @@
+"""The GPU machine check: GRPO steps of a random-weight Qwen2.5-0.5B-shaped model under verl and
+rlhfless on the chosen device, and sample identity between CPU and device decode functions.
+
+GPU figures were NOT measured where this was written (a 2-core CPU machine with no GPU): only the
+whole path ran there, on CPU with `--model tiny`. Run it through `scripts/gpu_check.sh` on a GPU
+machine (about 5-8 minutes on one H200 is the aim, not a measurement).
+
+    python benchmarks/gpu_check.py --device cuda --model qwen2.5-0.5b --steps 3
+    python benchmarks/gpu_check.py --device cpu --model tiny --steps 1     # the path, on a CPU
+
+Nothing is downloaded: the model is built from a config in code (hidden 896, 24 layers, 14 heads,
+2 KV heads, intermediate 4864, vocabulary 151936, tied embeddings) with random weights, saved with
+a synthetic byte-level tokenizer of the same vocabulary size, and trained as `model.path=DIR`.
+Its rewards are all but zero (random text), so the check measures time and cost, not learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from rlhfless.config import load_config
+from rlhfless.devices import resolve_device
+from rlhfless.engine.sampling import SamplingParams
+from rlhfless.models import CHATML_TEMPLATE, load_model, load_tokenizer
+from rlhfless.runtime.functions import DecodeFunction
+from rlhfless.runtime.ray_cluster import start_ray
+from rlhfless.runtime.trainer import train
+from rlhfless.runtime.transfer import flat_weights
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+    ),
+    # The same architecture, small enough for a CPU test of the whole path.
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=1024,
+    ),
+}
+# Per model: the preset and the data shape of the GRPO steps (qwen: the default run's shape).
+RUNS = {
+    # Byte-level prompts are longer than Qwen's own tokenizer would make them.
+    "qwen2.5-0.5b": ("default", ("generation.max_prompt_tokens=4096",)),
+    "tiny": ("tiny", ("data.batch_size=2", "algorithm.group_size=2", "generation.max_new_tokens=8")),
+}
+
+
+def synthetic_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with `vocab` entries: the 256 bytes, then strings of byte symbols
+    (decodable, never produced by tokenizing: there are no merges), then the special tokens."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    entries = list(alphabet)
+    n_plain = vocab - 3
+    for a in alphabet:
+        for b in alphabet:
+            if len(entries) >= n_plain:
+                break
+            entries.append(a + b)
+    i = 0
+    while len(entries) < n_plain:  # past 256 + 256^2: three symbols
+        entries.append(alphabet[i % 256] + alphabet[(i // 256) % 256] + alphabet[i // 65536 % 256])
+        i += 1
+    backend = Tokenizer(models.BPE(vocab={t: n for n, t in enumerate(entries)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token="<|im_start|>"
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def build_model_dir(name: str, root: Path) -> Path:
+    """A random-weight Qwen2 model of shape `name` with its tokenizer, as a checkpoint directory."""
+    shape = SHAPES[name]
+    config = Qwen2Config(
+        **shape,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    target = root / name
+    model.save_pretrained(target)
+    tokenizer = synthetic_tokenizer(shape["vocab_size"])
+    assert len(tokenizer) == shape["vocab_size"], (len(tokenizer), shape["vocab_size"])
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def grpo_steps(policy: str, model_dir: Path, preset: str, extra: tuple[str, ...], args, out: Path) -> dict:
+    """`rlhfless train` under one policy on the Ray executor: step times and costs."""
+    cfg = load_config(
+        preset=preset,
+        overrides=(
+            f"model.path={model_dir}",
+            "runtime.executor=ray",
+            f"runtime.device={args.device}",
+            f"scheduler.policy={policy}",
+            f"trainer.steps={args.steps}",
+            f"output_dir={out / policy}",
+            "trainer.save_every=0",
+            "trainer.report=false",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            f"model.cache_dir={out / 'cache'}",
+            *extra,
+        ),
+    )
+    start = time.perf_counter()
+    history = train(cfg).history
+    rows = history[1:] or history  # the first step pays the cold starts
+    return {
+        "step_s": statistics.fmean(h["time/step"] for h in rows),
+        "generation_s": statistics.fmean(h["time/generation"] for h in rows),
+        "learning_s": statistics.fmean(h["time/learning"] for h in rows),
+        "cost": statistics.fmean(h["cost/step"] for h in rows),
+        "steps": len(history),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def sample_identity(model_dir: Path, device: str, new_tokens: int) -> tuple[int, int, int]:
+    """Decode functions on the CPU and on `device`, float32 on both, the same seed: (sequences,
+    identical on `device`, identical after a cut on the CPU and a resume on `device` with KV)."""
+    cfg = resolve_device(
+        load_config(preset="tiny", overrides=(f"model.path={model_dir}", "model.dtype=float32"))
+    )
+    tokenizer = load_tokenizer(cfg.model)
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    flat = flat_weights(load_model(cfg.model, vocab, cfg.seed))
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, seed=11)
+    g = torch.Generator().manual_seed(5)
+    work = [
+        (f"p{i}", torch.randint(0, 256, (12 + 3 * i,), generator=g).tolist(), [0, 1], None) for i in range(8)
+    ]
+
+    def function(where: str) -> DecodeFunction:
+        fn = DecodeFunction(cfg.model, vocab, cfg.seed, [eos], tokenizer.pad_token_id, 16, 8, where)
+        fn.sync(flat, 0)
+        return fn
+
+    def finish(fn: DecodeFunction) -> dict:
+        out: dict = {}
+        while True:
+            report = fn.advance(3600.0)
+            out |= {(r.uid, r.sample): r.response_ids for r in report.results}
+            if not report.live:
+                return out
+
+    def run(where: str) -> dict:
+        fn = function(where)
+        fn.assign(work, None, params, 1, None)
+        return finish(fn)
+
+    reference = run("cpu")
+    direct = run(device)
+    source, target = function("cpu"), function(device)
+    source.assign(work, None, params, 1, None)
+    for _ in range(new_tokens // 2):
+        source.engine.step()
+    keys = [(uid, s) for uid, _, samples, _ in work[::2] for s in samples]
+    moved, _ = source.cut([keys], with_kv=True)
+    target.resume(moved, params, 1)
+    migrated = finish(source)
+    migrated |= finish(target)
+    same = sum(direct.get(k) == v for k, v in reference.items())
+    same_migrated = sum(migrated.get(k) == v for k, v in reference.items())
+    return len(reference), same, same_migrated
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--model", default="qwen2.5-0.5b", choices=tuple(SHAPES))
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per policy (the first is left out)")
+    parser.add_argument("--identity-tokens", type=int, default=32, help="new tokens per identity sequence")
+    parser.add_argument("--out", type=Path, help="keep run directories here (default: a temp dir)")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check."))
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"gpu_check: model {args.model} (random weights), device {args.device} ({where})", flush=True)
+    start = time.perf_counter()
+    model_dir = build_model_dir(args.model, out)
+    print(f"model built and saved in {time.perf_counter() - start:.1f} s", flush=True)
+
+    start = time.perf_counter()
+    n, same, same_migrated = sample_identity(model_dir, args.device, args.identity_tokens)
+    print(f"sample identity checked in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"sample identity, cpu vs {args.device} functions: {same}/{n} identical", flush=True)
+    print(f"sample identity, cut on cpu, resumed on {args.device}: {same_migrated}/{n} identical", flush=True)
+
+    preset, extra = RUNS[args.model]
+    start_ray(
+        resolve_device(load_config(preset=preset, overrides=(f"runtime.device={args.device}",))).runtime
+    )
+    results = {p: grpo_steps(p, model_dir, preset, extra, args, out) for p in ("verl", "rlhfless")}
+    ray.shutdown()
+    print(f"\n{'':30s} {'verl':>12s} {'rlhfless':>12s} {'rlhfless/verl':>14s}")
+    for key, label in (
+        ("step_s", "step time (s)"),
+        ("generation_s", "generation time (s)"),
+        ("learning_s", "learning time (s)"),
+        ("cost", "cost per step ($)"),
+    ):
+        a, b = results["verl"][key], results["rlhfless"][key]
+        print(f"{label:30s} {a:12.4g} {b:12.4g} {b / a if a else float('nan'):14.3f}")
+    print(f"(means over steps 2..{args.steps}; step 1 pays the cold starts; device {args.device})")
+    for policy, r in results.items():
+        print(f"{policy}: {r['steps']} steps in {r['wall_s']:.0f} s, set-up and cold starts included")
+    ok = same == n and same_migrated == n and all(np.isfinite(r["step_s"]) for r in results.values())
+    print("gpu_check:", "ok" if ok else "FAILED (samples differ)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

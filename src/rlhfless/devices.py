@@ -1,0 +1,50 @@
+"""The run's device, chosen once: `runtime.device` (auto, cpu, cuda) resolved when the run starts,
+and the parameter dtype that goes with it (`model.dtype=auto`: bfloat16 on a GPU, float32 on a CPU).
+
+The resolved config is what the run records (config.yaml) and hands to every function, so the
+policy, the reference, the critic, the prefill and decode engines and their KV all live on one
+device kind. torch is imported only when a run resolves its device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rlhfless.config import Config, ConfigError
+
+
+def param_dtype(name: str, device: str) -> str:
+    """The parameter dtype `model.dtype=name` means on `device`: `auto` is bfloat16 on CUDA (half
+    the memory and the tensor-core rate) and float32 on a CPU (bfloat16 matmuls are slow there)."""
+    if name != "auto":
+        return name
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def resolve_device(cfg: Config, cuda_available: bool | None = None) -> Config:
+    """`cfg` with `runtime.device` and `model.dtype` concrete; `cuda` where torch sees no GPU is a
+    one-line `ConfigError`. `cuda_available` defaults to `torch.cuda.is_available()`."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    asked = cfg.runtime.device
+    if asked == "cuda" and not cuda_available:
+        raise ConfigError(
+            "config error: runtime.device: got 'cuda', expected 'auto' or 'cpu' on this machine "
+            "(torch sees no CUDA device)"
+        )
+    device = "cuda" if asked == "cuda" or (asked == "auto" and cuda_available) else "cpu"
+    dtype = param_dtype(cfg.model.dtype, device)
+    return replace(cfg, runtime=replace(cfg.runtime, device=device), model=replace(cfg.model, dtype=dtype))
+
+
+def learner_device(device: str) -> str:
+    """Where the learner's slot puts its models on the driver's node: the CPU, or its last GPU. An
+    embedded Ray offers the other GPUs to functions, numbered from 0 (`ray_cluster.start_ray`), so
+    the two never share one; on an existing cluster, start the driver's node with one GPU fewer."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return f"cuda:{torch.cuda.device_count() - 1}"
