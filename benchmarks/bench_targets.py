@@ -1,9 +1,10 @@
 """A budget or a deadline per step instead of lam: is it met, and does it change the plan?
 
 `sim`: on a simulated scenario (a preset's first scenario, figures labelled simulated), runs the
-default lam, reads each step's candidate plans, and sets a budget (then a deadline) halfway
-between the cheapest and the fastest plan's forecast step cost (time), averaged over the lam run's
-steps. It runs again under each target and prints the share of steps whose *simulated* cost
+default lam, reads each step's candidate plans, and sets a budget (then a deadline) between the
+cheapest and the fastest plan's forecast step cost (time) on every step: halfway between the
+dearest step's cheapest plan and the cheapest step's fastest plan. It runs again under each target
+and prints the share of steps whose *simulated* cost
 (time) met it, and the mean cost and time beside the lam run's.
 
 `real`: the same on this machine's runtime. `--baseline RUN_DIR` is a finished default run (e.g.
@@ -31,13 +32,20 @@ from rlhfless.sim.step import Simulator
 
 
 def _midway(candidates: list[list[dict]], after: list[float], key: str) -> float:
-    """Halfway between the cheapest and the fastest plan's forecast step `key`, over the steps."""
-    mids = []
+    """A target inside every step's range: halfway between the dearest step's cheapest plan and the
+    cheapest step's fastest plan (forecast step `key`); where no one value lies inside every
+    step's range, halfway between the means (some steps then cannot meet it, and say so)."""
+    low, high = [], []
     for rows, rest in zip(candidates, after, strict=True):
         cheapest = min(rows, key=lambda r: (r["cost"], r["time"]))
         fastest = min(rows, key=lambda r: (r["time"], r["cost"]))
-        mids.append(0.5 * (cheapest[key] + fastest[key]) + rest)
-    return statistics.fmean(mids)
+        ends = sorted((cheapest[key] + rest, fastest[key] + rest))
+        low.append(ends[0])
+        high.append(ends[1])
+    if max(low) < min(high):
+        return 0.5 * (max(low) + min(high))
+    print(f"no {key} target lies inside every step's range: halfway between the means")
+    return 0.5 * (statistics.fmean(low) + statistics.fmean(high))
 
 
 def _report(name: str, target: float, unit: str, rows: list[tuple[float, float]], base: tuple[float, float]):
