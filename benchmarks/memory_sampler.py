@@ -46,8 +46,9 @@ def process_kind(proc: psutil.Process, driver_pid: int) -> tuple[str, bool]:
     if "default_worker.py" in " ".join(cmdline):
         return "ray-worker-starting", False
     program = os.path.basename(first).split(" ")[0]
-    if program.startswith("python") and len(cmdline) > 1:  # a Ray daemon written in Python
-        return os.path.basename(cmdline[1]).removesuffix(".py"), False
+    scripts = [arg for arg in cmdline[1:] if not arg.startswith("-")]
+    if program.startswith("python") and scripts:  # a Ray daemon written in Python
+        return os.path.basename(scripts[0]).removesuffix(".py"), False
     return program, False
 
 
