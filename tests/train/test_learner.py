@@ -158,3 +158,31 @@ def test_the_shuffle_changes_every_step_and_resumes_exactly(model, monkeypatch):
     assert first.learn(samples, adv, None) == resumed.learn(samples, adv, None)
     assert seeds[2] == seeds[3] and len(set(seeds)) == 3
     assert shuffle_seed(7, 0, "policy") != shuffle_seed(7, 0, "critic") != shuffle_seed(8, 0, "critic")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_lm_heads_recomputing_backward_equals_autograds(temperature, with_bias):
+    """`SelectedLogSoftmax` keeps no logits for the backward pass; its values are bit for bit the
+    plain formula's and its gradients (hidden states, head weight and bias) autograd's."""
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(7, 16, generator=g, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, requires_grad=True)
+    bias = torch.randn(40, generator=g, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 40, (7,), generator=g)
+    upstream = torch.randn(7, generator=g)
+
+    def plain(h, w, b):
+        logits = torch.nn.functional.linear(h, w, b).float()
+        if temperature > 0:
+            logits = logits / temperature
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    inputs = [t for t in (hidden, weight, bias) if t is not None]
+    want = plain(hidden, weight, bias)
+    want_grads = torch.autograd.grad((want * upstream).sum(), inputs)
+    got = learner_module.SelectedLogSoftmax.apply(hidden, weight, bias, targets, temperature)
+    got_grads = torch.autograd.grad((got * upstream).sum(), inputs)
+    assert torch.equal(got, want)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -7,13 +7,14 @@ ones, detached, so no extra forward pass is spent on them.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from rlhfless.algo import aggregate_loss, kl_penalty, policy_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
@@ -144,28 +145,66 @@ def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
 LOGIT_CHUNK = 512
 
 
-def _token_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    """`log softmax(head(hidden) / temperature)[target]` per row of `hidden` [M, H], in fp32."""
-    logits = head(hidden).float()
-    if temperature > 0:
-        logits = logits / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """`head(hidden) / temperature` in fp32, divided in place (a fresh tensor; `/ 1` is skipped,
+    which leaves every bit as it was)."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    if temperature > 0 and temperature != 1:
+        logits.div_(temperature)
+    return logits
+
+
+def _token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float):
+    """`log softmax(head(hidden) / temperature)[target]` per row of `hidden` [M, H], in fp32; and the
+    rows' logsumexp."""
+    logits = _logits(hidden, weight, bias, temperature)
+    lse = torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, lse
+
+
+class SelectedLogSoftmax(torch.autograd.Function):
+    """`_token_logprobs` under autograd, keeping for the backward pass only the chunk's hidden
+    states and logsumexp: the backward recomputes the chunk's logits and turns them into their
+    gradient in place, so one chunk's vocabulary-wide tensor is alive at a time, where
+    autograd (even with checkpointing) keeps several (the logits, their scaled copy, the
+    softmax, the scattered gradient)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature):
+        out, lse = _token_logprobs(hidden, weight, bias, targets, temperature)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        # d out / d logits = onehot(target) - softmax, then / temperature through the scaling
+        g = _logits(hidden, weight, bias, ctx.temperature).sub_(lse.unsqueeze(-1)).exp_()
+        g.mul_(-grad.unsqueeze(-1)).scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
+        if ctx.temperature > 0 and ctx.temperature != 1:
+            g.div_(ctx.temperature)
+        g = g.to(hidden.dtype)
+        grad_hidden = g @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = g.t() @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = g.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> Tensor:
     """Log-probs [N, R] of the response tokens, 0 off the mask; each prompt runs once. The LM head
     runs on real response tokens only, `LOGIT_CHUNK` at a time, and under autograd each chunk's
-    logits are recomputed in the backward pass instead of kept: the vocabulary-wide logits of
-    only one chunk are ever alive."""
+    logits are recomputed in the backward pass instead of kept (`SelectedLogSoftmax`): the
+    vocabulary-wide logits of only one chunk are ever alive."""
     head, real = model.get_output_embeddings(), mb.mask.bool()
     hidden, targets = response_hidden(model.base_model, mb)[real], mb.targets[real]
     chunks = []
     for start in range(0, targets.numel(), LOGIT_CHUNK):
         h, t = hidden[start : start + LOGIT_CHUNK], targets[start : start + LOGIT_CHUNK]
         if torch.is_grad_enabled():
-            chunks.append(checkpoint(_token_logprobs, head, h, t, temperature, use_reentrant=False))
+            chunks.append(SelectedLogSoftmax.apply(h, head.weight, head.bias, t, temperature))
         else:
-            chunks.append(_token_logprobs(head, h, t, temperature))
+            chunks.append(_token_logprobs(h, head.weight, head.bias, t, temperature)[0])
     out = torch.zeros(mb.mask.shape, dtype=torch.float32, device=mb.mask.device)
     return out.masked_scatter(real, torch.cat(chunks)) if chunks else out
 
@@ -220,6 +259,16 @@ def stack(
     for b, i in enumerate(rows):
         out[b, : per_sample[i].numel()] = per_sample[i]
     return out
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing).
+    Freed activations stay in the process otherwise: after a learning phase that is more than a
+    gigabyte the learner holds, unused, until the next one."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 class Learner:
@@ -310,6 +359,8 @@ class Learner:
             stats = self._update(samples, rows, advantages, old, ref_logprobs)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value
+        self.optimizer.zero_grad(set_to_none=True)  # not needed until the next step: 4 bytes a parameter
+        release_free_memory()
         return {key: value / len(chunks) for key, value in totals.items()}
 
     def _update(
