@@ -11,7 +11,6 @@ import time
 import psutil
 import pytest
 import ray
-from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -114,7 +113,7 @@ def decode_nodes(timeline: dict) -> list[str]:
 def lose_node(cluster: Cluster, node) -> None:
     """The machine goes down: its raylet killed, and with it the functions it started (which would
     otherwise serve a few more slices before they notice)."""
-    [raylet] = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET]
+    [raylet] = node.all_processes["raylet"]  # the test cluster's own record of its processes
     workers = psutil.Process(raylet.process.pid).children(recursive=True)
     cluster.remove_node(node, allow_graceful=False)
     for p in workers:
