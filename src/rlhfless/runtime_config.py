@@ -80,8 +80,8 @@ class RuntimeConfig:
     place_timeout_s: float = field(
         default=120.0,
         metadata={
-            "help": "seconds Ray may take to place a new function (give it a worker on its node; "
-            "its cold start may run longer) before it is stopped and its sequences are placed "
+            "help": "seconds Ray may take to place a new function (start its process on its node; "
+            "loading its model may run longer) before it is stopped and its sequences are placed "
             "again elsewhere (its node is gone, or another job took the resources)"
         },
     )

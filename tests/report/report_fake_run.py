@@ -17,6 +17,7 @@ CAP = 160
 TPOT = 0.05
 RHO = 1.0
 TAU = 0.7
+NODES = ("d1" * 28, "e2" * 28)  # Ray node ids: the driver's, a worker's
 WORDS = ("so", "the", "answer", "is", "we", "add", "then", "carry", "check", "total")
 
 
@@ -140,6 +141,7 @@ def write_fake_run(
                     "ready": ready + 0.1,
                     "busy": [[max(ready + 0.1, prefill_end), max(ready + 0.1, prefill_end) + work]],
                     "events": [],
+                    "node": NODES[a % 2],  # every other one beside the learner
                 }
             )
         gen_end = max(d["busy"][-1][1] for d in decode)
@@ -190,7 +192,29 @@ def write_fake_run(
             },
         ]
         if runtime:
-            timeline = {"step": step, "functions": functions}
+            for f in functions:
+                f.setdefault("node", NODES[0])
+            nodes = [
+                {"node": NODES[0], "address": "10.0.0.1", "slots": 2, "free": 2, "driver": True},
+                {"node": NODES[1], "address": "10.0.0.2", "slots": 2, "free": 2, "driver": False},
+            ]
+            transfers = [
+                {
+                    "kind": kind,
+                    "source": source,
+                    "target": d["name"],
+                    "bytes": nbytes,
+                    "seconds": seconds * (1 if d["node"] == NODES[0] else 10),
+                    "same_node": d["node"] == NODES[0],
+                    "start": d["ready"],
+                }
+                for d in decode
+                for kind, source, nbytes, seconds in (
+                    ("weights", "learner", 4e6, 0.01),
+                    ("kv", "prefill", 2e5, 0.002),
+                )
+            ]
+            timeline = {"step": step, "nodes": nodes, "functions": functions, "transfers": transfers}
             (path / "timeline" / f"step_{step:06d}.json").write_text(json.dumps(timeline))
         if planner:
             plan = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from report_html import PageParts
 
 from rlhfless.cli import main
 from rlhfless.report import write_report
+from rlhfless.report.figures import function_labels
+from rlhfless.report.rundir import load_run
 
 SECTIONS = [
     "Runs",
@@ -71,6 +74,7 @@ def test_page_shows_candidate_table_with_chosen_row_and_predictor_figures(tiny_p
         assert row in text  # phase table
     assert "<td>idle</td>" not in text and "<td>billed</td>" not in text
     assert "<th>transfer hidden</th>" in text
+    assert "tiny: transfers over 3 recorded step(s)" in text and "<td>across nodes</td>" in text
 
 
 def test_two_run_comparison(pair_page: Path) -> None:
@@ -187,3 +191,95 @@ def test_runs_with_different_steps_and_odd_names(tmp_path: Path) -> None:
     assert "the runs recorded different steps: each mean is over that run's own steps" in parts.notes
     assert "RLHFless report: cost $^$ &lt;fast&gt; vs cost $6_x" in page.read_text(encoding="utf-8")
     assert len(parts.images) == 9
+
+
+def test_the_timeline_shows_each_functions_node_and_every_transfer_inside_or_across_nodes(
+    tmp_path: Path,
+) -> None:
+    run = write_fake_run(tmp_path / "two-nodes", steps=1, prompts=2, samples=2)
+    driver, worker = "d" * 56, "w" * 56
+    timeline = {
+        "step": 1,
+        "nodes": [
+            {"node": driver, "address": "10.0.0.1", "slots": 2, "free": 2, "driver": True},
+            {"node": worker, "address": "10.0.0.2", "slots": 1, "free": 1, "driver": False},
+        ],
+        "functions": [
+            {"name": name, "kind": kind, "started": 0.0, "released": 2.0, "node": node}
+            for name, kind, node in (
+                ("learner", "learner", driver),
+                ("decode-0", "decode", driver),
+                ("decode-1", "decode", worker),
+                ("decode-2", "decode", "lost" * 14),  # on a node the plan did not list
+            )
+        ],
+        "transfers": [
+            {
+                "kind": "weights",
+                "source": "learner",
+                "target": "decode-1",
+                "bytes": 3e6,
+                "seconds": 0.5,
+                "same_node": False,
+                "start": 0.1,
+            },
+            {
+                "kind": "weights",
+                "source": "learner",
+                "target": "decode-0",
+                "bytes": 3e6,
+                "seconds": 0.001,
+                "same_node": True,
+                "start": 0.1,
+            },
+            {
+                "kind": "kv",
+                "source": "prefill",
+                "target": "decode-1",
+                "bytes": 2048,
+                "seconds": 0.25,
+                "same_node": False,
+                "start": 0.2,
+            },
+            {
+                "kind": "weights",
+                "source": "learner",
+                "target": "decode-2",
+                "bytes": 3e6,
+                "seconds": 1.5,
+                "same_node": False,
+                "start": 0.1,
+            },
+        ],
+    }
+    (run / "timeline" / "step_000001.json").write_text(json.dumps(timeline))
+    page = write_report([run])
+    tables = [[row for row in t if row] for t in _parts(page).tables]  # body rows only
+    [nodes] = [t for t in tables if t[0][1] == "n0 (driver)"]
+    [transfers] = [t for t in tables if t[0][0] == "weights"]
+    assert nodes == [
+        ["1", "n0 (driver)", "dddddddddddd", "10.0.0.1", "2 of 2", "learner, decode-0"],
+        ["1", "n1", "wwwwwwwwwwww", "10.0.0.2", "1 of 1", "decode-1"],
+        ["1", "lostlost", "lostlostlost", "n/a", "n/a", "decode-2"],
+    ]
+    assert transfers == [
+        ["weights", "within a node", "1", "3 MB", "1 ms"],
+        ["weights", "across nodes", "2", "6 MB", "2.00 s"],
+        ["kv", "across nodes", "1", "2.05 kB", "250 ms"],
+    ]
+    labels = function_labels(load_run(run).timelines[1], load_run(run).timelines[1].functions)
+    assert labels == ["learner @ n0", "decode-0 @ n0", "decode-1 @ n1", "decode-2 @ lostlost"]
+
+
+def test_a_timeline_recorded_before_nodes_were_gets_a_note_not_a_table(tmp_path: Path) -> None:
+    run = write_fake_run(tmp_path / "old", steps=1, prompts=2, samples=2)
+    file = run / "timeline" / "step_000001.json"
+    timeline = json.loads(file.read_text())
+    for key in ("nodes", "transfers"):
+        del timeline[key]
+    for f in timeline["functions"]:
+        del f["node"]
+    file.write_text(json.dumps(timeline))
+    page = write_report([run])
+    assert _parts(page).notes == ["old: timelines record no nodes (recorded since multi-node placement)"]
+    assert "report-timeline-0.png" in _figure_names(page)

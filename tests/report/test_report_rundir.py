@@ -103,3 +103,19 @@ def test_rollout_lines_without_identity_are_skipped(tmp_path: Path) -> None:
 def test_run_names_are_distinct(tmp_path: Path) -> None:
     a, b = tmp_path / "x" / "run", tmp_path / "y" / "run"
     assert run_names([a, b, tmp_path / "z"]) == ["run", "run#2", "z"]
+
+
+def test_timeline_nodes_and_transfers_are_read_and_unreadable_ones_reported(tmp_path: Path) -> None:
+    path = write_fake_run(tmp_path / "run", steps=1)
+    file = path / "timeline" / "step_000001.json"
+    timeline = json.loads(file.read_text())
+    timeline["transfers"].append({"kind": "weights", "bytes": 1, "seconds": 1})  # no `same_node`
+    timeline["nodes"].append({"address": "10.0.0.9"})  # no node id
+    file.write_text(json.dumps(timeline))
+    run = load_run(path)
+    read = run.timelines[1]
+    assert [(n.address, n.driver) for n in read.nodes] == [("10.0.0.1", True), ("10.0.0.2", False)]
+    assert len(read.transfers) == len(timeline["transfers"]) - 1
+    assert {f.node for f in read.functions} == {n.node for n in read.nodes}
+    assert "timeline step 1: 1 unreadable `nodes` record(s); skipped" in run.problems
+    assert "timeline step 1: 1 unreadable `transfers` record(s); skipped" in run.problems

@@ -15,22 +15,30 @@ def node(node_id: str, cpus: float, alive: bool = True) -> dict:
 
 def test_the_view_lists_alive_nodes_with_free_slots_driver_first_and_counts_the_learner_slot():
     nodes = [node("b", 2), node("a", 4), node("dead", 8, alive=False), node("full", 1), node("drv", 1)]
-    available = {"a": {"CPU": 3.0}, "b": {"CPU": 2.0}, "full": {}, "drv": {"CPU": 1.0}}
-    view = layout(nodes, available, "drv", SLOT, reusable={"full": 1})
+    held = {"a": 1, "full": 1, "drv": 0}  # slots our leased functions hold (idle warm ones give way)
+    view = layout(nodes, "drv", SLOT, held, spare=100)
     assert [(n.node_id, n.free, n.total) for n in view.nodes] == [
-        ("drv", 2, 2),  # Ray's free CPU and the learner's slot
+        ("drv", 2, 2),  # its CPU and the learner's slot
         ("a", 3, 4),
         ("b", 2, 2),
-        ("full", 1, 1),  # held by our own idle warm function: it gives way
-    ]
+    ]  # "full": its one slot held by our function; "dead": not alive
     shape = ModelShape("toy", layers=2, hidden=8, heads=2, kv_heads=2, intermediate=16, vocab=32)
     spec = view.spec(1, shape)
-    assert spec.node_gpus == (2, 3, 2, 1) and spec.max_actors(1) == 8
+    assert spec.node_gpus == (2, 3, 2) and spec.max_actors(1) == 7
+
+
+def test_slots_other_jobs_hold_come_off_the_nodes_with_the_fewest_free():
+    nodes = [node("drv", 2), node("a", 4), node("b", 2), node("c", 1)]
+    # Ray has 5 slots free in all, our accounting 9: other jobs hold 4, somewhere Ray does not say.
+    view = layout(nodes, "drv", SLOT, {}, spare=5)
+    assert [(n.node_id, n.free) for n in view.nodes] == [("drv", 3), ("a", 3)]  # c, b, then one of a
+    # Even a full cluster keeps the driver's node: the learner's slot is never Ray's to give.
+    assert [(n.node_id, n.free) for n in layout(nodes, "drv", SLOT, {}, spare=0).nodes] == [("drv", 1)]
 
 
 def test_the_driver_node_must_be_alive():
     with pytest.raises(RuntimeError, match="driver"):
-        layout([node("a", 1)], {"a": {"CPU": 1.0}}, "drv", SLOT, {})
+        layout([node("a", 1)], "drv", SLOT, {}, spare=1)
 
 
 def test_a_cluster_of_unequal_nodes_places_slots_node_by_node():

@@ -25,18 +25,7 @@ from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=1,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
 
 def make_samples(vocab: int, n_prompts: int = 5, group: int = 3) -> list[Sample]:

@@ -7,7 +7,6 @@ decode functions (placement slot 0 is colocated with the learner) and is compare
 import json
 
 import pytest
-import ray
 
 from rlhfless.config import load_config
 from rlhfless.data import PromptLoader, load_prompts
@@ -27,17 +26,7 @@ BASE = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=1,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
 
 def run(*overrides: str, steps: int = 1, full: bool = True, cold_start_s: float = 0.0) -> list[dict]:

@@ -90,6 +90,8 @@ class FakeHandle:
         def remote():
             return None
 
+    where = hello
+
 
 def test_pool_reuses_a_warm_function_of_the_same_shape_until_its_keep_alive_ends():
     created, stopped = [], []

@@ -10,7 +10,7 @@ import numpy as np
 
 from rlhfless.report import figures
 from rlhfless.report.page import Image, Section, render, table
-from rlhfless.report.rundir import Run, load_run, run_names
+from rlhfless.report.rundir import Run, Timeline, load_run, run_names
 from rlhfless.report.stats import (
     FORECAST_GOAL,
     PHASES,
@@ -18,11 +18,13 @@ from rlhfless.report.stats import (
     compare_runs,
     forecast_scores,
     group_lengths,
+    node_labels,
     phase_parts,
     planner_seconds,
     predictor_score,
     run_outcome,
     subphase_parts,
+    transfer_totals,
 )
 
 CURVE_KEYS = ("reward/mean", "kl/mean", "response_length/mean", "loss/policy")
@@ -35,6 +37,13 @@ def _fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
 
 def _seconds(value: float) -> str:
     return f"{value:.2f} s" if value >= 1 or value == 0 else f"{1000 * value:.3g} ms"
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
 
 
 def _image(out: Path, slug: str, fig, caption: str) -> Image:
@@ -137,7 +146,9 @@ def _timeline_section(runs: list[Run], out: Path) -> Section:
         "timeline",
         "Step timeline",
         "One bar per function (first and last recorded step): orange cold start, grey idle, coloured busy; "
-        "markers at cuts and migrations; dotted line: waiting for resources; number at bar end: its cost.",
+        "markers at cuts and migrations; dotted line: waiting for resources; number at bar end: its cost; "
+        "`@ n0`: the node it ran on (n0 is the driver's). Below: the nodes each shown step was planned "
+        "for, and every recorded step's transfers, inside a node (shared memory) or across nodes.",
     )
     for i, run in enumerate(runs):
         if not run.timelines:
@@ -150,7 +161,56 @@ def _timeline_section(runs: list[Run], out: Path) -> Section:
         fig = figures.timeline(run.name, shown)
         caption = f"{run.name}: function timeline of step(s) {', '.join(str(t.step) for t in shown)}"
         section.images.append(_image(out, f"timeline-{i}", fig, caption))
+        if not any(t.has_nodes for t in run.timelines.values()):
+            section.notes.append(
+                f"{run.name}: timelines record no nodes (recorded since multi-node placement)"
+            )
+            continue
+        section.html.append(
+            f"<p>{escape(run.name)}: nodes of step(s) {', '.join(str(t.step) for t in shown)}</p>"
+        )
+        section.html.append(_nodes_table(shown))
+        totals = transfer_totals(list(run.timelines.values()))
+        if not totals:
+            section.notes.append(f"{run.name}: timelines record no transfers")
+            continue
+        rows = [
+            [
+                t.kind,
+                "within a node" if t.same_node else "across nodes",
+                str(t.count),
+                _bytes(t.bytes),
+                _seconds(t.seconds),
+            ]
+            for t in totals
+        ]
+        section.html.append(
+            f"<p>{escape(run.name)}: transfers over {len(run.timelines)} recorded step(s)</p>"
+        )
+        section.html.append(table(["transfer", "where", "count", "bytes", "seconds"], rows))
     return section
+
+
+def _nodes_table(timelines: list[Timeline]) -> str:
+    """One row per (step, node): the node's slots as planned and the functions that ran there."""
+    rows = []
+    for tl in timelines:
+        labels = node_labels(tl)
+        planned = {n.node: n for n in tl.nodes}
+        for node, label in labels.items():
+            n = planned.get(node)
+            ran = [f.name for f in tl.functions if f.node == node and f.kind != "keep-alive"]
+            rows.append(
+                [
+                    str(tl.step),
+                    label + (" (driver)" if n is not None and n.driver else ""),
+                    node[:12],
+                    "n/a" if n is None else n.address,
+                    "n/a" if n is None else f"{_fmt(n.free, 'd')} of {_fmt(n.slots, 'd')}",
+                    ", ".join(ran) or "none",
+                ]
+            )
+    return table(["step", "node", "id", "address", "free slots (planned)", "functions run there"], rows)
 
 
 def _phase_section(runs: list[Run], out: Path) -> Section:

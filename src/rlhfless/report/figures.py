@@ -18,7 +18,14 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from rlhfless.report.rundir import Run, Timeline
-from rlhfless.report.stats import FORECASTS, WITHIN_TOKENS, group_lengths, phase_parts, predictor_score
+from rlhfless.report.stats import (
+    FORECASTS,
+    WITHIN_TOKENS,
+    group_lengths,
+    node_labels,
+    phase_parts,
+    predictor_score,
+)
 
 WIDTH = 13.0
 DPI = 100
@@ -182,6 +189,17 @@ def _function_order(timeline: Timeline) -> list:
     return sorted(timeline.functions, key=key)
 
 
+def function_labels(timeline: Timeline, functions: list) -> list[str]:
+    """Each row's label: name, resources, and the node it ran on (`@ n0` is the driver's)."""
+    nodes = node_labels(timeline)
+    labels = []
+    for f in functions:
+        res = ",".join(f"{k}:{v:g}" for k, v in f.resources.items())
+        label = f"{f.name} ({res})" if res else f.name
+        labels.append(label if f.node is None else f"{label} @ {nodes[f.node]}")
+    return labels
+
+
 def _timeline_axes(ax: Axes, run_name: str, timeline: Timeline) -> None:
     functions = _function_order(timeline)
     for row, f in enumerate(functions):
@@ -214,13 +232,12 @@ def _timeline_axes(ax: Axes, run_name: str, timeline: Timeline) -> None:
                 )
         if f.cost is not None:
             ax.annotate(f" {f.cost:.3g}", (f.released, y), va="center", fontsize=8, color="0.3")
-    labels = []
-    for f in functions:
-        res = ",".join(f"{k}:{v:g}" for k, v in f.resources.items())
-        labels.append(f"{f.name} ({res})" if res else f.name)
+    labels = function_labels(timeline, functions)
     ax.set_yticks(range(len(functions)), labels[::-1], fontsize=8)
     total = sum(f.cost for f in functions if f.cost is not None)
-    ax.set_title(f"{run_name}: step {timeline.step}, {len(functions)} functions, cost {total:.3g}")
+    nodes = len({f.node for f in functions if f.node is not None})
+    where = f" on {nodes} node{'s' if nodes > 1 else ''}" if nodes else ""
+    ax.set_title(f"{run_name}: step {timeline.step}, {len(functions)} functions{where}, cost {total:.3g}")
     ax.set_xlabel("seconds from step start (bar end: function cost)")
     ax.margins(x=0.06)
 

@@ -40,12 +40,40 @@ class Function:
     busy: list[tuple[float, float]]
     events: list[Event]
     cost: float | None
+    node: str | None = None  # the Ray node it ran on
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node the step was planned for: its slots then, and whether the driver (learner) ran there."""
+
+    node: str
+    address: str
+    slots: int | None
+    free: int | None
+    driver: bool
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One move of weights, prefix KV or sequence state to a function."""
+
+    kind: str
+    source: str
+    target: str
+    bytes: float
+    seconds: float
+    same_node: bool
+    start: float | None
 
 
 @dataclass(frozen=True)
 class Timeline:
     step: int
     functions: list[Function]
+    nodes: list[Node] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    has_nodes: bool = False  # the file records `nodes` (timelines before multi-node placement do not)
 
 
 @dataclass(frozen=True)
@@ -243,7 +271,49 @@ def _read_function(raw: object) -> Function | None:
         busy=busy,
         events=events,
         cost=_number(raw.get("cost")),
+        node=raw["node"] if isinstance(raw.get("node"), str) else None,
     )
+
+
+def _read_node(raw: object) -> Node | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("node"), str):
+        return None
+    return Node(
+        node=raw["node"],
+        address=str(raw.get("address", "")),
+        slots=_int(raw.get("slots")),
+        free=_int(raw.get("free")),
+        driver=raw.get("driver") is True,
+    )
+
+
+def _read_transfer(raw: object) -> Transfer | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("same_node"), bool):
+        return None
+    nbytes, seconds = _number(raw.get("bytes")), _number(raw.get("seconds"))
+    if nbytes is None or seconds is None:
+        return None
+    return Transfer(
+        kind=str(raw.get("kind", "?")),
+        source=str(raw.get("source", "?")),
+        target=str(raw.get("target", "?")),
+        bytes=nbytes,
+        seconds=seconds,
+        same_node=raw["same_node"],
+        start=_number(raw.get("start")),
+    )
+
+
+def _records(step: int, obj: dict, key: str, read, problems: list[str]) -> list:
+    """The readable records of list `key`; how many were not is reported."""
+    raw = obj.get(key)
+    raw = raw if isinstance(raw, list) else []
+    records = [r for r in map(read, raw) if r is not None]
+    if len(records) < len(raw):
+        problems.append(
+            f"timeline step {step}: {len(raw) - len(records)} unreadable `{key}` record(s); skipped"
+        )
+    return records
 
 
 def _read_timeline(step: int, obj: dict, problems: list[str]) -> Timeline:
@@ -255,7 +325,9 @@ def _read_timeline(step: int, obj: dict, problems: list[str]) -> Timeline:
             f"timeline step {step}: {len(raw) - len(functions)} function(s) without valid "
             "`started`/`released` times; not drawn"
         )
-    return Timeline(step, functions)
+    nodes = _records(step, obj, "nodes", _read_node, problems)
+    transfers = _records(step, obj, "transfers", _read_transfer, problems)
+    return Timeline(step, functions, nodes, transfers, has_nodes=isinstance(obj.get("nodes"), list))
 
 
 def run_names(paths: list[Path]) -> list[str]:

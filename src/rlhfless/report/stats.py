@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlhfless.planner.predictor import prediction_quality
-from rlhfless.report.rundir import Run, Sample
+from rlhfless.report.rundir import Run, Sample, Timeline
 
 WITHIN_TOKENS = 50
 PHASES = (
@@ -201,3 +201,39 @@ def run_outcome(run: Run) -> dict[str, float] | None:
     if all("cost/step" in r for r in rows):
         out["cost"] = float(sum(r["cost/step"] for r in rows))
     return out
+
+
+@dataclass(frozen=True)
+class TransferTotal:
+    """Transfers of one kind that stayed inside a node or crossed between nodes, over some steps."""
+
+    kind: str
+    same_node: bool
+    count: int
+    bytes: float
+    seconds: float
+
+
+def transfer_totals(timelines: list[Timeline]) -> list[TransferTotal]:
+    """Each (kind, inside a node or across) with its count, bytes and seconds summed: kinds in the
+    order they first moved, inside a node before across."""
+    totals: dict[tuple[str, bool], list[float]] = {}
+    for timeline in timelines:
+        for t in timeline.transfers:
+            row = totals.setdefault((t.kind, t.same_node), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += t.bytes
+            row[2] += t.seconds
+    kinds = list(dict.fromkeys(kind for kind, _ in totals))
+    order = sorted(totals, key=lambda key: (kinds.index(key[0]), not key[1]))
+    return [TransferTotal(k, same, int(totals[k, same][0]), *totals[k, same][1:]) for k, same in order]
+
+
+def node_labels(timeline: Timeline) -> dict[str, str]:
+    """A short name for each node a step ran on: `n0` (the driver's), `n1`, ... in the step's
+    planned order, then any node only its functions name, by the start of its id."""
+    labels = {n.node: f"n{i}" for i, n in enumerate(timeline.nodes)}
+    for f in timeline.functions:
+        if f.node is not None and f.node not in labels:
+            labels[f.node] = f.node[:8]
+    return labels

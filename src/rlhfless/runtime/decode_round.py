@@ -27,7 +27,7 @@ from rlhfless.runtime.functions import LiveSequence, Report, Work
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.publishing import PrefixKV
-from rlhfless.runtime.ray_cluster import ClusterView, free_slots
+from rlhfless.runtime.ray_cluster import ClusterView
 from rlhfless.runtime.samples import StepPrompt
 from rlhfless.runtime.transfer import Transfer
 
@@ -351,9 +351,13 @@ class DecodeRound:
         roomy = [r for r in alive if r.free_slots >= n]
         if roomy:
             return max(roomy, key=lambda r: r.free_slots), False
-        slot = self.functions.slot
         node = next(
-            (v.node_id for v in self.view.nodes if _alive(v.node_id) and free_slots(v.node_id, slot)), None
+            (
+                v.node_id
+                for v in self.view.nodes
+                if _alive(v.node_id) and self.functions.free_slots(v.node_id)
+            ),
+            None,
         )
         if node is None and alive:
             return max(alive, key=lambda r: r.free_slots), False

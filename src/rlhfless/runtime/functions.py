@@ -98,7 +98,23 @@ class DecodeFunction:
         threads: int,
         device: str,
     ) -> None:
+        """Only the process: the model loads in `hello`, so that `where` answers as soon as Ray has
+        placed the function, before its cold start ends."""
         self.started = function_setup(threads)
+        self.setup = (model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device)
+        self.params: SamplingParams | None = None
+        self.step = 0
+        self.fault_after: int | None = None
+        self.iterations = 0
+
+    def where(self) -> str:
+        """The Ray node this function was placed on."""
+        return ray.get_runtime_context().get_node_id()
+
+    def hello(self) -> Started:
+        """The rest of the cold start, called once by the pool after `where`: the model from
+        storage into an engine."""
+        model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device = self.setup
         model = load_model(model_cfg, vocab_size, seed, device)
         self.engine = Engine(
             model,
@@ -107,14 +123,7 @@ class DecodeFunction:
             weight_version=-1,
             max_running=max_running,
         )
-        self.params: SamplingParams | None = None
-        self.step = 0
-        self.fault_after: int | None = None
-        self.iterations = 0
-        self.ready = time.time()
-
-    def hello(self) -> Started:
-        return started(self.started, self.ready)
+        return started(self.started, time.time())
 
     def sync(self, flat: np.ndarray, version: int) -> float:
         """Load policy weights `version` from the flat buffer; returns the seconds it took."""
@@ -207,6 +216,10 @@ class PrepareFunction:
             self.reference = load_model(model_cfg, vocab_size, seed, device).requires_grad_(False)
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_token_id
         self.ready = time.time()
+
+    def where(self) -> str:
+        """The Ray node this function was placed on (answered after its reference model loaded)."""
+        return ray.get_runtime_context().get_node_id()
 
     def hello(self) -> Started:
         return started(self.started, self.ready)

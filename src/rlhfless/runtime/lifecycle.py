@@ -11,7 +11,6 @@ stopped first: keep-alive gives way to a request.
 from __future__ import annotations
 
 import ray
-from ray._private.state import actors
 from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -44,14 +43,31 @@ class Functions:
         )
         keep_alive = float("inf") if cfg.scheduler.policy == "verl" else self.rt.keep_alive_s
         self.pool = FunctionPool(self._create, keep_alive)
+        # Nodes where Ray did not place a function of ours in time, this step: full, though our
+        # accounting cannot see it (another job holds their slots; Ray has no public per-node view).
+        self.full: set[str] = set()
 
     def cluster(self) -> ClusterView:
         """The cluster now, our idle warm functions' slots counted as free (they give way)."""
-        reusable: dict[str, float] = {}
-        for lease in self.pool.idle:
+        self.full = set()
+        idle = sum(self._held(self.pool.idle).values())
+        return read_cluster(self.slot, self._held(self.pool.leased), idle)
+
+    def free_slots(self, node: str) -> int:
+        """Slots free for a new function on `node` now (our idle warm functions hold theirs)."""
+        if node in self.full:
+            return 0
+        held = self._held([*self.pool.leased, *self.pool.idle])
+        return free_slots(node, self.slot, held.get(node, 0))
+
+    @staticmethod
+    def _held(leases) -> dict[str, int]:
+        """Slots per node that these leases hold (each with resources of its own holds one)."""
+        out: dict[str, int] = {}
+        for lease in leases:
             if lease.units > 0:
-                reusable[lease.shape[2]] = reusable.get(lease.shape[2], 0) + 1
-        return read_cluster(self.slot, reusable)
+                out[lease.shape[2]] = out.get(lease.shape[2], 0) + 1
+        return out
 
     def acquire(
         self,
@@ -91,7 +107,7 @@ class Functions:
     def _make_room(self, node: str, now: float) -> None:
         """Stop an idle warm function on `node` when Ray has no free slot there for a new one."""
         idle = [lease for lease in self.pool.idle if lease.shape[2] == node and lease.units > 0]
-        if idle and free_slots(node, self.slot) < 1:
+        if idle and self.free_slots(node) < 1:
             self.pool.stop_idle(idle[:1], now)  # each holds one slot
 
     def settle(self, lease: Lease, inv: Invocation) -> None:
@@ -109,11 +125,14 @@ class Functions:
 
     def placed(self, lease: Lease) -> bool:
         """Whether Ray has placed the function: given it a worker on a node (its cold start may
-        still be running), as the GCS actor table says; warm ones have been."""
-        if lease.hello is None or ray.wait([lease.hello], timeout=0)[0]:
+        still be running), as its `where` answer shows; warm ones have been, and one on the
+        learner's resources needs none from Ray. Asked once its placement deadline has passed: a
+        function not placed by then marks its node full."""
+        colocated = lease.shape[1]
+        if lease.hello is None or colocated or ray.wait([lease.where], timeout=0)[0]:
             return True
-        info = actors(lease.handle._actor_id.hex())  # no public call says "placed, still starting"
-        return info.get("State") == "ALIVE" or bool(info.get("Address", {}).get("Port"))
+        self.full.add(lease.shape[2])
+        return False
 
     def release(self, lease: Lease, now: float, keep: bool = True) -> None:
         self.pool.release(lease, now, keep=keep)

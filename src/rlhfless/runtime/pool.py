@@ -30,6 +30,7 @@ class Lease:
     version: int | None = None
     idle_since: float = 0.0
     hello: Any = None  # ObjectRef of its `Started` record, while its cold start is being awaited
+    where: Any = None  # ObjectRef of its node id: ready once Ray has placed it (its cold start runs on)
     units: float = 0.0  # billed accelerator units it holds (0: on the learner's resources)
     resources: dict[str, float] | None = None
 
@@ -67,7 +68,8 @@ class FunctionPool:
                 self.leased.add(lease)
                 return lease
         handle = self.create(shape)
-        lease = Lease(handle, shape, next(self._serial), hello=handle.hello.remote())
+        where = handle.where.remote()  # submitted first: an actor runs one caller's calls in order
+        lease = Lease(handle, shape, next(self._serial), hello=handle.hello.remote(), where=where)
         self.leased.add(lease)
         return lease
 

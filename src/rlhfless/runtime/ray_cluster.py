@@ -6,6 +6,14 @@ arithmetic (`layout`) is a pure function of what Ray reports, apart from the cal
 A slot is one function's resources (`cpus_per_actor` CPUs, or the plan's GPUs). The driver's node
 also holds the learner's slot, which Ray does not see (the learner is this process); the embedded
 Ray leaves it out of the CPUs it offers, and on an existing cluster the head should leave it out too.
+
+Only public Ray calls: `ray.nodes()` (each node's total resources, alive or not),
+`ray.available_resources()` (what is free in the whole cluster) and the runtime context. Ray has no
+public call for what is free on each node (ray-project/ray#60134; its maintainers advise a
+library's own accounting), so a node's free slots are its total less what our own functions hold
+there, and no more than Ray has free in all: what other jobs hold is taken off the nodes with the
+fewest free slots, a guess. A function placed by a wrong guess waits for `runtime.place_timeout_s`
+and is re-planned.
 """
 
 from __future__ import annotations
@@ -16,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import ray
-from ray._private.state import available_resources_per_node
 
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.placement import ClusterSpec
@@ -101,38 +108,49 @@ def slots_in(resources: Resources, slot: Resources) -> int:
 
 
 def layout(
-    nodes: list[dict],
-    available: Mapping[str, Resources],
-    driver: str,
-    slot: Resources,
-    reusable: Mapping[str, float],
+    nodes: list[dict], driver: str, slot: Resources, held: Mapping[str, int], spare: int
 ) -> ClusterView:
-    """The view from `ray.nodes()` records and each node's available resources: alive nodes with a
-    free slot (the driver's always, it has the learner's), the driver's first, then by free slots
-    (more first: heavier actors go to fuller nodes) and id. `reusable`: slots per node held by our
-    own idle warm functions, which a plan may reuse or stop (keep-alive gives way to a request)."""
+    """The view from `ray.nodes()` records: alive nodes with a free slot (the driver's always, it
+    has the learner's), the driver's first, then by free slots (more first: heavier actors go to
+    fuller nodes) and id. A node's free slots are its total less `held` (slots per node our own
+    leased functions hold; idle warm ones give way to a request, so they count as free), and all
+    nodes together offer no more than `spare` (whole slots Ray has free in the cluster, our idle
+    warm functions' included): the rest is held by other jobs, taken off the nodes with the fewest
+    free slots (Ray does not say where; see the module docstring)."""
     out = []
     for n in nodes:
         if not n.get("Alive"):
             continue
         node_id = n["NodeID"]
-        mine = node_id == driver
-        free = slots_in(available.get(node_id, {}), slot) + int(reusable.get(node_id, 0)) + mine
-        total = slots_in(n.get("Resources", {}), slot) + mine
-        if free > 0:
-            out.append(NodeSlots(node_id, n.get("NodeManagerAddress", ""), total, min(free, total), mine))
-    out.sort(key=lambda n: (not n.driver, -n.free, n.node_id))
-    if not out or not out[0].driver:
+        total = slots_in(n.get("Resources", {}), slot)
+        free = max(0, total - int(held.get(node_id, 0)))
+        out.append([node_id, n.get("NodeManagerAddress", ""), total, free])
+    out.sort(key=lambda n: (n[0] != driver, -n[3], n[0]))
+    others = sum(n[3] for n in out) - max(0, spare)
+    for n in reversed(out):
+        taken = min(n[3], max(0, others))
+        n[3], others = n[3] - taken, others - taken
+    view = [
+        NodeSlots(node_id, address, total + mine, free + mine, mine)
+        for node_id, address, total, free in out
+        if (mine := node_id == driver) or free > 0
+    ]
+    view.sort(key=lambda n: (not n.driver, -n.free, n.node_id))
+    if not view or not view[0].driver:
         raise RuntimeError(f"the driver's node {driver} is not among Ray's alive nodes")
-    return ClusterView(tuple(out))
+    return ClusterView(tuple(view))
 
 
-def read_cluster(slot: Resources, reusable: Mapping[str, float]) -> ClusterView:
-    """The cluster as Ray reports it now (see `layout`)."""
+def read_cluster(slot: Resources, held: Mapping[str, int], idle: int) -> ClusterView:
+    """The cluster as Ray reports it now (see `layout`); `idle`: slots our idle warm functions hold."""
     driver = ray.get_runtime_context().get_node_id()
-    return layout(ray.nodes(), available_resources_per_node(), driver, slot, reusable)
+    return layout(ray.nodes(), driver, slot, held, slots_in(ray.available_resources(), slot) + idle)
 
 
-def free_slots(node_id: str, slot: Resources) -> int:
-    """Slots Ray has free on `node_id` now."""
-    return slots_in(available_resources_per_node().get(node_id, {}), slot)
+def free_slots(node_id: str, slot: Resources, held: int) -> int:
+    """Slots free on `node_id` now: its total less the `held` slots our own functions (idle warm
+    ones included) hold there, and no more than Ray has free in the whole cluster."""
+    total = sum(
+        slots_in(n.get("Resources", {}), slot) for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]
+    )
+    return max(0, min(total - held, slots_in(ray.available_resources(), slot)))

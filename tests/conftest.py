@@ -1,0 +1,62 @@
+"""Suite-wide: no test leaves a Ray process behind.
+
+Other users run Ray on the same machine, so a process is ours only if this pytest process started
+it: every descendant seen after a test is remembered (with its start time, so a reused pid is not
+mistaken for it), and so is every Ray session directory named on their command lines, which also
+finds a Ray process whose parent died and left it to init. At the end of the session none of them
+may be alive; Ray's own shutdown is asynchronous, so they get a grace period to exit.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import psutil
+import pytest
+
+GRACE_S = 30.0
+SESSION_DIR = re.compile(r"/ray/session_[\w.-]+")
+
+_started: dict[int, float] = {}  # pid -> create time of each process this session started
+_sessions: set[str] = set()  # Ray session directories those processes belong to
+
+
+def _note_descendants() -> None:
+    for p in psutil.Process().children(recursive=True):
+        try:
+            _started[p.pid] = p.create_time()
+            _sessions.update(SESSION_DIR.findall(" ".join(p.cmdline())))
+        except psutil.Error:
+            pass
+
+
+def _left_behind() -> list[str]:
+    out = []
+    for p in psutil.process_iter(["pid", "create_time", "cmdline"]):
+        try:
+            cmdline = " ".join(p.info["cmdline"] or [])
+            ours = _started.get(p.info["pid"]) == p.info["create_time"]
+            if ours and "ray" not in cmdline.lower():
+                continue  # not a Ray process
+            if ours or any(s in cmdline for s in _sessions):
+                out.append(f"pid {p.info['pid']}: {cmdline[:160]}")
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _remember_started_processes():
+    yield
+    _note_descendants()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ray_process_left_behind():
+    yield
+    _note_descendants()
+    deadline = time.monotonic() + GRACE_S
+    while (left := _left_behind()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, "Ray processes started by this test session outlived it:\n" + "\n".join(left)
