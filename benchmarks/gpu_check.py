@@ -159,6 +159,7 @@ def sample_identity(model_dir: Path, device: str, new_tokens: int) -> tuple[int,
 
     def function(where: str) -> DecodeFunction:
         fn = DecodeFunction(cfg.model, vocab, cfg.seed, [eos], tokenizer.pad_token_id, 16, 8, where)
+        fn.hello()  # the model loads here
         fn.sync(flat, 0)
         return fn
 

@@ -105,6 +105,7 @@ def test_a_decode_function_puts_its_model_and_kv_on_its_device_and_hands_kv_over
     cfg = resolve_device(tiny("runtime.device=cpu"))
     tokenizer = load_tokenizer(cfg.model)
     fn = DecodeFunction(cfg.model, len(tokenizer), cfg.seed, [tokenizer.eos_token_id], 0, 8, 1, "cpu")
+    fn.hello()  # the model loads here, after the pool has seen where the function runs
     fn.sync(flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)), 0)
     fn.assign([("u", [5, 6, 7], [0, 1], None)], None, SamplingParams(max_new_tokens=8, seed=1), 1, None)
     fn.engine.step()
@@ -115,6 +116,7 @@ def test_a_decode_function_puts_its_model_and_kv_on_its_device_and_hands_kv_over
 
 def decode_function(cfg, vocab: int, eos: int, device: str, flat: np.ndarray) -> DecodeFunction:
     fn = DecodeFunction(cfg.model, vocab, cfg.seed, [eos], 0, 4, 1, device)
+    fn.hello()
     fn.sync(flat, 0)
     return fn
 

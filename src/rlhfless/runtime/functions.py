@@ -75,7 +75,10 @@ def live_sequences(engine: Engine) -> list[LiveSequence]:
 
 
 def started(begin: float, ready: float) -> Started:
-    return Started(begin, ready, os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id())
+    """The cold start's span and where it ran; a function built outside Ray (tests, the GPU check)
+    names no node rather than starting a Ray of its own to ask."""
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    return Started(begin, ready, os.getpid(), socket.gethostname(), node)
 
 
 def function_setup(threads: int) -> float:
