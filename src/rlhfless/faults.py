@@ -24,7 +24,10 @@ import psutil
 # kind -> (keys it takes beyond kind and step, what it does)
 KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "decode_exit": (("actor", "after"), "decode function `actor` exits (os._exit) after `after` iterations"),
-    "slow": (("actor", "after", "seconds"), "decode function `actor` sleeps `seconds` after `after` iterations"),
+    "slow": (
+        ("actor", "after", "seconds"),
+        "decode function `actor` sleeps `seconds` after `after` iterations",
+    ),
     "node_exit": (
         ("node", "after"),
         "the first decode function on plan node `node` (>= 1, never the driver's) kills its node's "
@@ -112,7 +115,9 @@ class FaultPlan:
     def __bool__(self) -> bool:
         return bool(self.listed) or (self.schedule is not None and self.schedule.rate > 0)
 
-    def decode(self, step: int, actors: list[tuple[int, int]], driver_node: int | None) -> dict[int, list[DecodeFault]]:
+    def decode(
+        self, step: int, actors: list[tuple[int, int]], driver_node: int | None
+    ) -> dict[int, list[DecodeFault]]:
         """Faults of step `step`'s decode functions by plan actor; `actors` is (actor, plan node)
         in plan order. A node fault goes to the first function on its node, never the driver's."""
         armed: dict[int, list[DecodeFault]] = {}
@@ -232,4 +237,3 @@ def parse_faults(listed: Any, schedule: Any) -> FaultPlan:
 def describe() -> str:
     """The kinds and their keys, for the config's help text."""
     return "; ".join(f"{k} ({', '.join(('step', *keys))}): {text}" for k, (keys, text) in KINDS.items())
-
