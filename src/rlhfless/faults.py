@@ -124,7 +124,8 @@ class FaultPlan:
         for f in self.at(step):
             if f.kind in ("decode_exit", "slow") and actors:
                 actor = actors[f.actor % len(actors)][0]
-                armed.setdefault(actor, []).append(DecodeFault(f.kind, f.after, f.seconds))
+                seconds = f.seconds if f.kind == "slow" else 0.0
+                armed.setdefault(actor, []).append(DecodeFault(f.kind, f.after, seconds))
             elif f.kind == "node_exit" and f.node != driver_node:
                 on_node = [a for a, node in actors if node == f.node]
                 if on_node:

@@ -71,7 +71,7 @@ class RuntimeConfig:
         default=True,
         metadata={"help": "migrated sequences carry their KV cache (else the target re-prefills them)"},
     )
-    faults: list[dict[str, Any]] = field(
+    faults: list[Any] = field(
         default_factory=list,
         metadata={
             "help": "ray executor: injected faults, each a mapping of kind, step and its target and "
