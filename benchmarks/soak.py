@@ -70,10 +70,11 @@ def base_overrides(out: Path, steps: int, seed: int, address: str | None) -> lis
         "trainer.progress=false",
         "trainer.tensorboard=false",
         "runtime.executor=ray",
-        "scheduler.n_min=2",  # one decode function colocated with the learner, one on its own slot
         "runtime.slice_s=0.02",
     ]
-    return over + ([f"runtime.ray_address={address}"] if address else [])
+    if address:  # a function on every slot of the cluster, the worker node's included
+        return [*over, "scheduler.n_min=8", f"runtime.ray_address={address}"]
+    return [*over, "scheduler.n_min=2"]  # one decode function colocated with the learner, one on its own slot
 
 
 # ----- sampling ------------------------------------------------------------------------------
@@ -333,8 +334,8 @@ def faulty_run(args, out: Path, address: str | None, cluster=None) -> dict:
         start = checkpointed(run_dir)  # the step this launch resumes after
         launch.overrides = base_overrides(run_dir, args.steps, args.seed, address) + extra
         launch.faults = node_faults
-        if resumed:
-            launch.overrides.append("--resume")
+        if resumed:  # before the overrides: argparse takes no option after them
+            launch.overrides.insert(0, "--resume")
         rc, wall = run_launch(train_cmd(), launch, sampler, out / "faulty.log")
         ran = [r for r in rows_of(run_dir) if r["step"] > start]
         fired = sum(int(r.get("faults/injected", 0)) + int(r.get("faults/prepare_injected", 0)) for r in ran)
