@@ -172,6 +172,7 @@ class Launch:
     kill_delay_s: float = 0.0  # ...this much later
     checkpoint_exit: tuple[int, str] | None = None  # (step, file): the run's own fault
     faults: list[dict] = field(default_factory=list)  # more of `runtime.faults` (node_exit)
+    outlived: int = 0  # processes of its tree still running 10 s after it ended (then stopped)
 
 
 def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> tuple[int, float]:
@@ -201,22 +202,31 @@ def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> t
         time.sleep(0.05)
     rc = proc.wait()
     sampler.proc = None
-    _reap(tree)
+    launch.outlived = _reap(tree)
     return rc, time.time() - start
 
 
-def _reap(tree: set[psutil.Process]) -> None:
-    """Processes a killed driver started (its embedded Ray) that outlived it: stopped by pid."""
+def _reap(tree: set[psutil.Process]) -> int:
+    """Processes a killed driver started (its embedded Ray) that outlived it by 10 s: stopped by
+    pid, and counted."""
     deadline = time.time() + 10
-    alive = [p for p in tree if p.is_running()]
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    alive = [p for p in tree if running(p)]
     while alive and time.time() < deadline:
         time.sleep(0.5)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if running(p)]
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
+    return len(alive)
 
 
 def checkpointed(run_dir: Path) -> int:
@@ -348,7 +358,14 @@ def faulty_run(args, out: Path, address: str | None, cluster=None) -> dict:
         elif rc != 0:
             raise SystemExit(f"soak: launch {i + 1} failed (exit {rc}); see {out / 'faulty.log'}")
         records.append(
-            {"launch": i + 1, "exit": rc, "wall_s": wall, "interruption": kind, "steps_logged": len(ran)}
+            {
+                "launch": i + 1,
+                "exit": rc,
+                "wall_s": wall,
+                "interruption": kind,
+                "steps_logged": len(ran),
+                "processes_outlived": launch.outlived,
+            }
         )
         resumed = True
         if rc == 0:
