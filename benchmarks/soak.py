@@ -195,7 +195,10 @@ def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> t
             tree |= set(ps.children(recursive=True))
         except psutil.Error:
             pass
-        if launch.kill_after_step is not None and sampler._steps() >= launch.kill_after_step:
+        if (
+            launch.kill_after_step is not None
+            and logged_since(sampler.run_dir, start) >= launch.kill_after_step
+        ):
             time.sleep(launch.kill_delay_s)
             proc.send_signal(signal.SIGKILL)
             break
@@ -227,6 +230,18 @@ def _reap(tree: set[psutil.Process]) -> int:
         except psutil.Error:
             pass
     return len(alive)
+
+
+def logged_since(run_dir: Path, since: float) -> int:
+    """Steps in metrics.jsonl, once this launch has rewritten it (a resume truncates it first;
+    until then the lines are the killed launch's): 0 before."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        if path.stat().st_mtime < since:
+            return 0
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
 
 
 def checkpointed(run_dir: Path) -> int:
@@ -342,6 +357,8 @@ def faulty_run(args, out: Path, address: str | None, cluster=None) -> dict:
     node_faults = node_fault_overrides(args) if cluster is not None else []
     for i, launch in enumerate(launches):
         start = checkpointed(run_dir)  # the step this launch resumes after
+        if launch.kill_after_step is not None:  # a step this launch runs
+            launch.kill_after_step = max(launch.kill_after_step, start + 1)
         launch.overrides = base_overrides(run_dir, args.steps, args.seed, address) + extra
         launch.faults = node_faults
         if resumed:  # before the overrides: argparse takes no option after them
