@@ -172,7 +172,7 @@ class Launch:
     kill_delay_s: float = 0.0  # ...this much later
     checkpoint_exit: tuple[int, str] | None = None  # (step, file): the run's own fault
     faults: list[dict] = field(default_factory=list)  # more of `runtime.faults` (node_exit)
-    outlived: int = 0  # processes of its tree still running 10 s after it ended (then stopped)
+    outlived: list[str] = field(default_factory=list)  # its processes alive 10 s after it ended (stopped)
 
 
 def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> tuple[int, float]:
@@ -209,7 +209,7 @@ def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> t
     return rc, time.time() - start
 
 
-def _reap(tree: set[psutil.Process]) -> int:
+def _reap(tree: set[psutil.Process]) -> list[str]:
     """Processes a killed driver started (its embedded Ray) that outlived it by 10 s: stopped by
     pid, and counted."""
     deadline = time.time() + 10
@@ -224,12 +224,14 @@ def _reap(tree: set[psutil.Process]) -> int:
     while alive and time.time() < deadline:
         time.sleep(0.5)
         alive = [p for p in alive if running(p)]
+    names = []
     for p in alive:
         try:
+            names.append(p.name())
             p.kill()
         except psutil.Error:
             pass
-    return len(alive)
+    return sorted(names)
 
 
 def logged_since(run_dir: Path, since: float) -> int:
