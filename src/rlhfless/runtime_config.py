@@ -6,23 +6,14 @@ imports no module of the runtime that consumes it."""
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlhfless.checks import check
+from rlhfless.faults import FaultPlan, describe, parse_faults
 
 EXECUTORS = ("ray", "inprocess")
 DEVICES = ("auto", "cpu", "cuda")
-FAULT = re.compile(r"^actor=(\d+),step=(\d+),after=(\d+)$")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """Kill decode function `actor` (plan index) of step `step` after `after` decode iterations."""
-
-    actor: int
-    step: int
-    after: int
 
 
 @dataclass
@@ -89,11 +80,20 @@ class RuntimeConfig:
         default=True,
         metadata={"help": "migrated sequences carry their KV cache (else the target re-prefills them)"},
     )
-    fault_injection: str = field(
-        default="",
+    faults: list[Any] = field(
+        default_factory=list,
         metadata={
-            "help": "'actor=K,step=S,after=N': decode function K of step S dies after N decode "
-            "iterations (its unfinished sequences are re-run elsewhere); empty = none"
+            "help": "ray executor: injected faults, each a mapping of kind, step and its target and "
+            "point, e.g. [{kind: decode_exit, step: 2, actor: 0, after: 3}]; kinds: " + describe()
+        },
+    )
+    fault_schedule: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "ray executor: random faults, the same for the same seed: {seed: 0, rate: 0.2, "
+            "kinds: [decode_exit, slow, prepare_exit, prepare_slow], max_after: 8, max_seconds: 2}; "
+            "at each step, with probability rate, one fault of a kind drawn from kinds (a decode "
+            "function's taken modulo the step's plan size); {} = none"
         },
     )
     profile: str | None = field(
@@ -129,14 +129,9 @@ class RuntimeConfig:
         check(self.keep_alive_s >= 0, "keep_alive_s", self.keep_alive_s, "seconds >= 0")
         check(self.slice_s > 0, "slice_s", self.slice_s, "seconds > 0")
         check(self.place_timeout_s > 0, "place_timeout_s", self.place_timeout_s, "seconds > 0")
-        check(
-            not self.fault_injection or FAULT.match(self.fault_injection) is not None,
-            "fault_injection",
-            self.fault_injection,
-            "'' or 'actor=K,step=S,after=N' (integers)",
-        )
+        self.fault_plan  # noqa: B018 -- a bad fault spec is refused here, naming its key
 
     @property
-    def fault(self) -> FaultSpec | None:
-        match = FAULT.match(self.fault_injection)
-        return FaultSpec(*(int(g) for g in match.groups())) if match else None
+    def fault_plan(self) -> FaultPlan:
+        """`faults` and `fault_schedule`, parsed (they stay plain mappings for config.yaml)."""
+        return parse_faults(self.faults, self.fault_schedule)

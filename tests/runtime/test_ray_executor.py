@@ -55,7 +55,7 @@ def run(*overrides: str, steps: int = 1, full: bool = True, cold_start_s: float 
             samples, metrics = executor.generate(prompts, plan, step)
             record = {"plan": plan, "samples": samples, "metrics": metrics, "n_prompts": len(prompts)}
             if full:
-                ref, _ = executor.prepare(prompts, samples)
+                ref, record["prepare"] = executor.prepare(prompts, samples)
                 executor.learn(samples, advantages(cfg, samples), ref)
                 record["billing"], record["timeline"] = executor.finish_step(step)
             out.append(record)
@@ -147,17 +147,22 @@ def test_an_actor_cut_at_tau_has_its_sequences_finished_elsewhere_with_the_same_
     assert tokens(cut["samples"]) == tokens(whole["samples"])
 
 
-def test_a_killed_decode_function_is_rerun_elsewhere_and_the_step_is_unchanged(rlhfless):
-    [faulty] = run(
-        "scheduler.policy=rlhfless",
-        "scheduler.cut_and_migrate=false",
-        "runtime.fault_injection=actor=1,step=1,after=12",
+def test_killed_and_slowed_functions_are_replaced_and_the_step_is_unchanged(rlhfless):
+    faults = (
+        "[{kind: decode_exit, step: 1, actor: 1, after: 12},"
+        " {kind: slow, step: 1, actor: 0, after: 2, seconds: 0.2}, {kind: prepare_exit, step: 1}]"
     )
+    [faulty] = run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", f"runtime.faults={faults}")
     metrics, functions = faulty["metrics"], faulty["timeline"]["functions"]
     assert metrics["faults"] == 1 and metrics["faults/rerun_sequences"] > 0
+    assert metrics["faults/injected"] == 2  # the exit and the slow-down, each where it was aimed
     assert metrics["faults/resumed_tokens"] > 0  # resumed from the last report, not from scratch
-    assert any(e["kind"] == "fault" for f in functions for e in f["events"])
+    assert faulty["prepare"]["faults/prepare"] == faulty["prepare"]["faults/prepare_injected"] == 1
+    events = {e["kind"] for f in functions for e in f["events"]}
+    assert {"fault", "injected:decode_exit", "injected:slow"} <= events
+    assert sum(e["kind"] == "fault" for f in functions if f["kind"] == "reference" for e in f["events"]) == 1
     assert tokens(faulty["samples"]) == tokens(rlhfless[0]["samples"])
+    assert [s.reward for s in faulty["samples"]] == [s.reward for s in rlhfless[0]["samples"]]
 
 
 def test_ppo_critic_runs_under_ray_as_a_colocated_function_billed_through_the_learner(tmp_path):

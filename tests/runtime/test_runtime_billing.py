@@ -5,7 +5,6 @@ import pytest
 from rlhfless.planner.pricing import Pricing
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.pool import FunctionPool
-from rlhfless.runtime_config import FaultSpec, RuntimeConfig
 
 PRICE = Pricing(3600.0)  # $1 per unit-second keeps the arithmetic readable
 
@@ -119,10 +118,3 @@ def test_pool_records_every_idle_span_for_the_meter_and_stops_what_it_is_told_to
     assert spans == [(a, 1.0, 4.0), (a, 5.0, 7.0)]  # the ended span once, the open one so far
     pool.evict(now=20.0)  # the keep-alive ran out at 15
     assert [(s.start, s.end) for s in pool.take_spans(now=20.0)] == [(5.0, 15.0)]
-
-
-def test_fault_injection_spec_parses_and_rejects_garbage():
-    assert RuntimeConfig(fault_injection="actor=1,step=2,after=30").fault == FaultSpec(1, 2, 30)
-    assert RuntimeConfig().fault is None
-    with pytest.raises(ValueError, match="fault_injection"):
-        RuntimeConfig(fault_injection="kill it")

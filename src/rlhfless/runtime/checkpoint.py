@@ -13,6 +13,7 @@ import pickle
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,32 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    root: Path, step: int, model: torch.nn.Module, trainer_state: dict, learner_state: dict, keep: int
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    trainer_state: dict,
+    learner_state: dict,
+    keep: int,
+    on_file: Callable[[str], None] = lambda name: None,
 ) -> Path:
-    """Write `root/step_NNNNNN/` atomically and prune all but the `keep` newest checkpoints."""
+    """Write `root/step_NNNNNN/` atomically and prune all but the `keep` newest checkpoints.
+
+    `on_file(name)` runs after each file is written, before the rename: where an injected fault
+    (`checkpoint_exit`) kills the writer half-way, as a kill -9 could. A writer killed so leaves
+    only a dot-folder, removed by the next write."""
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".{PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
     final = root / f"{PREFIX}{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     save_model(model, str(tmp / "model.safetensors"))
+    on_file("model.safetensors")
     torch.save(learner_state, tmp / "optimizer.pt")
+    on_file("optimizer.pt")
     (tmp / "rng.json").write_text(json.dumps(_rng_state()))
+    on_file("rng.json")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+    on_file("trainer_state.json")
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

@@ -20,6 +20,7 @@ import ray
 from rlhfless.config import Config
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import SequenceResult, SequenceState
+from rlhfless.faults import DecodeFault
 from rlhfless.planner.migration import ActorProgress, decide
 from rlhfless.planner.plan import StepPlan
 from rlhfless.runtime.billing import Invocation, Meter
@@ -43,6 +44,7 @@ METRICS = (
     "faults/unplaced",
     "faults/rerun_sequences",
     "faults/resumed_tokens",
+    "faults/injected",
     "time/prefill",
     "time/decode",
     "prefill/tokens_computed",
@@ -69,6 +71,7 @@ class Run:
     sync_sent: float = 0.0
     assign: object = None  # ObjectRef of the assignment (its prefix KV load)
     kv_bytes: int = 0
+    faults: list[DecodeFault] = field(default_factory=list)  # injected (runtime.faults), not fired yet
 
     @property
     def name(self) -> str:
@@ -137,7 +140,10 @@ class DecodeRound:
 
     def assign(self, kv: PrefixKV | None) -> None:
         """Queue each function's prompts (their prefix KV views the bundle) and start its first slice."""
-        fault = self.rt.fault
+        node_of = {self.view.node_id(i % len(self.view.nodes)): i for i in range(len(self.view.nodes))}
+        armed = self.rt.fault_plan.decode(
+            self.step, [(a.actor, a.node) for a in self.plan.actors], node_of.get(self.view.driver)
+        )
         for run, a in zip(self.runs, self.plan.actors, strict=True):
             work: list[Work] = []
             for uid in a.uids:
@@ -151,10 +157,10 @@ class DecodeRound:
                 run.kv_bytes = kv.nbytes(a.uids)
                 if not run.colocated:
                     self.metrics["bytes/kv_transfer"] += run.kv_bytes
-            after = fault.after if fault and fault.step == self.step and fault.actor == a.actor else None
+            run.faults = armed.get(a.actor, [])
             handle = run.lease.handle
             run.assign = handle.assign.remote(
-                work, None if kv is None else kv.ref, self.params, self.step, after
+                work, None if kv is None else kv.ref, self.params, self.step, run.faults
             )
             self._advance(run)
 
@@ -188,6 +194,10 @@ class DecodeRound:
     def _absorb(self, run: Run, report: Report) -> None:
         run.inv.mark_busy(report.begin, report.end)
         run.placed = True
+        for kind in report.fired:  # injected faults it survived (a slow-down)
+            run.inv.event(report.end, f"injected:{kind}", 1)
+            run.faults = [f for f in run.faults if f.kind != kind or f.after > report.iterations]
+            self.metrics["faults/injected"] += 1
         for r in report.results:
             key = (r.uid, r.sample)
             self.results[key] = r
@@ -314,6 +324,11 @@ class DecodeRound:
         dead.inv.released = now
         lost = sorted(dead.pending())
         dead.inv.event(now, why, len(lost))
+        exits = [f for f in dead.faults if f.kind != "slow"]
+        if exits:  # it died of an injected fault (the first that could fire)
+            dead.inv.event(now, f"injected:{exits[0].kind}", 1)
+            self.metrics["faults/injected"] += 1
+            dead.faults = []
         dead.assigned -= set(lost)
         self.metrics["faults"] += 1
         self.metrics["faults/rerun_sequences"] += len(lost)

@@ -24,6 +24,7 @@ from rlhfless.config import ModelConfig
 from rlhfless.engine.engine import Engine
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import EngineStats, Request, SequenceResult, SequenceState
+from rlhfless.faults import DecodeFault
 from rlhfless.models import load_model
 from rlhfless.rewards import RewardConfig, build_reward_fn
 from rlhfless.runtime.executor import score
@@ -56,6 +57,7 @@ class Report:
     end: float
     stats: EngineStats
     iterations: int
+    fired: list[str]  # kinds of the injected faults that fired in this slice and were survived
 
 
 @dataclass
@@ -107,7 +109,7 @@ class DecodeFunction:
         self.setup = (model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device)
         self.params: SamplingParams | None = None
         self.step = 0
-        self.fault_after: int | None = None
+        self.faults: list[DecodeFault] = []
         self.iterations = 0
 
     def where(self) -> str:
@@ -140,11 +142,12 @@ class DecodeFunction:
         bundle: KVBundle | None,
         params: SamplingParams,
         step: int,
-        fault_after: int | None,
+        faults: list[DecodeFault],
     ) -> float:
-        """Queue this step's prompts; their prefix KV views the bundle. Returns seconds spent."""
+        """Queue this step's prompts; their prefix KV views the bundle; arm this step's injected
+        faults (`runtime.faults`). Returns seconds spent."""
         start = time.perf_counter()
-        self.params, self.step, self.fault_after, self.iterations = params, step, fault_after, 0
+        self.params, self.step, self.faults, self.iterations = params, step, list(faults), 0
         requests = [
             Request(uid, ids, len(samples), None if p is None else bundle.get(p), samples)
             for uid, ids, samples, p in work
@@ -162,11 +165,14 @@ class DecodeFunction:
         begin = time.time()
         before = self.engine.snapshot_stats()
         progress = self.engine.progress()
+        fired: list[str] = []
         while progress.running or progress.queued:
             self.engine.step()
             self.iterations += 1
-            if self.fault_after is not None and self.iterations >= self.fault_after:
-                os._exit(1)  # injected fault: the process dies mid-step, like a lost node
+            for fault in [f for f in self.faults if self.iterations >= f.after]:
+                self.faults.remove(fault)
+                fault.fire()  # an exit does not return: the process dies mid-step
+                fired.append(fault.kind)
             progress = self.engine.progress()
             if time.time() - begin >= seconds:
                 break
@@ -178,6 +184,7 @@ class DecodeFunction:
             time.time(),
             self.engine.stats.minus(before),
             self.iterations,
+            fired,
         )
 
     def cut(self, groups: list[list[tuple[str, int]]], with_kv: bool) -> list:
@@ -232,8 +239,14 @@ class PrepareFunction:
         load_flat_weights(self.reference, flat)
         return time.perf_counter() - start
 
-    def run(self, prompts: list[StepPrompt], samples: list[Sample]) -> dict:
-        """Rewards per sample, reference log-probs per sample (or None), and phase seconds."""
+    def run(
+        self, prompts: list[StepPrompt], samples: list[Sample], exit_first: bool = False, sleep_s: float = 0.0
+    ) -> dict:
+        """Rewards per sample, reference log-probs per sample (or None), and phase seconds; an
+        injected fault (`runtime.faults`) first sleeps `sleep_s` or exits the process."""
+        time.sleep(sleep_s)
+        if exit_first:
+            os._exit(1)
         begin = time.time()
         score(prompts, samples, self.reward_fn)
         scores = [(s.reward, s.reward_components) for s in samples]

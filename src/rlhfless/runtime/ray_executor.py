@@ -34,12 +34,14 @@ from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.decode_round import DecodeRound
 from rlhfless.runtime.dp_learner import ElasticLearner
-from rlhfless.runtime.lifecycle import Functions
+from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
 from rlhfless.runtime.ray_cluster import ClusterView, start_ray
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 from rlhfless.runtime.transfer import flat_weights
+
+PREPARE_ATTEMPTS = 4  # prepare functions a step may start before it gives up (each died)
 
 
 class RayExecutor:
@@ -74,6 +76,7 @@ class RayExecutor:
         self.held: list[Lease] = []
         self.learner_inv: Invocation | None = None
         self.timeline_nodes: list[dict] = []  # the nodes the last step was planned and placed on
+        self.step = 0
 
     def cluster(self) -> ClusterSpec:
         """The cluster as Ray reports it now: the next plan is made for it and placed on it."""
@@ -84,6 +87,7 @@ class RayExecutor:
 
     def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
         now = time.time()
+        self.step = step  # preparation's injected faults are this step's
         self.meter.begin_step(now)
         units = float(self.cfg.scheduler.gpus_per_actor)
         self.learner_inv = self.meter.open(
@@ -154,26 +158,51 @@ class RayExecutor:
 
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
         """Rewards and reference log-probs in one function, colocated with the learner, released after."""
+        self.meter.phase("preparation", time.time())
+        fault = self.cfg.runtime.fault_plan.prepare(self.step)
+        metrics = {"faults/prepare": 0.0, "faults/prepare_injected": float(fault[1] > 0)}
+        for attempt in range(PREPARE_ATTEMPTS):
+            out = self._prepare_once(prompts, samples, fault if attempt == 0 else (False, 0.0))
+            if out is not None:
+                break
+            metrics["faults/prepare"] += 1  # its function died: a new one scores the same samples
+            metrics["faults/prepare_injected"] += float(attempt == 0 and fault[0])
+        else:
+            raise RuntimeError(
+                f"step {self.step}: {PREPARE_ATTEMPTS} prepare functions died; expected Ray to keep one alive"
+            )
+        for s, (score, components) in zip(samples, out["scores"], strict=True):
+            s.reward, s.reward_components = score, components
+        ref = None if out["ref"] is None else [torch.from_numpy(np.array(a)) for a in out["ref"]]
+        return ref, metrics | {
+            "time/reward": out["time/reward"],
+            "time/reference": out["end"] - out["begin"] - out["time/reward"],
+        }
+
+    def _prepare_once(
+        self, prompts: list[StepPrompt], samples: list[Sample], fault: tuple[bool, float]
+    ) -> dict | None:
+        """One prepare function's run (None: it died, and is dropped)."""
         now = time.time()
-        self.meter.phase("preparation", now)
         kind = "reward" if self.reference_ref is None else "reference"
         lease, inv = self.functions.acquire(self.meter, kind, "prepare", True, self.driver, 0.0, now, kind)
         if self.reference_ref is not None and lease.version is None:
             lease.handle.sync.remote(self.reference_ref, 0)
             lease.version = 0
-        out = ray.get(lease.handle.run.remote(prompts, samples))
+        try:
+            out = ray.get(lease.handle.run.remote(prompts, samples, *fault))
+        except LOST:
+            self.functions.settle(lease, inv)
+            inv.released = time.time()
+            inv.event(inv.released, "fault", len(samples))
+            self.functions.drop(lease)
+            return None
         self.functions.settle(lease, inv)
         end = time.time()
         inv.mark_busy(out["begin"], out["end"])
         inv.released = end
         self.functions.release(lease, end)
-        for s, (score, components) in zip(samples, out["scores"], strict=True):
-            s.reward, s.reward_components = score, components
-        ref = None if out["ref"] is None else [torch.from_numpy(np.array(a)) for a in out["ref"]]
-        return ref, {
-            "time/reward": out["time/reward"],
-            "time/reference": out["end"] - out["begin"] - out["time/reward"],
-        }
+        return out
 
     def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
         with self.learner_inv.busy_while():
@@ -224,6 +253,7 @@ class RayExecutor:
                 name, lease.units, lease.resources or {}, span.start, span.end, lease.shape[2]
             )
         metrics, records = self.meter.close_step(end)
+        metrics |= object_store()
         transfers = self.meter.transfer_records()
         return metrics, {
             "step": step,
@@ -254,3 +284,20 @@ class RayExecutor:
         self.functions.close()
         if self.owns_ray:
             ray.shutdown()
+
+
+def object_store() -> dict[str, float]:
+    """What the cluster's object stores hold at the end of a step (Ray's `ray memory --stats-only`
+    numbers: only a private call reads them in-process): a leak of references across steps shows
+    as growth here. Empty when Ray cannot say."""
+    from ray._private.internal_api import get_memory_info_reply
+    from ray._private.state import state
+
+    try:
+        stats = get_memory_info_reply(state).store_stats
+    except Exception:  # noqa: BLE001 -- a measurement only; the step does not depend on it
+        return {}
+    return {
+        "ray/object_store_mib": stats.object_store_bytes_used / 2**20,
+        "ray/object_store_objects": float(stats.num_local_objects),
+    }

@@ -43,10 +43,20 @@ class RunLog:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
     def truncate_after(self, step: int) -> None:
-        """On resume, forget metrics of steps after the checkpoint (they will be redone)."""
+        """On resume, forget metrics of steps after the checkpoint (they will be redone), and a
+        last line cut short by a kill (a step after the checkpoint too: its line came first)."""
         if not self.metrics_path.exists():
             return
-        kept = [row for row in self.rows() if row.get("step", 0) <= step]
+        kept = []
+        for line in self.metrics_path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if row.get("step", 0) <= step:
+                kept.append(row)
         write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def metrics(self, step: int, values: dict[str, float]) -> None:

@@ -30,6 +30,7 @@ from rlhfless.algo import (
 from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
 from rlhfless.devices import learner_device, resolve_device
+from rlhfless.faults import exit_after
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError
@@ -255,6 +256,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
                     trainer_state,
                     executor.state_dict(),
                     cfg.trainer.keep_checkpoints,
+                    exit_after(cfg.runtime.fault_plan.checkpoint_file(step)),
                 )
     finally:
         log.close()
