@@ -173,13 +173,13 @@ def sample_identity(model_dir: Path, device: str, new_tokens: int) -> tuple[int,
 
     def run(where: str) -> dict:
         fn = function(where)
-        fn.assign(work, None, params, 1, None)
+        fn.assign(work, None, params, 1, [])
         return finish(fn)
 
     reference = run("cpu")
     direct = run(device)
     source, target = function("cpu"), function(device)
-    source.assign(work, None, params, 1, None)
+    source.assign(work, None, params, 1, [])
     for _ in range(new_tokens // 2):
         source.engine.step()
     keys = [(uid, s) for uid, _, samples, _ in work[::2] for s in samples]

@@ -107,7 +107,7 @@ def test_a_decode_function_puts_its_model_and_kv_on_its_device_and_hands_kv_over
     fn = DecodeFunction(cfg.model, len(tokenizer), cfg.seed, [tokenizer.eos_token_id], 0, 8, 1, "cpu")
     fn.hello()  # the model loads here, after the pool has seen where the function runs
     fn.sync(flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)), 0)
-    fn.assign([("u", [5, 6, 7], [0, 1], None)], None, SamplingParams(max_new_tokens=8, seed=1), 1, None)
+    fn.assign([("u", [5, 6, 7], [0, 1], None)], None, SamplingParams(max_new_tokens=8, seed=1), 1, [])
     fn.engine.step()
     fn.engine.step()
     moved, _ = fn.cut([[("u", 0), ("u", 1)]], with_kv=True)
@@ -147,14 +147,14 @@ def test_functions_sample_the_same_tokens_on_any_device_even_migrated_mid_decode
 
     def run_on(device: str) -> dict:
         fn = decode_function(cfg, vocab, eos, device, flat)
-        fn.assign(work, None, params, 5, None)
+        fn.assign(work, None, params, 5, [])
         return finish(fn)
 
     reference = run_on("cpu")
     assert len(reference) == 12 and len({tuple(t) for t in reference.values()}) == 12
     assert run_on(target) == reference
     source, dest = (decode_function(cfg, vocab, eos, d, flat) for d in ("cpu", target))
-    source.assign(work, None, params, 5, None)
+    source.assign(work, None, params, 5, [])
     for _ in range(6):
         source.engine.step()
     keys = [(uid, s) for uid, _, samples, _ in work[:2] for s in samples]
