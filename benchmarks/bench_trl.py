@@ -106,6 +106,7 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
 
     from rlhfless.config import load_config
     from rlhfless.data import PromptLoader, load_prompts
+    from rlhfless.devices import param_dtype
     from rlhfless.models import load_tokenizer, resolve_checkpoint
     from rlhfless.rewards import build_reward_fn
 
@@ -129,7 +130,7 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
         output_dir=str(out),
         use_cpu=True,
         bf16=False,
-        model_init_kwargs={"dtype": getattr(torch, cfg.model.dtype), **load_kwargs},
+        model_init_kwargs={"dtype": getattr(torch, param_dtype(cfg.model.dtype, "cpu")), **load_kwargs},
         per_device_train_batch_size=completions // accumulation,
         gradient_accumulation_steps=accumulation,
         num_generations=algo.group_size,
