@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlhfless.engine.kv import PrefillCache, PrefixKV, SlotCache, StaleCacheError
+from rlhfless.engine.forward import attention_mask_kind, decode_forward, prefill_forward
+from rlhfless.engine.kv import PrefixKV, SlotCache, StaleCacheError
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
     EngineStats,
@@ -53,101 +54,6 @@ class _Row:
     tokens: list[int]
     prefix: PrefixKV | None
     seqs: list[_Seq]
-
-
-def attention_mask_kind(model: torch.nn.Module) -> str:
-    """The engine passes ready 4-D masks: boolean for SDPA, additive float for eager attention."""
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    if impl not in ("sdpa", "eager"):
-        raise ValueError(
-            f"model attention: got {impl!r}, expected 'sdpa' or 'eager' (the engine passes 4-D masks)"
-        )
-    return impl
-
-
-def _as_model_mask(mask: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
-    if kind == "sdpa":
-        return mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-        ~mask, torch.finfo(dtype).min
-    )
-
-
-def prefill_forward(
-    model: torch.nn.Module, rows: Sequence[tuple[list[int], PrefixKV | None]], pad_token_id: int, kind: str
-) -> tuple[torch.Tensor, PrefillCache, list[int]]:
-    """One forward over rows (tokens, prefix): only the tokens after each prefix are computed.
-
-    Suffixes are left-padded to a common length S and the prefixes right-padded to P; the cache
-    returns [prefix block | new tokens] per layer and the mask hides both paddings. Returns the
-    last-position logits [R, V], the cache holding the new keys/values [R, H, S, D], and S.
-    """
-    param = next(model.parameters())
-    device = param.device
-    prefix_lens = [len(prefix) if prefix is not None else 0 for _, prefix in rows]
-    suffix_lens = [len(tokens) - p for (tokens, _), p in zip(rows, prefix_lens, strict=True)]
-    n_rows, span, width = len(rows), max(suffix_lens), max(prefix_lens)
-    ids = torch.full((n_rows, span), pad_token_id, dtype=torch.long)
-    positions = torch.zeros((n_rows, span), dtype=torch.long)
-    for r, ((tokens, _), p, s) in enumerate(zip(rows, prefix_lens, suffix_lens, strict=True)):
-        ids[r, span - s :] = torch.tensor(tokens[p:])
-        positions[r, span - s :] = torch.arange(p, p + s)
-    p_t = torch.tensor(prefix_lens)[:, None, None]
-    s_t = torch.tensor(suffix_lens)[:, None, None]
-    q = torch.arange(span)[None, :, None]
-    k_new = torch.arange(span)[None, None, :]
-    new_part = ((k_new >= span - s_t) & (k_new <= q)) | (k_new == q)
-    if width:
-        old_part = torch.arange(width)[None, None, :] < p_t
-        mask = torch.cat((old_part.expand(n_rows, span, width), new_part.expand(n_rows, span, span)), dim=2)
-        keys, values = [], []
-        for layer in range(model.config.num_hidden_layers):
-            k_block = v_block = None
-            for r, (_, prefix) in enumerate(rows):
-                if prefix is None or not len(prefix):
-                    continue
-                if k_block is None:
-                    shape = (n_rows, prefix.keys[layer].shape[0], width, prefix.keys[layer].shape[2])
-                    k_block = torch.zeros(shape, dtype=param.dtype, device=device)
-                    v_block = torch.zeros(shape, dtype=param.dtype, device=device)
-                k_block[r, :, : len(prefix)] = prefix.keys[layer]
-                v_block[r, :, : len(prefix)] = prefix.values[layer]
-            keys.append(k_block)
-            values.append(v_block)
-        cache = PrefillCache(keys, values)
-    else:
-        mask = new_part.expand(n_rows, span, span)
-        cache = PrefillCache(None, None)
-    mask = _as_model_mask(mask[:, None].to(device), kind, param.dtype)
-    out = model(
-        input_ids=ids.to(device),
-        attention_mask=mask,
-        position_ids=positions.to(device),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return out.logits[:, -1], cache, span
-
-
-def decode_forward(
-    model: torch.nn.Module,
-    slots: SlotCache,
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    kind: str,
-    span: int,
-) -> torch.Tensor:
-    """One decode forward of slots 0..B-1: feed `tokens` [B] at `positions` [B] (< span); logits [B, V]."""
-    mask = _as_model_mask(slots.begin_decode(positions, span), kind, slots.dtype)
-    out = model(
-        input_ids=tokens[:, None],
-        attention_mask=mask,
-        position_ids=positions[:, None],
-        past_key_values=slots,
-        use_cache=True,
-    )
-    return out.logits[:, -1]
 
 
 class Engine:

@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from rlhfless.engine.engine import attention_mask_kind, decode_forward, prefill_forward
+from rlhfless.engine.forward import attention_mask_kind, decode_forward, prefill_forward
 from rlhfless.engine.kv import SlotCache
 
 
