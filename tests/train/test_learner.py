@@ -33,10 +33,9 @@ def test_micro_batches_cover_every_group_once_within_the_budget(groups, budget):
     batches = micro_batches(groups, budget)
     assert sorted(g for b in batches for g in b) == list(range(len(groups)))
     for b in batches:
-        padded = len(b) * max(groups[g].prompt_len for g in b) + sum(
-            len(groups[g].response_lens) for g in b
-        ) * max(max(groups[g].response_lens) for g in b)
-        assert len(b) == 1 or padded <= budget
+        longest_prompt = max(groups[g].prompt_len for g in b)
+        longest_row = max(sum(groups[g].response_lens) for g in b)
+        assert len(b) == 1 or len(b) * (longest_prompt + longest_row) <= budget
 
 
 def make_samples(n=6, vocab=64, seed=0, group=2):
@@ -66,7 +65,10 @@ def model():
     return tiny_model(ModelConfig(path="tiny", tiny_hidden_size=32, tiny_layers=1), vocab_size=64, seed=0)
 
 
-def test_response_logprobs_match_a_full_forward_pass(model):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_response_logprobs_match_a_full_forward_pass(model, attention):
+    """Each group's responses run packed in one row: a token sees its prompt and its own sample."""
+    model.set_attn_implementation(attention)
     samples = make_samples(9, group=3)
     mb = MicroBatch.build(samples, prompt_groups(samples, list(range(9))), pad_id=0)
     samples = [samples[i] for i in mb.rows]

@@ -22,7 +22,8 @@ def attention_mask_kind(model: torch.nn.Module) -> str:
     return impl
 
 
-def _as_model_mask(mask: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+def model_mask(mask: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean 4-D mask as `kind` attention takes it: as is for SDPA, additive for eager."""
     if kind == "sdpa":
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
@@ -75,7 +76,7 @@ def prefill_forward(
     else:
         mask = new_part.expand(n_rows, span, span)
         cache = PrefillCache(None, None)
-    mask = _as_model_mask(mask[:, None].to(device), kind, param.dtype)
+    mask = model_mask(mask[:, None].to(device), kind, param.dtype)
     out = model(
         input_ids=ids.to(device),
         attention_mask=mask,
@@ -96,7 +97,7 @@ def decode_forward(
     span: int,
 ) -> torch.Tensor:
     """One decode forward of slots 0..B-1: feed `tokens` [B] at `positions` [B] (< span); logits [B, V]."""
-    mask = _as_model_mask(slots.begin_decode(positions, span), kind, slots.dtype)
+    mask = model_mask(slots.begin_decode(positions, span), kind, slots.dtype)
     out = model(
         input_ids=tokens[:, None],
         attention_mask=mask,

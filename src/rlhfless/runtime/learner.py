@@ -18,6 +18,7 @@ from torch import Tensor
 
 from rlhfless.algo import aggregate_loss, kl_penalty, policy_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
+from rlhfless.engine.forward import attention_mask_kind, model_mask
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.samples import Sample
 
@@ -31,7 +32,8 @@ class Group:
     response_lens: list[int]
 
     def cost(self) -> tuple[int, int]:
-        return self.prompt_len, max(self.response_lens)
+        """Tokens the backbone runs: the prompt, and the group's responses packed in one row."""
+        return self.prompt_len, sum(self.response_lens)
 
 
 def prompt_groups(samples: list[Sample], rows: list[int]) -> list[Group]:
@@ -45,99 +47,149 @@ def prompt_groups(samples: list[Sample], rows: list[int]) -> list[Group]:
 
 
 def micro_batches(groups: list[Group], token_budget: int) -> list[list[int]]:
-    """Group indices packed so that padded prompt tokens plus padded response tokens fit the budget.
+    """Group indices packed so that padded prompt tokens plus padded packed-response tokens fit the
+    budget: K groups cost K x (longest prompt + longest packed row).
 
-    Longest first, so groups of one micro-batch are alike and right/left padding wastes little.
+    Longest first, so groups of one micro-batch are alike and padding wastes little.
     A single group over the budget gets a micro-batch of its own.
     """
     order = sorted(range(len(groups)), key=lambda g: -sum(groups[g].cost()))
     batches: list[list[int]] = []
-    shape = (0, 0, 0, 0)  # prompts, samples, longest prompt, longest response of the open batch
+    shape = (0, 0, 0)  # groups, longest prompt, longest packed row of the open batch
     for g in order:
         p, r = groups[g].cost()
-        k, n, pmax, rmax = shape
-        grown = (k + 1, n + len(groups[g].response_lens), max(pmax, p), max(rmax, r))
-        if batches and grown[0] * grown[2] + grown[1] * grown[3] <= token_budget:
+        k, pmax, rmax = shape
+        grown = (k + 1, max(pmax, p), max(rmax, r))
+        if batches and grown[0] * (grown[1] + grown[2]) <= token_budget:
             batches[-1].append(g)
             shape = grown
         else:
             batches.append([g])
-            shape = (1, len(groups[g].response_lens), p, r)
+            shape = (1, p, r)
     return batches
 
 
 @dataclass
 class MicroBatch:
-    """K prompts left-padded, their N samples' responses right-padded, and the targets.
+    """K prompts left-padded; each prompt's samples' responses packed into one row after it.
 
     The prompt pass yields the KV every sample of the group attends to, and the last prompt
-    position's hidden state, which predicts each sample's first response token.
+    position's hidden state, which predicts each sample's first response token. The response pass
+    runs row k = the group's responses end to end, each token seeing the prompt and the earlier
+    tokens of its own sample only: no sample is padded to the group's longest, which on GRPO's
+    uneven groups used to be over half the backbone's work.
     """
 
     rows: list[int]  # sample indices, in micro-batch order
     prompt_ids: Tensor  # [K, P] left-padded
     prompt_mask: Tensor  # [K, P]
-    group_index: Tensor  # [N]: the prompt row of each sample
-    response_in: Tensor  # [N, R-1]: response tokens fed after the prompt (all but the last)
+    packed_ids: Tensor  # [K, Q]: each group's response tokens but their last, end to end
+    packed_positions: Tensor  # [K, Q]: their position ids (prompt length + offset in the sample)
+    packed_sample: Tensor  # [K, Q]: which sample of `rows` each packed token belongs to; -1: padding
+    sources: Tensor  # [T]: per real response token, its hidden state's row in `response_hidden`'s source
     targets: Tensor  # [N, R]
     mask: Tensor  # [N, R], 1 on real response tokens
 
     @classmethod
     def build(cls, samples: list[Sample], groups: list[Group], pad_id: int) -> MicroBatch:
         rows = [i for g in groups for i in g.rows]
+        n_groups = len(groups)
         width_p = max(g.prompt_len for g in groups)
         width_r = max(max(g.response_lens) for g in groups)
-        prompt_ids = torch.full((len(groups), width_p), pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros((len(groups), width_p), dtype=torch.long)
+        width_q = max(sum(max(n - 1, 0) for n in g.response_lens) for g in groups)
+        prompt_ids = torch.full((n_groups, width_p), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((n_groups, width_p), dtype=torch.long)
+        packed_ids = torch.full((n_groups, width_q), pad_id, dtype=torch.long)
+        packed_positions = torch.zeros((n_groups, width_q), dtype=torch.long)
+        packed_sample = torch.full((n_groups, width_q), -1, dtype=torch.long)
+        targets = torch.full((len(rows), width_r), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width_r))
+        sources: list[int] = []  # 0..K-1: a prompt's last position; K + k * Q + q: packed token q of row k
+        b = 0
         for k, g in enumerate(groups):
             prompt_ids[k, width_p - g.prompt_len :] = torch.tensor(samples[g.rows[0]].prompt_ids)
             prompt_mask[k, width_p - g.prompt_len :] = 1
-        group_index = torch.tensor([k for k, g in enumerate(groups) for _ in g.rows])
-        targets = torch.full((len(rows), width_r), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width_r))
-        for b, i in enumerate(rows):
-            r = len(samples[i].response_ids)
-            targets[b, :r] = torch.tensor(samples[i].response_ids)
-            mask[b, :r] = 1.0
-        return cls(rows, prompt_ids, prompt_mask, group_index, targets[:, :-1], targets, mask)
+            q = 0
+            for i in g.rows:
+                response = samples[i].response_ids
+                r, fed = len(response), max(len(response) - 1, 0)  # the last token is only a target
+                targets[b, :r] = torch.tensor(response, dtype=torch.long)
+                mask[b, :r] = 1.0
+                packed_ids[k, q : q + fed] = torch.tensor(response[:fed], dtype=torch.long)
+                packed_positions[k, q : q + fed] = torch.arange(g.prompt_len, g.prompt_len + fed)
+                packed_sample[k, q : q + fed] = b
+                first = n_groups + k * width_q + q
+                sources.extend(([k] if r else []) + list(range(first, first + fed)))
+                q += fed
+                b += 1
+        return cls(
+            rows,
+            prompt_ids,
+            prompt_mask,
+            packed_ids,
+            packed_positions,
+            packed_sample,
+            torch.tensor(sources, dtype=torch.long),
+            targets,
+            mask,
+        )
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """The same micro-batch with its tensors on `device` (the model's)."""
         tensors = (
             self.prompt_ids,
             self.prompt_mask,
-            self.group_index,
-            self.response_in,
+            self.packed_ids,
+            self.packed_positions,
+            self.packed_sample,
+            self.sources,
             self.targets,
             self.mask,
         )
         return MicroBatch(self.rows, *(t.to(device) for t in tensors))
 
+    def packed_attention(self) -> Tensor:
+        """[K, 1, Q, P + Q] boolean: a packed token sees its group's real prompt tokens and its own
+        sample's tokens up to itself; a padding token sees only itself (never an empty row)."""
+        width_q = self.packed_ids.shape[1]
+        sample = self.packed_sample
+        prompt = self.prompt_mask.bool()[:, None, :].expand(-1, width_q, -1)
+        q = torch.arange(width_q, device=sample.device)
+        causal = q[None, :, None] >= q[None, None, :]
+        own = (sample[:, :, None] == sample[:, None, :]) & (sample[:, :, None] >= 0) & causal
+        pad = (sample < 0)[:, :, None] & (q[:, None] == q[None, :])
+        own = own | pad
+        return torch.cat((prompt & (sample >= 0)[:, :, None], own), dim=-1)[:, None]
 
-def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
-    """Final hidden states [N, R, H] at the positions that predict each response token: the last
-    prompt position, then every response token but the last. Each prompt runs once; its KV is
-    shared by the group's samples (with gradients). The policy's LM head and the critic's value
-    head both read these states."""
+
+def real_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
+    """Final hidden states [T, H] at the positions that predict each real response token, in
+    `mb.mask` order: the last prompt position, then every response token but the last. Each
+    prompt runs once; its KV is shared by the group's samples (with gradients). The policy's LM
+    head and the critic's value head both read these states."""
     positions = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = backbone(
         input_ids=mb.prompt_ids, attention_mask=mb.prompt_mask, position_ids=positions, use_cache=True
     )
-    hidden = [out.last_hidden_state[mb.group_index, -1:]]
-    if mb.response_in.shape[1]:
-        cache = out.past_key_values
-        cache.batch_select_indices(mb.group_index)
-        response_mask = mb.mask[:, :-1].long()
-        start = mb.prompt_mask.sum(-1)[mb.group_index].unsqueeze(-1)
+    source = [out.last_hidden_state[:, -1]]
+    if mb.packed_ids.shape[1]:
+        param = next(backbone.parameters())
         follow = backbone(
-            input_ids=mb.response_in,
-            attention_mask=torch.cat([mb.prompt_mask[mb.group_index], response_mask], dim=-1),
-            position_ids=start + torch.arange(mb.response_in.shape[1], device=start.device),
-            past_key_values=cache,
+            input_ids=mb.packed_ids,
+            attention_mask=model_mask(mb.packed_attention(), attention_mask_kind(backbone), param.dtype),
+            position_ids=mb.packed_positions,
+            past_key_values=out.past_key_values,
             use_cache=True,
         )
-        hidden.append(follow.last_hidden_state)
-    return torch.cat(hidden, dim=1)
+        source.append(follow.last_hidden_state.flatten(0, 1))
+    return torch.cat(source)[mb.sources]
+
+
+def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
+    """`real_hidden` laid out as [N, R, H], zero off the mask."""
+    hidden = real_hidden(backbone, mb)
+    out = hidden.new_zeros((*mb.mask.shape, hidden.shape[-1]))
+    return out.masked_scatter(mb.mask.bool()[..., None], hidden)
 
 
 # Response tokens whose full-vocabulary logits exist at once: 512 x 49152 fp32 is 100 MB, where
@@ -197,7 +249,7 @@ def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float
     logits are recomputed in the backward pass instead of kept (`SelectedLogSoftmax`): the
     vocabulary-wide logits of only one chunk are ever alive."""
     head, real = model.get_output_embeddings(), mb.mask.bool()
-    hidden, targets = response_hidden(model.base_model, mb)[real], mb.targets[real]
+    hidden, targets = real_hidden(model.base_model, mb), mb.targets[real]
     chunks = []
     for start in range(0, targets.numel(), LOGIT_CHUNK):
         h, t = hidden[start : start + LOGIT_CHUNK], targets[start : start + LOGIT_CHUNK]
