@@ -58,10 +58,13 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("epochs,mini_batches", [(1, 1), (2, 2)])
-def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included(epochs, mini_batches):
+@pytest.mark.parametrize("epochs,mini_batches,prestarted", [(1, 1, False), (2, 2, True)])
+def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included(
+    epochs, mini_batches, prestarted
+):
     # PPO with the KL as a loss against a reference that differs from the policy, micro-batches
-    # of a few groups each: one update (fused old log-probs and values), then several.
+    # of a few groups each: one update (fused old log-probs and values), then several, with
+    # rank 1 started ahead of the phase (as during generation) and given only rank 0's weights.
     cfg = load_config(
         preset="tiny",
         overrides=(
@@ -94,8 +97,12 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
     elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
     meter = Meter(cfg.scheduler.pricing)
     meter.begin_step(time.time())
+    groups = len({s.uid for s in samples})
     try:
-        elastic.widen(meter, samples, 0, time.time())
+        if prestarted:
+            elastic.prestart(meter, 0, groups, time.time())
+            time.sleep(0.01)
+        elastic.widen(meter, groups, 0, time.time())
         for got_lp, want_lp in zip(
             elastic.policy_logprobs(samples), single.logprobs(policy, samples), strict=True
         ):
@@ -126,6 +133,8 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
     ranks = {r["name"]: r for r in records}
     assert ranks["learner-0"]["colocated_with"] == "learner" and ranks["learner-0"]["cost"] == 0
     extra = ranks["learner-1"]
+    if prestarted:
+        assert extra["requested"] < ranks["learner-0"]["requested"]  # before the phase opened
     held = extra["released"] - extra["started"]
     starting = extra["ready"] - extra["started"]
     assert extra["units"] == 1 and held > 0 and extra["busy"]

@@ -120,7 +120,7 @@ class Critic:
         chunks = update_order(n, algo.epochs, algo.mini_batches, seed)
         totals = {"loss/value": 0.0, "critic/grad_norm": 0.0, "critic/vf_clip_frac": 0.0}
         self.model.train()
-        for rows in chunks:
+        for n, rows in enumerate(chunks):
             tokens = max(sum(lengths[i] for i in rows), 1)
             self.optimizer.zero_grad(set_to_none=True)
             mine = self.dp.rows(samples, rows)
@@ -148,17 +148,15 @@ class Critic:
                 if algo.value_clip is not None:
                     moved = ((values.detach() - old_v).abs() > algo.value_clip).float()
                     totals["critic/vf_clip_frac"] += float(masked_mean(moved, mb.mask)) * token_share
-            self.dp.reduce_grads(list(self.model.parameters()))
             max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-            totals["critic/grad_norm"] += float(grad_norm)
-            self.optimizer.step()
+            params = list(self.model.parameters())
+            totals["critic/grad_norm"] += self.dp.step(self.optimizer, params, max_norm, n < len(chunks) - 1)
             self.updates += 1
         if fused:  # each rank filled its own rows
             merged = self.dp.merge(list(zip(advantages, returns, old, strict=True)), mine)
             advantages, returns, old = (list(column) for column in zip(*merged, strict=True))
         shares = self.dp.reduce_sums({k: v for k, v in totals.items() if k != "critic/grad_norm"})
-        totals |= shares  # the grad norm is already every rank's
+        totals |= shares  # the grad norm is rank 0's, whose metrics the step keeps
         metrics = {key: value / len(chunks) for key, value in totals.items()}
         values, mask = _padded(old, max(lengths))
         ret = _padded(returns, max(lengths))[0]

@@ -4,7 +4,7 @@ its update the single-process one.
 Each optimizer step's rows are split by prompt group (a group's prompt then still runs once), the
 groups balanced by tokens. A rank weighs its micro-batches by the whole mini-batch's token and
 sample counts, so the sum of the ranks' gradients is the single-process gradient, however the
-rows were split; one all-reduce of a flat buffer adds them. At width 1 every method is a no-op and
+rows were split; one reduce of a flat buffer adds them on rank 0, which alone steps the optimizer. At width 1 every method is a no-op and
 no process group exists (the in-process executor, a lone rank). The backend follows the device:
 gloo for CPU ranks, NCCL for CUDA ones, whose collectives take tensors on the rank's GPU only.
 """
@@ -59,12 +59,33 @@ class DataParallel:
         """This rank's share of `rows`."""
         return rows if self.width == 1 else split_rows(samples, rows, self.width)[self.rank]
 
-    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum every rank's gradients of `params`. A parameter that some rank has a gradient for
-        gets one on every rank (zeros where none); one that no rank has stays without, as it would
-        in one process (the optimizer skips it)."""
-        if self.width == 1:
-            return
+    def step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_norm: float, share: bool
+    ) -> float:
+        """One optimizer step on every rank's gradients summed. Rank 0 alone keeps the optimizer's
+        states: ranks 1.. live for one learning phase, and handing them Adam's states (twice the
+        weights) on joining would cost more than it saves. The sum lands on rank 0, which clips and
+        steps; when another update of the phase follows (`share`), the others take its new
+        weights. Returns the clipped gradients' norm (rank 0's; 0 on the others)."""
+        if self.width > 1:
+            self._sum_on_rank0(params)
+        norm = 0.0
+        if self.rank == 0:
+            norm = float(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm))
+            optimizer.step()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+        if share and self.width > 1:
+            with torch.no_grad():
+                flat = torch.nn.utils.parameters_to_vector(params)
+                dist.broadcast(flat, 0)
+                torch.nn.utils.vector_to_parameters(flat, params)
+        return norm
+
+    def _sum_on_rank0(self, params: list[torch.nn.Parameter]) -> None:
+        """Every rank's gradients of `params` summed into rank 0's. A parameter that some rank has a
+        gradient for gets one (zeros where a rank had none); one that no rank has stays without,
+        as it would in one process (the optimizer skips it)."""
         has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.device)
         dist.all_reduce(has)
         params = [p for p, n in zip(params, has.tolist(), strict=True) if n]
@@ -72,8 +93,9 @@ class DataParallel:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
+        dist.reduce(flat, 0)
+        if self.rank == 0:
+            torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
 
     def reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """Every rank's metric sums added up (sums weighted by whole-batch shares add to its means)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
@@ -167,9 +168,12 @@ class DecodeRound:
     def _advance(self, run: Run) -> None:
         self.inflight[run.lease.handle.advance.remote(self.rt.slice_s)] = run
 
-    def run(self) -> dict[Key, SequenceResult]:
-        """Drive the functions slice by slice until every sequence finished; cut, migrate, recover."""
+    def run(self, tick: Callable[[], None] | None = None) -> dict[Key, SequenceResult]:
+        """Drive the functions slice by slice until every sequence finished; cut, migrate, recover.
+        `tick` runs after each report (the executor starts the learning phase's ranks from it)."""
         while self.inflight:
+            if tick is not None:
+                tick()
             ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=self._placement_wait())
             if not ready:
                 self._replace_unplaced()

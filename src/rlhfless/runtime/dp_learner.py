@@ -1,15 +1,17 @@
 """The elastic data-parallel learner on Ray: one function per slot, joined by `torch.distributed`.
 
 Rank 0 lives for the whole run on the learner's slot (colocated with the driver, which waits
-while it works); it owns the optimizer states, and checkpoints read them from it. Each learning
-phase takes the planner's width (`planner.learning.learner_width`): ranks 1.. start cold on the
-slots the decode functions released (one placement group: all of them or none), get rank 0's
-weights and optimizer states over the phase's process group, and are stopped when the phase ends.
-Each rank is billed per slot from its start to its stop; rank 0 through the learner, whose slot
-is billed the whole step. Gradients are summed by one all-reduce per optimizer step
-(`data_parallel`: gloo on CPUs, NCCL on GPUs), not sharded with FSDP2 (docs/DECISIONS.md). After each update the driver loads
-rank 0's weights, one flat buffer through the object store: its engine prefills with them, and
-checkpoints save them.
+while it works); it alone owns the optimizer states and steps, and checkpoints read them from it.
+Each learning phase takes the planner's width (`planner.learning.learner_width`): ranks 1.. start
+cold on the slots free once generation ends (one placement group: all of them or none), requested
+one measured rank start before generation's forecast end so their start overlaps its tail
+(`planner.learning.rank_start_delay`). They get rank 0's weights and schedule over the phase's
+process group, compute their share of the gradients, which one reduce per optimizer step sums on
+rank 0 (`data_parallel`: gloo on CPUs, NCCL on GPUs; not sharded with FSDP2, docs/DECISIONS.md),
+and are stopped when the phase ends. Each rank is billed per slot from its start to its stop;
+rank 0 through the learner, whose slot is billed the whole step. After each update the driver
+loads rank 0's weights, one flat buffer through the object store: its engine prefills with them,
+and checkpoints save them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_para
 from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import Functions
-from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import flat_weights, load_flat_weights
 
 
@@ -67,15 +68,15 @@ class LearnerRank(LearnerReplica):
 
     def join(self, address: str, port: int, rank: int, width: int) -> None:
         """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
-        optimizer states."""
+        schedule, not its optimizer states (only rank 0 steps)."""
         url = f"tcp://{address}:{port}"
         dist.init_process_group(
             backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
         )
         broadcast_params(self.policy)
-        state = broadcast_state(self.state_dict() if rank == 0 else None, device=self.device)
+        state = broadcast_state(self.phase_state() if rank == 0 else None, device=self.device)
         if rank:
-            self.load_state_dict(state)
+            self.load_phase_state(state)
         self._use(DataParallel(rank, width, self.device))
 
     def leave(self) -> None:
@@ -112,22 +113,30 @@ class ElasticLearner(LearnerSide):
         self.rank0 = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
         self.ranks = [self.rank0]
         self.invocations: list[Invocation] = []  # the open phase's, one per rank
-        self.group = None  # the open phase's placement group
+        self.group = None  # the open (or prestarted) phase's placement group
         self.phase: dict[str, float] = {}
+        self.rank_start_s: float | None = None  # the last phase's: request to every rank joined
+        self.opened = False  # a learning phase is open (between `widen` and `narrow`)
 
     def _create(self, device: str, **options):
         return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args, device)
 
-    def widen(self, meter: Meter, samples: list[Sample], held_slots: int, now: float) -> None:
-        """Open the learning phase (once a step): as many ranks as the planner's width, placed on
-        the slots nobody holds (`held_slots`: slots our own decode functions still hold)."""
-        if self.invocations:
+    def prestart(self, meter: Meter, held_slots: int, groups: int, now: float) -> None:
+        """Start the coming phase's ranks now, on the slots free now, so that their cold start
+        runs during generation's tail (`planner.learning.rank_start_delay` says when). They are
+        billed from their start, as any function holding a slot."""
+        if not self.opened and self.group is None:
+            self._launch(meter, self._width(held_slots, groups), now)
+
+    def widen(self, meter: Meter, groups: int, held_slots: int, now: float) -> None:
+        """Open the learning phase (once a step) on the planner's width: rank 0, and the ranks
+        `prestart` started, or else as many as are free now (`held_slots`: slots our own decode
+        functions still hold), all joined in one process group."""
+        if self.opened:
             return
-        view = self.functions.cluster()
-        idle = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
-        free = sum(n.total for n in view.nodes) - held_slots - idle
-        width = learner_width(self.cfg.runtime.learner_width, free, len({s.uid for s in samples}))
-        driver = self.functions.driver
+        self.opened = True
+        if self.group is None:
+            self._launch(meter, self._width(held_slots, groups), now)
         rank0 = Invocation(
             "learner-0",
             "learner",
@@ -137,21 +146,25 @@ class ElasticLearner(LearnerSide):
             now,
             now,
             colocated_with="learner",
-            node=driver,
+            node=self.functions.driver,
         )
-        self.invocations = [meter.open(rank0)]
-        if width > 1:
-            width = self._start_ranks(meter, width, now)
+        self.invocations.insert(0, meter.open(rank0))
+        width = self._join() if self.group is not None else 1
         self.phase = {"learner/width": float(width), "time/learner_start": time.time() - now}
 
-    def _start_ranks(self, meter: Meter, width: int, now: float) -> int:
-        """Ranks 1.. on one placement group (all placed or none), joined with rank 0; the width got."""
+    def _width(self, held_slots: int, groups: int) -> int:
+        view = self.functions.cluster()
+        idle = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
+        free = sum(n.total for n in view.nodes) - held_slots - idle
+        return learner_width(self.cfg.runtime.learner_width, free, groups)
+
+    def _launch(self, meter: Meter, width: int, now: float) -> None:
+        """Request ranks 1.. of `width` on one placement group (all placed or none), without
+        waiting: their processes start while the driver goes on."""
+        if width < 2:
+            return
         slot, units = dict(self.functions.slot), float(self.cfg.scheduler.gpus_per_actor)
         self.group = placement_group([slot] * (width - 1), strategy="PACK")
-        if not self.group.wait(self.cfg.runtime.place_timeout_s):
-            remove_placement_group(self.group)  # taken by someone else: learn alone this step
-            self.group = None
-            return 1
         resources = {"num_cpus": 0, "num_gpus": units} if "GPU" in slot else {"num_cpus": slot["CPU"]}
         for r in range(1, width):
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r - 1)
@@ -160,11 +173,29 @@ class ElasticLearner(LearnerSide):
             )
             inv = Invocation(f"learner-{r}", "learner", slot, units, requested=now, cold=True)
             self.invocations.append(meter.open(inv))
+
+    def _join(self) -> int:
+        """Ranks 1.. placed and started, joined with rank 0; the width got (1 when Ray could not
+        place them in `runtime.place_timeout_s`: their slots were taken)."""
+        extra = self.invocations[1:]
+        waited = time.time() - extra[0].requested
+        if not self.group.wait(max(0.0, self.cfg.runtime.place_timeout_s - waited)):
+            for rank in self.ranks[1:]:
+                ray.kill(rank)
+            remove_placement_group(self.group)
+            for inv in extra:  # never started: not billed
+                inv.released = time.time()
+            self.ranks, self.invocations, self.group = [self.rank0], self.invocations[:1], None
+            return 1
         hellos = ray.get([rank.hello.remote() for rank in self.ranks[1:]])
-        for inv, hello in zip(self.invocations[1:], hellos, strict=True):
+        for inv, hello in zip(extra, hellos, strict=True):
             inv.started, inv.ready, inv.node = max(inv.requested, hello.started), hello.ready, hello.node
+        joining = time.time()
         address, port = ray.get(self.rank0.address.remote())
+        width = len(self.ranks)
         ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
+        ready = max(hello.ready for hello in hellos)
+        self.rank_start_s = ready - extra[0].requested + time.time() - max(joining, ready)
         return width
 
     def narrow(self, now: float) -> None:
@@ -176,7 +207,7 @@ class ElasticLearner(LearnerSide):
             remove_placement_group(self.group)
         for inv in self.invocations:
             inv.released = now
-        self.ranks, self.invocations, self.group = [self.rank0], [], None
+        self.ranks, self.invocations, self.group, self.opened = [self.rank0], [], None, False
 
     def _run(self, method: str, *args):
         """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's result."""

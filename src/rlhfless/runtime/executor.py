@@ -159,6 +159,21 @@ class LearnerReplica:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
 
+    def phase_state(self) -> dict:
+        """What a rank joining for one learning phase needs besides the policy's weights: where
+        the schedule is, and PPO's critic weights and update count. Not the optimizers' states:
+        only rank 0 steps (`DataParallel.step`)."""
+        state = {"scheduler": self.learner.scheduler.state_dict()}
+        if self.critic is not None:
+            state["critic"] = {"model": self.critic.model.state_dict(), "updates": self.critic.updates}
+        return state
+
+    def load_phase_state(self, state: dict) -> None:
+        self.learner.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.model.load_state_dict(state["critic"]["model"])
+            self.critic.updates = state["critic"]["updates"]
+
 
 class LearnerSide:
     """The learner's side of every executor: the policy, an engine on its very parameters (the

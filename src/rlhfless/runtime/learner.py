@@ -407,8 +407,8 @@ class Learner:
         totals: dict[str, float] = {}
         seed = shuffle_seed(self.seed, self.scheduler.last_epoch, "policy")
         chunks = update_order(len(samples), algo.epochs, algo.mini_batches, seed)
-        for rows in chunks:
-            stats = self._update(samples, rows, advantages, old, ref_logprobs)
+        for n, rows in enumerate(chunks):
+            stats = self._update(samples, rows, advantages, old, ref_logprobs, last=n == len(chunks) - 1)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value
         self.optimizer.zero_grad(set_to_none=True)  # not needed until the next step: 4 bytes a parameter
@@ -422,6 +422,7 @@ class Learner:
         advantages: list[Tensor],
         old: list[Tensor] | None,
         ref: list[Tensor] | None,
+        last: bool,
     ) -> dict[str, float]:
         algo = self.algo
         tokens = sum(len(samples[i].response_ids) for i in rows)
@@ -458,12 +459,9 @@ class Learner:
             sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
             sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.dp.reduce_grads(trainable)
         sums = self.dp.reduce_sums(sums)
-        params = [p for p in trainable if p.grad is not None]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        self.optimizer.step()
+        grad_norm = self.dp.step(self.optimizer, trainable, max_norm, share=not last)
         self.scheduler.step()
         return {**sums, "grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0]}
 

@@ -28,6 +28,7 @@ from torch import Tensor
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.hardware import ModelShape
+from rlhfless.planner.learning import rank_start_delay
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
@@ -113,7 +114,7 @@ class RayExecutor:
         if kv is not None:
             self._on_learner("prefill", kv.start, kv.computed, kv.put)
         round_.assign(kv)
-        results = round_.run()
+        results = round_.run(tick=self._prestarter(plan, len(prompts), now))
         round_.settle(kv)
 
         metrics = round_.metrics
@@ -236,7 +237,19 @@ class RayExecutor:
         """The learning phase on the planner's width: slots our held decode functions (verl's)
         are not free."""
         held = sum(1 for lease in self.held if lease.units > 0)
-        self.learner.widen(self.meter, samples, held, now)
+        self.learner.widen(self.meter, len({s.uid for s in samples}), held, now)
+
+    def _prestarter(self, plan: StepPlan, groups: int, start: float):
+        """Called at each decode report: from one rank start before generation's forecast end,
+        the learning phase's extra ranks start on the slots free then."""
+        at = start + rank_start_delay(plan.predicted_time, self.learner.rank_start_s)
+
+        def tick() -> None:
+            if time.time() >= at:
+                held = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
+                self.learner.prestart(self.meter, held, groups, time.time())
+
+        return tick
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         end = time.time()
