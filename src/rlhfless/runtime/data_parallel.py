@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhfless.runtime.samples import Sample
-from rlhfless.runtime.transfer import copy_into_parameters
+from rlhfless.runtime.transfer import copy_into_parameters, map_leaves
 
 
 def split_rows(samples: list[Sample], rows: list[int], width: int) -> list[list[int]]:
@@ -145,24 +145,15 @@ def broadcast_state(state: dict | None, src: int = 0, device: torch.device | str
             tensors.append(torch.empty(leaf.shape, dtype=leaf.dtype, device=device))
         return leaf
 
-    layout = [_walk(state, strip) if dist.get_rank() == src else None]
+    layout = [map_leaves(state, strip) if dist.get_rank() == src else None]
     dist.broadcast_object_list(layout, src)
     if dist.get_rank() != src:
-        _walk(layout[0], allocate)
+        map_leaves(layout[0], allocate)
     for tensor in tensors:
         dist.broadcast(tensor, src)
-    return _walk(
+    return map_leaves(
         layout[0], lambda leaf: _land(tensors[leaf.index], leaf) if isinstance(leaf, _Slot) else leaf
     )
-
-
-def _walk(node, leaf_fn):
-    """`node` rebuilt with `leaf_fn` applied to every leaf of its dicts, lists and tuples, in order."""
-    if isinstance(node, dict):
-        return {k: _walk(v, leaf_fn) for k, v in node.items()}
-    if isinstance(node, list | tuple):
-        return type(node)(_walk(v, leaf_fn) for v in node)
-    return leaf_fn(node)
 
 
 @dataclass(frozen=True)

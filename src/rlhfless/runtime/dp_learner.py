@@ -37,7 +37,7 @@ from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_para
 from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import Functions
-from rlhfless.runtime.transfer import flat_weights, load_flat_weights
+from rlhfless.runtime.transfer import flat_weights, land_state, load_flat_weights, ship_state
 
 
 class LearnerRank(LearnerReplica):
@@ -91,6 +91,10 @@ class LearnerRank(LearnerReplica):
 
     def weights(self) -> np.ndarray:
         return flat_weights(self.policy)
+
+    def shipped_state(self) -> dict:
+        """The learner state for a checkpoint, its tensors as numpy arrays (`ship_state`)."""
+        return ship_state(self.state_dict())
 
     def load(self, flat: np.ndarray, state: dict) -> None:
         """A checkpoint's policy weights and learner state (a resumed run)."""
@@ -227,7 +231,7 @@ class ElasticLearner(LearnerSide):
         return {"time/learner_sync": time.perf_counter() - start}
 
     def _state(self) -> dict:
-        return ray.get(self.rank0.state_dict.remote())
+        return land_state(ray.get(self.rank0.shipped_state.remote()))
 
     def _restore(self, state: dict) -> None:
         """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
