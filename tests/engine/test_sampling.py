@@ -7,11 +7,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhfless.engine.sampling import (
     SamplingParams,
     _splitmix64,
+    gumbel_argmax,
     gumbel_noise,
+    nucleus,
     sample_tokens,
     sequence_key,
     token_seed,
@@ -97,3 +101,22 @@ def test_noise_and_tokens_are_the_same_on_cuda():
     assert torch.equal(
         sample_tokens(logits, params, seeds)[0], sample_tokens(logits.cuda(), params, seeds)[0].cpu()
     )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(2, 3000),
+    st.floats(0.05, 30.0),
+    st.floats(0.05, 1.0),
+    st.integers(0, 2**32),
+)
+def test_hashing_only_the_tokens_that_can_win_picks_the_full_gumbel_max_token(
+    rows, vocab, spread, top_p, seed
+):
+    """Peaked and flat rows, nucleus-filtered or not: the pruned argmax is the full one's."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * spread
+    scores = nucleus(torch.log_softmax(logits, dim=-1), top_p)
+    seeds = [token_seed(seed, r) for r in range(rows)]
+    want = (scores + gumbel_noise(seeds, vocab)).argmax(dim=-1)
+    assert torch.equal(gumbel_argmax(scores, seeds), want)
