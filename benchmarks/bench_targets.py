@@ -122,7 +122,9 @@ def real(args: argparse.Namespace) -> None:
             *((f"trainer.steps={args.steps}",) if args.steps else ()),
         ),
     )
-    result = train(cfg)
+    result = train(
+        cfg, lambda kind, info: print(f"warning: {info['warning']}") if "warning" in info else None
+    )
     rows = [(h["time/step"], h["cost/step"]) for h in result.history if h["step"] > 1]
     n = [h["plan/n_actors"] for h in result.history]
     print(
