@@ -85,6 +85,23 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
 
 
+def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilots_lengths_from_the_cache(
+    tmp_path,
+):
+    from rlhfless.runtime.run_forecast import forecast_for_config
+
+    cfg = _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}")
+    first, second = forecast_for_config(cfg), forecast_for_config(cfg)
+    assert first["pilot/cached"] == 0 and first["pilot/seconds"] > 0 and first["pilot/cost"] > 0
+    assert second["pilot/cached"] == 1 and second["pilot/seconds"] == 0 and second["pilot/cost"] == 0
+    assert second["per_step"] == first["per_step"]  # the same lengths: the same forecast
+    assert "guessed" not in first["range"]  # every source was sampled
+    other = forecast_for_config(
+        _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}", "seed=1")
+    )
+    assert other["pilot/cached"] == 0  # another seed samples again
+
+
 def test_a_run_records_its_forecast_before_step_1_and_each_steps_forecast_beside_the_measured(tmp_path):
     cfg = load_config(
         preset="tiny",

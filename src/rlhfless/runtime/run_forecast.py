@@ -79,34 +79,68 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     return rate
 
 
+def _pilot_path(engine: Engine, cfg: Config, picked: list[StepPrompt]) -> Path:
+    """Where the pilot of these prompts is kept: its lengths depend on the model, the prompts and
+    the sampling settings (seed included), so a second run (`plan --run`, then `train`; or the
+    other policy of a benchmark) takes them instead of sampling again."""
+    model = engine.model
+    gen = cfg.generation
+    raw = json.dumps(
+        [
+            model.config.to_dict(),
+            str(next(model.parameters()).dtype),
+            [gen.max_new_tokens, gen.temperature, gen.top_p, gen.max_running, cfg.seed],
+            cfg.algorithm.group_size,
+            [(p.uid, p.prompt_ids) for p in picked],
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    name = f"pilot-{hashlib.sha256(raw.encode()).hexdigest()[:16]}.json"
+    return Path(cfg.model.cache_dir).expanduser() / "profiles" / name
+
+
 def length_pilot(
     engine: Engine, prompts: list[StepPrompt], cfg: Config, per_source: int, predictor: LengthPredictor
 ) -> dict[str, float]:
     """Sample `per_source` prompts of each data source G times and teach `predictor` their
     sources' lengths. The pilot's uids are its own (`pilot:<uid>`): the prompts themselves stay
-    unseen, and its responses are keyed to no training step."""
+    unseen, and its responses are keyed to no training step. Lengths sampled before for the same
+    model, prompts and settings are taken from the cache (`pilot/seconds` 0: nothing ran)."""
     chosen: dict[str, list[StepPrompt]] = {}
     for p in prompts:
         group = chosen.setdefault(p.prompt.data_source, [])
         if len(group) < per_source:
             group.append(p)
     picked = [p for group in chosen.values() for p in group]
-    start = time.perf_counter()
-    results, _ = rollout(
-        engine,
-        [(f"pilot:{p.uid}", p.prompt_ids) for p in picked],
-        cfg.algorithm.group_size,
-        sampling_params(cfg),
-        PILOT_STEP,
-        None,
-    )
-    lengths: dict[str, list[int]] = {}
-    for r in results:
-        lengths.setdefault(r.uid, []).append(len(r.response_ids))
     uids = [f"pilot:{p.uid}" for p in picked]
+    path = _pilot_path(engine, cfg, picked)
+    lengths: dict[str, list[int]] = {}
+    if path.is_file():
+        try:
+            lengths = {u: [int(x) for x in v] for u, v in json.loads(path.read_text())["lengths"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            lengths = {}  # damaged: sample again
+    start = time.perf_counter()
+    cached = set(uids) <= set(lengths)
+    if not cached:
+        results, _ = rollout(
+            engine,
+            [(u, p.prompt_ids) for u, p in zip(uids, picked, strict=True)],
+            cfg.algorithm.group_size,
+            sampling_params(cfg),
+            PILOT_STEP,
+            None,
+        )
+        lengths = {}
+        for r in results:
+            lengths.setdefault(r.uid, []).append(len(r.response_ids))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"lengths": lengths, "seconds": time.perf_counter() - start}))
     predictor.predict(uids, None, [p.prompt.data_source for p in picked])  # tells it their sources
     predictor.update_many(uids, [lengths[u] for u in uids])
-    return {"pilot/prompts": float(len(picked)), "pilot/seconds": time.perf_counter() - start}
+    seconds = 0.0 if cached else time.perf_counter() - start
+    return {"pilot/prompts": float(len(picked)), "pilot/seconds": seconds, "pilot/cached": float(cached)}
 
 
 @dataclass
