@@ -24,6 +24,7 @@ import statistics
 from pathlib import Path
 
 from rlhfless.config import load_config
+from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.sim.config import build
 from rlhfless.sim.presets import preset
@@ -119,10 +120,13 @@ def real(args: argparse.Namespace) -> None:
             f"scheduler.{key}={value}",
             f"output_dir={args.out}",
             "trainer.progress=false",
+            f"scheduler.length_pilot={args.pilot}",
             *((f"trainer.steps={args.steps}",) if args.steps else ()),
         ),
     )
-    result = train(cfg)
+    result = train(
+        cfg, lambda kind, info: print(f"warning: {info['warning']}") if "warning" in info else None
+    )
     rows = [(h["time/step"], h["cost/step"]) for h in result.history if h["step"] > 1]
     n = [h["plan/n_actors"] for h in result.history]
     print(
@@ -143,6 +147,13 @@ def main() -> None:
     r.add_argument("--target", choices=("deadline", "budget"), default="deadline")
     r.add_argument("--value", type=float, help="the target (s or USD per step; default: midway)")
     r.add_argument("--steps", type=int, help="steps of the targeted run (default: the baseline's)")
+    r.add_argument(
+        "--pilot",
+        type=int,
+        default=SchedulerConfig().length_pilot,
+        help="the targeted run's scheduler.length_pilot (a baseline may predate its default; without "
+        "one, step 1 plans on default_length and refuses a deadline the run would meet)",
+    )
     args = parser.parse_args()
     sim(args) if args.mode == "sim" else real(args)
 

@@ -85,6 +85,23 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
 
 
+def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilots_lengths_from_the_cache(
+    tmp_path,
+):
+    from rlhfless.runtime.run_forecast import forecast_for_config
+
+    cfg = _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}")
+    first, second = forecast_for_config(cfg), forecast_for_config(cfg)
+    assert first["pilot/cached"] == 0 and first["pilot/seconds"] > 0 and first["pilot/cost"] > 0
+    assert second["pilot/cached"] == 1 and second["pilot/seconds"] == 0 and second["pilot/cost"] == 0
+    assert second["per_step"] == first["per_step"]  # the same lengths: the same forecast
+    assert "guessed" not in first["range"]  # every source was sampled
+    other = forecast_for_config(
+        _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}", "seed=1")
+    )
+    assert other["pilot/cached"] == 0  # another seed samples again
+
+
 def test_a_run_records_its_forecast_before_step_1_and_each_steps_forecast_beside_the_measured(tmp_path):
     cfg = load_config(
         preset="tiny",
@@ -119,7 +136,72 @@ def test_an_infeasible_budget_stops_the_run_before_anything_is_written(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "scheduler.budget_per_step: got 1e-12 $, expected at least the cheapest plan's forecast" in err[0]
+    assert "even at the forecast's optimistic end" in err[0]
     assert not out.exists()
+
+
+def _tiny(tmp_path, *extra: str):
+    return load_config(
+        preset="tiny",
+        overrides=(
+            f"output_dir={tmp_path / 'run'}",
+            "trainer.steps=3",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "runtime.calibration_memory=false",  # the forecast below and the run's plan alike
+            *extra,
+        ),
+    )
+
+
+@pytest.mark.parametrize(("key", "index"), [("deadline_per_step", "time"), ("budget_per_step", "cost")])
+def test_a_target_only_the_point_forecast_misses_is_refused_before_the_run_only_if_the_optimistic_end_misses_it(
+    tmp_path, key, index
+):
+    from rlhfless.planner.scaling import PlanError
+    from rlhfless.runtime.run_forecast import forecast_for_config
+
+    rows = forecast_for_config(_tiny(tmp_path))["per_step"]
+    # The tiny run has one slot: each step's plan is its only one, the fastest and the cheapest.
+    low = max(r[f"{index}_range"][0] for r in rows)
+    assert low < rows[0][index]  # no pilot: a guessed length's optimistic end is one token
+    between = (low + rows[0][index]) / 2
+    forecast = forecast_for_config(_tiny(tmp_path, f"scheduler.{key}={between}"))
+    assert 1 in forecast["target_missed_steps"]
+    assert forecast["target_missed_steps"] == [r["step"] for r in rows if r[index] > between]
+    assert (
+        forecast["warning"].startswith(f"scheduler.{key}={between:.6g}") and "\n" not in forecast["warning"]
+    )
+    assert forecast["per_step"][0][index] == pytest.approx(rows[0][index])  # the plan nearest to it
+    with pytest.raises(PlanError, match=f"{key}: got .* even at the forecast's optimistic end"):
+        forecast_for_config(_tiny(tmp_path, f"scheduler.{key}={low * 0.99}"))
+
+
+def test_a_run_whose_target_only_the_point_forecast_misses_starts_and_its_steps_planner_decides(
+    tmp_path, capsys
+):
+    from rlhfless.runtime.run_forecast import forecast_for_config
+
+    rows = forecast_for_config(_tiny(tmp_path))["per_step"]
+    deadline = (max(r["time_range"][0] for r in rows) + rows[0]["time"]) / 2
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            f"output_dir={out}",
+            "trainer.steps=3",
+            "runtime.calibration_memory=false",
+            f"scheduler.deadline_per_step={deadline}",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("rlhfless: warning: scheduler.deadline_per_step=") and "early steps" in err[0]
+    assert json.loads((out / "forecast.json").read_text())["target_missed_steps"][0] == 1
+    # The run started; step 1 plans on what the forecast had (no step measured yet) and refuses.
+    assert code == 2 and len(err) == 2
+    assert err[1].startswith("rlhfless: step 1: scheduler.deadline_per_step: got")
 
 
 def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_learned(tmp_path):

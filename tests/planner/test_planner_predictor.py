@@ -32,6 +32,18 @@ def test_unseen_prompts_use_answer_length_then_default():
     assert list(gmax) == [80.0, 300.0] and list(gmean) == [80.0, 300.0]
 
 
+def test_a_length_resting_on_the_default_alone_is_a_guess_until_its_prompt_or_source_is_seen():
+    p = LengthPredictor(default_length=256)
+    uids, answers, sources = ["a", "b", "c", "d"], [None, 3, None, None], ["math", "", "math", "poem"]
+    p.predict(uids, answers, sources)
+    # "b" names no source, so its answer stands in; the others have only the default.
+    assert p.guessed(uids, answers, sources).tolist() == [True, False, True, True]
+    p.update_many(["a"], [[40, 60]])
+    # "a" is seen; "c" takes its source's groups; "poem" was never seen.
+    assert p.guessed(uids, answers, sources).tolist() == [False, False, False, True]
+    assert p.predict(["c"], None, ["math"])[0][0] == 60
+
+
 def test_oracle_is_told_the_coming_lengths():
     p = LengthPredictor(mode="oracle")
     p.update("a", [10])

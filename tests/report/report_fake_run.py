@@ -308,6 +308,8 @@ def write_fake_run(
             "time_range_s": [1.0, 1e4],
             "cost_range": [0.0, 1.0],
             "per_step": [{"step": m["step"]} for m in metrics],
+            "pilot/seconds": 12.5,
+            "pilot/cost": 0.0068,
         }
         (path / "forecast.json").write_text(json.dumps(forecast))
     (path / "summary.json").write_text(

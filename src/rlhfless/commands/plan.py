@@ -3,9 +3,10 @@
 `rlhfless plan --run CONFIG [key=value ...]` forecasts a training run's total time and cost, and
 the range it may fall in, before paying for it: every step is planned as `rlhfless train` would
 plan it (same data order, profile, pricing and planner), on first-epoch length estimates, with
-the learning phase timed once on a synthetic batch; `--pilot K` first samples K prompts of each
-data source with the real model to learn their lengths (nothing is trained). CONFIG is a YAML
-file or a preset name (default, tiny).
+the learning phase timed once on a synthetic batch, after the length pilot `rlhfless train` runs
+first (`scheduler.length_pilot`, or `--pilot K`: K prompts of each data source sampled with the
+real model to learn their lengths; nothing is trained). CONFIG is a YAML file or a preset name
+(default, tiny).
 
 `rlhfless plan --prompts FILE.jsonl` plans one step of a JSONL file of prompts.
 
@@ -43,7 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--run", metavar="CONFIG", help="forecast this training run (a YAML file or a preset name)"
     )
     parser.add_argument(
-        "--pilot", type=int, default=4, help="--run: prompts of each data source sampled first (0: none)"
+        "--pilot",
+        type=int,
+        help="--run: prompts of each data source sampled first (0: none; default: the config's "
+        "scheduler.length_pilot, as `rlhfless train` does)",
     )
     parser.add_argument(
         "--profile", type=Path, help="time table JSON (rlhfless profile --json); default: roofline"
@@ -127,7 +131,8 @@ def forecast(args: argparse.Namespace) -> int:
     try:
         if preset is None:
             read_text(Path(args.run), "a YAML config (a mapping of sections)")
-        overrides = (*args.overrides, f"scheduler.length_pilot={max(0, args.pilot)}")
+        pilot = () if args.pilot is None else (f"scheduler.length_pilot={max(0, args.pilot)}",)
+        overrides = (*args.overrides, *pilot)
         cfg = load_config(None if preset else args.run, preset=preset, overrides=overrides)
     except (ConfigError, InputError) as err:
         return _fail(str(err))

@@ -77,6 +77,8 @@ class Display:
                 f"forecast for {info['steps']} step(s): {info['time_s']:.0f} s ({lo:.0f}-{hi:.0f}), "
                 f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}"
             )
+            if "warning" in info:
+                print(f"rlhfless: warning: {info['warning']}", file=sys.stderr)  # one line
         elif kind == "phase":
             self.progress.update(self.task, phase=f"step {info['step']}: {info['phase']}")
         elif kind == "step":

@@ -227,7 +227,7 @@ class LengthPredictor:
         gmax = np.where(seen, self._max[safe] if self._max.size else 0.0, np.nan)
         gmean = np.where(seen, self._mean[safe] if self._mean.size else 0.0, np.nan)
         if not seen.all():
-            fallback_max, fallback_mean = self._first_sight(uids, answer_tokens, sources)
+            fallback_max, fallback_mean, _ = self._first_sight(uids, answer_tokens, sources)
             gmax = np.where(seen, gmax, fallback_max)
             gmean = np.where(seen, gmean, fallback_mean)
         if self.mode == "oracle" and self._truth:
@@ -240,15 +240,32 @@ class LengthPredictor:
             gmax, gmean = gmax * factor, gmean * factor
         return np.maximum(gmax, 1.0), np.clip(gmean, 1.0, np.maximum(gmax, 1.0))
 
+    def guessed(
+        self,
+        uids: Sequence[str],
+        answer_tokens: Sequence[int | None] | None = None,
+        sources: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """Which of `predict`'s figures rest on `default_length` alone: the prompt, its source and
+        a fitting answer all unseen. Such a length is a guess, so a forecast's range cannot be a
+        factor of it."""
+        rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
+        unseen = rows < 0
+        if self.mode == "oracle":
+            unseen &= np.array([u not in self._truth for u in uids], dtype=bool)
+        if not unseen.any():
+            return unseen
+        return unseen & self._first_sight(uids, answer_tokens, sources)[2]
+
     def _first_sight(
         self,
         uids: Sequence[str],
         answer_tokens: Sequence[int | None] | None,
         sources: Sequence[str] | None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(max, mean) for prompts never seen: the answer's length where it fits the prompt's source
-        (or the prompt names no source), else a draw from the source's recent groups, else the
-        default."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(max, mean, whether it is the default) for prompts never seen: the answer's length where
+        it fits the prompt's source (or the prompt names no source), else a draw from the source's
+        recent groups, else the default."""
         n = len(uids)
         answers = (
             np.array([np.nan if a is None else a for a in answer_tokens], dtype=float)
@@ -257,6 +274,7 @@ class LengthPredictor:
         )
         out_max = np.full(n, float(self.default_length))
         out_mean = out_max.copy()
+        default = np.ones(n, dtype=bool)
         names = list(sources) if sources is not None else [""] * n
         for source in set(names):
             idx = np.array([i for i, name in enumerate(names) if name == source])
@@ -267,9 +285,11 @@ class LengthPredictor:
                 # The step waits for its longest group: of n unseen prompts, expect the n/(n+1) quantile.
                 out_max[idx] = np.quantile(recent[:, 0], idx.size / (idx.size + 1.0))
                 out_mean[idx] = recent[:, 1].mean()
+                default[idx] = False
             answered = idx[use_answer]
             out_max[answered] = out_mean[answered] = answers[answered] * self.answer_length_factor
-        return out_max, out_mean
+            default[answered] = False
+        return out_max, out_mean, default
 
     def _noise_factor(self, uids: Sequence[str], rows: np.ndarray, seen: np.ndarray) -> np.ndarray:
         """exp(N(0, noise)) keyed on (seed, uid, observations so far): deterministic, not stateful."""

@@ -32,7 +32,12 @@ from rlhfless.planner.timemodel import RangeModel
 
 
 class PlanError(ValueError):
-    """The step cannot be planned as asked (an infeasible budget or deadline), said in one line."""
+    """The step cannot be planned as asked (an infeasible budget or deadline), said in one line.
+    `least`: the cheapest (budget) or fastest (deadline) plan's forecast, the least target a plan fits."""
+
+    def __init__(self, message: str, least: float | None = None):
+        super().__init__(message)
+        self.least = least
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,8 @@ def _within(
         return i
     raise PlanError(
         f"scheduler.{key}: got {target:.6g} {unit}, expected at least the {best} plan's forecast "
-        f"{bound[i]:.6g} {unit} (N={int(n[i])})"
+        f"{bound[i]:.6g} {unit} (N={int(n[i])})",
+        least=float(bound[i]),
     )
 
 

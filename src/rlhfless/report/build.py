@@ -331,12 +331,20 @@ def _forecast_section(runs: list[Run], out: Path) -> Section:
     if rows:
         header = ["run", "forecast", "steps", f"within {FORECAST_GOAL:.0%}", "mean |error|"]
         section.html.append(table(header, rows))
-    whole = []
+    whole, pilots = [], []
     for run in runs:
         outcome = run_outcome(run)
         if run.forecast is None or outcome is None:
             continue
         f = run.forecast
+        if "pilot/seconds" in f:
+            pilots.append(
+                f"{run.name}: the length pilot before step 1 took {f['pilot/seconds']:.1f} s"
+                + (f", ${f['pilot/cost']:.4g} of the learner's slot" if "pilot/cost" in f else "")
+                + " (in no step's time or cost, nor in the whole run's figures)"
+            )
+        if "warning" in f:
+            pilots.append(f"{run.name}: before the run: {f['warning']}")
         for name, key, unit in (("time", "time_s", " s"), ("cost", "cost", " $")):
             if key not in outcome:
                 continue
@@ -354,6 +362,7 @@ def _forecast_section(runs: list[Run], out: Path) -> Section:
     if whole:
         header = ["run", "whole run", "forecast", "range", "actual", "forecast error"]
         section.html.append(table(header, whole))
+    section.html.extend(f"<p>{escape(line)}</p>" for line in pilots)
     return section
 
 

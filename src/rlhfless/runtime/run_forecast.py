@@ -4,10 +4,13 @@ The forecast plans every step of the run as training would (same loader order, s
 same profile and pricing), without generating or learning. Its inputs are the ones a first step
 has: the time table (measured once, cached), the learning phase's seconds per token (measured
 once on a small synthetic batch, cached), and the length predictor's first-epoch estimates,
-optionally seeded by a short length pilot (`scheduler.length_pilot`: sample a few prompts of each
-data source once with the real model; nothing is trained on them). No observation comes in while
-forecasting, so every step is planned on first-epoch estimates: the range re-plans the run with
-every predicted length halved and increased by half (capped at max_new_tokens).
+seeded by a short length pilot (`scheduler.length_pilot`, one prompt of each data source by
+default: sampled once with the real model on the learner, before step 1; nothing is trained on
+them, and its seconds and what the learner's slot costs meanwhile are reported apart from the
+steps'). No observation comes in while forecasting, so every step is planned on first-epoch
+estimates: the range re-plans the run with every predicted length halved and increased by half
+(capped at max_new_tokens), and a length guessed from `scheduler.default_length` (a source the
+pilot did not sample) from one token up.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import copy
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,8 @@ from rlhfless.data import Prompt, PromptLoader
 from rlhfless.engine import Engine, rollout
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.forecast import LENGTH_RANGE
+from rlhfless.planner.pricing import charge
+from rlhfless.planner.scaling import PlanError
 from rlhfless.runtime.executor import build_learner, sampling_params
 from rlhfless.runtime.planning import StepPlanner, cache_key
 from rlhfless.runtime.samples import Sample, StepPrompt
@@ -74,46 +79,98 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     return rate
 
 
+def _pilot_path(engine: Engine, cfg: Config, picked: list[StepPrompt]) -> Path:
+    """Where the pilot of these prompts is kept: its lengths depend on the model, the prompts and
+    the sampling settings (seed included), so a second run (`plan --run`, then `train`; or the
+    other policy of a benchmark) takes them instead of sampling again."""
+    model = engine.model
+    gen = cfg.generation
+    raw = json.dumps(
+        [
+            model.config.to_dict(),
+            str(next(model.parameters()).dtype),
+            [gen.max_new_tokens, gen.temperature, gen.top_p, gen.max_running, cfg.seed],
+            cfg.algorithm.group_size,
+            [(p.uid, p.prompt_ids) for p in picked],
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    name = f"pilot-{hashlib.sha256(raw.encode()).hexdigest()[:16]}.json"
+    return Path(cfg.model.cache_dir).expanduser() / "profiles" / name
+
+
 def length_pilot(
     engine: Engine, prompts: list[StepPrompt], cfg: Config, per_source: int, predictor: LengthPredictor
 ) -> dict[str, float]:
     """Sample `per_source` prompts of each data source G times and teach `predictor` their
     sources' lengths. The pilot's uids are its own (`pilot:<uid>`): the prompts themselves stay
-    unseen, and its responses are keyed to no training step."""
+    unseen, and its responses are keyed to no training step. Lengths sampled before for the same
+    model, prompts and settings are taken from the cache (`pilot/seconds` 0: nothing ran)."""
     chosen: dict[str, list[StepPrompt]] = {}
     for p in prompts:
         group = chosen.setdefault(p.prompt.data_source, [])
         if len(group) < per_source:
             group.append(p)
     picked = [p for group in chosen.values() for p in group]
-    start = time.perf_counter()
-    results, _ = rollout(
-        engine,
-        [(f"pilot:{p.uid}", p.prompt_ids) for p in picked],
-        cfg.algorithm.group_size,
-        sampling_params(cfg),
-        PILOT_STEP,
-        None,
-    )
-    lengths: dict[str, list[int]] = {}
-    for r in results:
-        lengths.setdefault(r.uid, []).append(len(r.response_ids))
     uids = [f"pilot:{p.uid}" for p in picked]
+    path = _pilot_path(engine, cfg, picked)
+    lengths: dict[str, list[int]] = {}
+    if path.is_file():
+        try:
+            lengths = {u: [int(x) for x in v] for u, v in json.loads(path.read_text())["lengths"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            lengths = {}  # damaged: sample again
+    start = time.perf_counter()
+    cached = set(uids) <= set(lengths)
+    if not cached:
+        results, _ = rollout(
+            engine,
+            [(u, p.prompt_ids) for u, p in zip(uids, picked, strict=True)],
+            cfg.algorithm.group_size,
+            sampling_params(cfg),
+            PILOT_STEP,
+            None,
+        )
+        lengths = {}
+        for r in results:
+            lengths.setdefault(r.uid, []).append(len(r.response_ids))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"lengths": lengths, "seconds": time.perf_counter() - start}))
     predictor.predict(uids, None, [p.prompt.data_source for p in picked])  # tells it their sources
     predictor.update_many(uids, [lengths[u] for u in uids])
-    return {"pilot/prompts": float(len(picked)), "pilot/seconds": time.perf_counter() - start}
+    seconds = 0.0 if cached else time.perf_counter() - start
+    return {"pilot/prompts": float(len(picked)), "pilot/seconds": seconds, "pilot/cached": float(cached)}
 
 
 @dataclass
 class ScaledPredictor:
-    """A predictor whose every prediction is scaled by `factor` (the forecast's range ends)."""
+    """A predictor whose every prediction is scaled by `factor` (the forecast's range ends). A
+    length resting on `scheduler.default_length` alone (`LengthPredictor.guessed`) is a guess, not
+    an estimate: it becomes `guessed` when that is set (the optimistic end: one token)."""
 
     base: LengthPredictor
     factor: float
+    guessed: float | None = None
+    guesses: int = 0
 
     def predict(self, uids, answer_tokens=None, sources=None) -> tuple[np.ndarray, np.ndarray]:
         gmax, gmean = self.base.predict(uids, answer_tokens, sources)
-        return gmax * self.factor, gmean * self.factor
+        gmax, gmean = gmax * self.factor, gmean * self.factor
+        if self.guessed is not None:
+            mask = self.base.guessed(uids, answer_tokens, sources)
+            self.guesses += int(mask.sum())
+            gmax, gmean = np.where(mask, self.guessed, gmax), np.where(mask, self.guessed, gmean)
+        return gmax, gmean
+
+
+def _target(scheduler) -> tuple[str, float, str, str] | None:
+    """(key, value, unit, the plan that meets it best) of the run's budget or deadline, if any."""
+    if scheduler.budget_per_step is not None:
+        return "budget_per_step", scheduler.budget_per_step, "$", "cheapest"
+    if scheduler.deadline_per_step is not None:
+        return "deadline_per_step", scheduler.deadline_per_step, "s", "fastest"
+    return None
 
 
 def forecast_run(
@@ -126,16 +183,38 @@ def forecast_run(
     first_step: int = 1,
 ) -> dict[str, Any]:
     """Plan steps first_step..cfg.trainer.steps on first-epoch estimates: the run's forecast total
-    time and cost, its range, and each step's point forecast."""
+    time and cost, its range, and each step's point forecast.
 
-    def totals(model) -> tuple[float, float, list[dict[str, float]]]:
+    A budget or deadline is refused here (PlanError) only where even the range's optimistic end
+    cannot meet it: these first-epoch figures know nothing the run will measure, so a step they
+    put past the target is forecast at the plan nearest to it and said in `warning`; each step's
+    planner decides at its planning time."""
+    target = _target(planner.scheduler)
+    missed: list[int] = []
+
+    def nearest(least: float) -> StepPlanner:
+        """The planner with the target moved to what the nearest plan forecasts."""
+        relaxed = copy.copy(planner)
+        relaxed.scheduler = replace(planner.scheduler, **{target[0]: least})
+        return relaxed
+
+    def totals(model, optimistic: bool = False) -> tuple[float, float, list[dict[str, float]]]:
         loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
         for _ in range(first_step - 1):
             next(loader)
         rows = []
         for step in range(first_step, cfg.trainer.steps + 1):
             batch = tokenize(next(loader))
-            plan = planner.plan(batch, answers(batch), model)
+            try:
+                plan = planner.plan(batch, answers(batch), model)
+            except PlanError as err:
+                if optimistic or err.least is None:
+                    raise PlanError(
+                        f"{err} even at the forecast's optimistic end ({low}), step {step}"
+                    ) from None
+                plan = nearest(err.least).plan(batch, answers(batch), model)
+                if model is predictor:
+                    missed.append(step)
             rows.append(
                 {
                     "step": step,
@@ -147,19 +226,37 @@ def forecast_run(
             )
         return sum(r["time"] for r in rows), sum(r["cost"] for r in rows), rows
 
+    optimist = ScaledPredictor(predictor, LENGTH_RANGE[0], guessed=1.0)
+    low = f"predicted lengths x {LENGTH_RANGE[0]}, a guessed one 1 token"
+    low_t, low_c, lows = totals(optimist, optimistic=True)
     time_s, cost, rows = totals(predictor)
-    low_t, low_c, _ = totals(ScaledPredictor(predictor, LENGTH_RANGE[0]))
-    high_t, high_c, _ = totals(ScaledPredictor(predictor, LENGTH_RANGE[1]))
-    return {
+    high_t, high_c, highs = totals(ScaledPredictor(predictor, LENGTH_RANGE[1]))
+    for row, lo, hi in zip(rows, lows, highs, strict=True):
+        row["time_range"], row["cost_range"] = [lo["time"], hi["time"]], [lo["cost"], hi["cost"]]
+    span = f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}"
+    if optimist.guesses:
+        span += f"; {optimist.guesses} guessed from scheduler.default_length (no pilot): 1 token .. x {LENGTH_RANGE[1]}"
+    out = {
         "steps": len(rows),
         "first_step": first_step,
         "time_s": time_s,
         "cost": cost,
         "time_range_s": [low_t, high_t],
         "cost_range": [low_c, high_c],
-        "range": f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}",
+        "range": span,
         "per_step": rows,
     }
+    if missed:
+        key, value, unit, best = target
+        worst = max(r["time" if unit == "s" else "cost"] for r in rows if r["step"] in missed)
+        out["target_missed_steps"] = missed
+        out["warning"] = (
+            f"scheduler.{key}={value:.6g} {unit} may be missed on early steps: the forecast before the "
+            f"run puts {len(missed)} of {len(rows)} step(s) past it (the {best} plan up to {worst:.6g} "
+            f"{unit}), its optimistic end within it; each step plans with what the run has measured "
+            f"by then, and one that no plan fits stops the run"
+        )
+    return out
 
 
 def start_forecast(
@@ -178,6 +275,8 @@ def start_forecast(
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
         pilot = length_pilot(engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
+        # It runs on the learner, whose slot a serverless platform bills meanwhile.
+        pilot["pilot/cost"] = charge(cfg.scheduler.pricing, planner.resident_units, pilot["pilot/seconds"])
     forecast = forecast_run(
         cfg, prompts, tokenize, lambda batch: answer_lengths(batch, tokenizer), planner, predictor, start + 1
     )
