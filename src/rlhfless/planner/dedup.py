@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
 
@@ -31,7 +32,7 @@ class PackedPrompts:
     order) and `lcp`, the common prefix of sorted neighbours i, i+1 (longest prompt + 1 when
     identical): all that deduplication needs of the tokens.
 
-    Tokens are checked as they are read (integer ids in [0, 2**32 - 1), else ValueError); one
+    Token ids must be integers in [0, 2**32 - 1) (else ValueError). In Python lists, a token
     past the chunk where its prompt differs from every other is never read, so never checked,
     since it cannot change the plan (`rlhfless plan` checks its prompt files in full)."""
 
@@ -48,10 +49,11 @@ class PackedPrompts:
         lcp = np.full(max(n - 1, 0), longest + 1, dtype=np.int64)
         # Sorted positions still tied with a neighbour, and the run of equal rows each is in.
         tied, run = np.arange(n), np.zeros(n, dtype=np.int64)
+        reader = _TokenReader(token_lists, lengths)
         depth, chunk = 0, first_chunk
         while tied.size > 1 and depth < longest:
             rows = order[tied]
-            keys = _chunk_keys([token_lists[i] for i in rows.tolist()], depth, chunk, lengths[rows])
+            keys = reader.keys(rows, depth, chunk)
             ranked = np.empty((tied.size, chunk + 2), dtype=">u4")
             ranked[:, 0], ranked[:, 1], ranked[:, 2:] = run >> 32, run & 0xFFFFFFFF, keys
             perm = np.argsort(ranked.view(f"V{4 * (chunk + 2)}").ravel(), kind="stable")
@@ -73,31 +75,44 @@ class PackedPrompts:
         return cls(lengths, order, lcp)
 
 
-def _chunk_keys(token_lists: list[Any], depth: int, width: int, lengths: np.ndarray) -> np.ndarray:
-    """Tokens [depth, depth + width) of each prompt as rows of token id + 1, zero past its end."""
-    counts = np.clip(lengths - depth, 0, width)
-    flat = _flat_tokens(token_lists, depth, width, int(counts.sum()))
-    if flat.dtype.kind not in "iu":
-        raise ValueError(f"prompt_tokens: got {flat.dtype} values, expected integer token ids")
-    if flat.size and (flat.min() < 0 or flat.max() >= 2**32 - 1):
-        bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
-        raise ValueError(f"prompt_tokens: got token id {bad}, expected ids in [0, 2**32 - 1)")
-    keys = np.zeros((len(token_lists), width), dtype=">u4")
-    keys[np.arange(width) < counts[:, None]] = flat + 1
-    return keys
+class _TokenReader:
+    """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
+    past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
+    for: touching an int object is what costs. Each window is checked as it is read;
+    `np.fromiter` would truncate a float or parse a string, so the window's `sum` must first
+    come out an integer (a float or a string makes it a float or a TypeError). Anything else
+    (numpy arrays) is concatenated, and checked, once."""
 
+    def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        self.lists = token_lists if token_lists and set(map(type, token_lists)) == {list} else None
+        if self.lists is None:
+            rows = [t for t in token_lists if len(t)]
+            flat = _checked(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
+            longest = int(lengths.max()) if lengths.size else 0
+            self.keyed = np.zeros(flat.size + longest, dtype=">u4")  # zeros: a window may end there
+            self.keyed[: flat.size] = flat + 1
+            self.starts = np.cumsum(lengths) - lengths
 
-def _flat_tokens(token_lists: list[Any], depth: int, width: int, total: int) -> np.ndarray:
-    """Tokens [depth, depth + width) of the prompts, end to end. Python lists are read in place,
-    without slicing them (touching each int object is what costs); `np.fromiter` would truncate
-    a float or parse a string, so their `sum` must first come out an integer (a float or a
-    string makes it a float or a TypeError)."""
-    if token_lists and set(map(type, token_lists)) == {list}:
+    def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
+        counts = np.clip(self.lengths[rows] - depth, 0, width)
+        inside = np.arange(width) < counts[:, None]
+        keys = np.zeros((rows.size, width), dtype=">u4")
+        if self.lists is None:  # each row's window of the concatenation, cut at the row's end
+            span = min(width, self.keyed.size - int(self.starts[rows].max()) - depth)
+            window = sliding_window_view(self.keyed, span)[self.starts[rows] + depth]
+            window[~inside[:, :span]] = 0
+            keys[:, :span] = window
+            return keys
+        keys[inside] = _checked(self._read(rows.tolist(), depth, width, int(counts.sum()))) + 1
+        return keys
+
+    def _read(self, rows: list[int], depth: int, width: int, total: int) -> np.ndarray:
+        assert self.lists is not None
+        lists = [self.lists[i] for i in rows]
 
         def windows() -> Any:
-            return map(
-                itertools.islice, token_lists, itertools.repeat(depth), itertools.repeat(depth + width)
-            )
+            return map(itertools.islice, lists, itertools.repeat(depth), itertools.repeat(depth + width))
 
         try:
             checked = sum(map(sum, windows()))
@@ -111,9 +126,15 @@ def _flat_tokens(token_lists: list[Any], depth: int, width: int, total: int) -> 
             raise ValueError(
                 "prompt_tokens: got a token id beyond 64 bits, expected ids in [0, 2**32 - 1)"
             ) from None
-    rows = [t[depth : depth + width] for t in token_lists]
-    rows = [t for t in rows if len(t)]
-    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
+
+def _checked(flat: np.ndarray) -> np.ndarray:
+    if flat.dtype.kind not in "iu":
+        raise ValueError(f"prompt_tokens: got {flat.dtype} values, expected integer token ids")
+    if flat.size and (flat.min() < 0 or flat.max() >= 2**32 - 1):
+        bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
+        raise ValueError(f"prompt_tokens: got token id {bad}, expected ids in [0, 2**32 - 1)")
+    return flat
 
 
 @dataclass
