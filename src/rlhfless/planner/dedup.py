@@ -85,7 +85,7 @@ class _TokenReader:
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths
-        self.lists = token_lists if token_lists and set(map(type, token_lists)) == {list} else None
+        self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
         if self.lists is None:
             rows = [t for t in token_lists if len(t)]
             flat = _checked(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
@@ -104,28 +104,29 @@ class _TokenReader:
             window[~inside[:, :span]] = 0
             keys[:, :span] = window
             return keys
-        keys[inside] = _checked(self._read(rows.tolist(), depth, width, int(counts.sum()))) + 1
+        lists = [self.lists[i] for i in rows.tolist()]
+        keys[inside] = _checked(_read_windows(lists, depth, width, int(counts.sum()))) + 1
         return keys
 
-    def _read(self, rows: list[int], depth: int, width: int, total: int) -> np.ndarray:
-        assert self.lists is not None
-        lists = [self.lists[i] for i in rows]
 
-        def windows() -> Any:
-            return map(itertools.islice, lists, itertools.repeat(depth), itertools.repeat(depth + width))
+def _read_windows(lists: list[list[Any]], depth: int, width: int, total: int) -> np.ndarray:
+    """Items [depth, depth + width) of each list, end to end, as int64 (`total` of them)."""
 
-        try:
-            checked = sum(map(sum, windows()))
-        except TypeError:
-            checked = None
-        if not isinstance(checked, int | np.integer):
-            raise ValueError("prompt_tokens: got a non-integer value, expected integer token ids")
-        try:
-            return np.fromiter(itertools.chain.from_iterable(windows()), dtype=np.int64, count=total)
-        except OverflowError:
-            raise ValueError(
-                "prompt_tokens: got a token id beyond 64 bits, expected ids in [0, 2**32 - 1)"
-            ) from None
+    def windows() -> Any:
+        return map(itertools.islice, lists, itertools.repeat(depth), itertools.repeat(depth + width))
+
+    try:
+        checked = sum(map(sum, windows()))
+    except TypeError:
+        checked = None
+    if not isinstance(checked, int | np.integer):
+        raise ValueError("prompt_tokens: got a non-integer value, expected integer token ids")
+    try:
+        return np.fromiter(itertools.chain.from_iterable(windows()), dtype=np.int64, count=total)
+    except OverflowError:
+        raise ValueError(
+            "prompt_tokens: got a token id beyond 64 bits, expected ids in [0, 2**32 - 1)"
+        ) from None
 
 
 def _checked(flat: np.ndarray) -> np.ndarray:
