@@ -87,11 +87,12 @@ class _TokenReader:
         self.lengths = lengths
         self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
         if self.lists is None:
-            rows = [t for t in token_lists if len(t)]
-            flat = _checked(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
+            rows = [np.asarray(t) for t in token_lists if len(t)]
+            dtype = np.result_type(*rows) if rows else np.int64
             longest = int(lengths.max()) if lengths.size else 0
-            self.keyed = np.zeros(flat.size + longest, dtype=">u4")  # zeros: a window may end there
-            self.keyed[: flat.size] = flat + 1
+            # Zeros after the last prompt: a window may run past it (what it reads there is cut).
+            self.flat = np.concatenate((*rows, np.zeros(longest, dtype=dtype)))
+            _checked(self.flat)
             self.starts = np.cumsum(lengths) - lengths
 
     def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
@@ -99,8 +100,9 @@ class _TokenReader:
         inside = np.arange(width) < counts[:, None]
         keys = np.zeros((rows.size, width), dtype=">u4")
         if self.lists is None:  # each row's window of the concatenation, cut at the row's end
-            span = min(width, self.keyed.size - int(self.starts[rows].max()) - depth)
-            window = sliding_window_view(self.keyed, span)[self.starts[rows] + depth]
+            span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
+            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(">u4")
+            window += 1
             window[~inside[:, :span]] = 0
             keys[:, :span] = window
             return keys
