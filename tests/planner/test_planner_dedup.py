@@ -47,11 +47,54 @@ def test_shared_system_prompt_is_computed_once():
     assert d.tokens(group_size=4) == {"naive": 4 * 530, "per_prompt": 530, "dedup": 50 + 30}
 
 
+def common_prefix(a, b):
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    system=st.lists(st.integers(0, 2), max_size=9),
+    tails=st.lists(st.lists(st.integers(0, 2), max_size=9), min_size=1, max_size=12),
+    shared=st.lists(st.booleans(), min_size=12, max_size=12),
+    first_chunk=st.integers(1, 4),
+    as_array=st.booleans(),
+)
+def test_pack_sorts_and_measures_prefixes_as_python_does(system, tails, shared, first_chunk, as_array):
+    """Chunked reading (any first chunk, lists or arrays) gives Python's stable sort and the
+    brute-force common prefixes of sorted neighbours (longest + 1 for identical prompts)."""
+    prompts = [(system if s else []) + t for t, s in zip(tails, shared, strict=False)]
+    tokens = [np.array(p, dtype=np.int64) for p in prompts] if as_array else prompts
+    packed = PackedPrompts.pack(tokens, first_chunk=first_chunk)
+    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    longest = max(map(len, prompts))
+    lcp = [
+        longest + 1 if prompts[a] == prompts[b] else common_prefix(prompts[a], prompts[b])
+        for a, b in zip(order, order[1:], strict=False)
+    ]
+    assert packed.order.tolist() == order
+    assert packed.lcp.tolist() == lcp
+    assert packed.lengths.tolist() == list(map(len, prompts))
+
+
 def test_numpy_and_list_tokens_pack_the_same():
-    a = PackedPrompts.pack([[1, 2, 3], [4]])
-    b = PackedPrompts.pack([np.array([1, 2, 3]), np.array([4])])
-    assert a.keys.tolist() == b.keys.tolist() == [[2, 3, 4], [5, 0, 0]]
-    assert list(a.lengths) == [3, 1]
+    prompts = [[5, 1, 2, 3], [5, 1], [4], [5, 1, 2, 3], []]
+    packs = [PackedPrompts.pack(prompts, first_chunk=1)] + [
+        PackedPrompts.pack([np.array(p, dtype=dtype) for p in prompts], first_chunk=1)
+        for dtype in (np.int32, np.int64, np.uint32)
+    ]
+    for p in packs:
+        assert p.order.tolist() == [4, 2, 1, 0, 3]
+        assert p.lcp.tolist() == [0, 0, 2, 5]
+        assert p.lengths.tolist() == [4, 2, 1, 4, 0]
+
+
+@pytest.mark.parametrize("bad", [2.5, 2.0, "3", None, np.float64(2.0), 2**70])
+def test_non_integer_token_ids_are_refused(bad):
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        PackedPrompts.pack([[1, 2], [1, bad]])
 
 
 def test_token_zero_is_not_padding():
@@ -59,6 +102,14 @@ def test_token_zero_is_not_padding():
     assert d.d_curve.tolist() == [1, 1, 2]
 
 
-def test_negative_token_ids_are_refused():
+@pytest.mark.parametrize("as_array", [False, True])
+def test_negative_token_ids_are_refused(as_array):
+    prompts = [[1, -3], [1, 2]]
     with pytest.raises(ValueError, match="token id -3"):
-        PackedPrompts.pack([[1, -3]])
+        PackedPrompts.pack([np.array(p) for p in prompts] if as_array else prompts)
+
+
+def test_tokens_past_where_a_prompt_differs_are_not_read():
+    """They cannot change the plan, so they are neither converted nor checked."""
+    packed = PackedPrompts.pack([[1, 2, "x"], [1, 3, None]], first_chunk=2)
+    assert packed.lcp.tolist() == [1]

@@ -90,6 +90,43 @@ def test_same_input_same_plan(work, policy):
     assert da == db
 
 
+@st.composite
+def long_prompts(draw):
+    """Prompts past the dedup's first chunk (64 tokens): shared system prompts of 0-150 tokens,
+    some prompts repeated, so that ties are read chunk after chunk."""
+    systems = draw(st.lists(st.integers(0, 150), min_size=1, max_size=3))
+    n = draw(st.integers(1, 24))
+    rows = []
+    for _ in range(n):
+        system = [7] * systems[draw(st.integers(0, len(systems) - 1))]
+        if rows and draw(st.booleans()):
+            rows.append(list(rows[draw(st.integers(0, len(rows) - 1))]))
+        else:
+            rows.append(system + draw(st.lists(st.integers(0, 3), max_size=80)))
+    return rows
+
+
+def tree_tokens_brute_force(rows):
+    return len({tuple(r[:k]) for r in rows for k in range(1, len(r) + 1)})
+
+
+@settings(max_examples=30, deadline=None)
+@given(long_prompts(), st.sampled_from(["rlhfless", "verl"]), st.sampled_from([1, 4, 256]))
+def test_plan_is_the_same_from_token_lists_and_arrays(rows, policy, capacity):
+    """The runtime hands Python lists, the simulator numpy arrays: one plan, whatever the form."""
+    predictor = LengthPredictor()
+    for i in range(0, len(rows), 2):
+        predictor.update(f"p{i}", [10 + 37 * i % 500, 5])
+    plans = []
+    for form in (list, lambda r: np.array(r, dtype=np.int32), lambda r: np.array(r, dtype=np.uint32)):
+        prompts = [PromptSpec(f"p{i}", form(r), 40) for i, r in enumerate(rows)]
+        d = plan(prompts, predictor, policy=policy, prefill_capacity=capacity).to_dict()
+        d.pop("plan_seconds")
+        plans.append(d)
+    assert plans[0] == plans[1] == plans[2]
+    assert plans[0]["prefill"]["tokens_unique"] == tree_tokens_brute_force(rows)
+
+
 def test_verl_uses_every_gpu_with_an_even_split_and_no_dedup():
     prompts = [PromptSpec(f"p{i}", [1, 2, 3, i]) for i in range(16)]
     p = plan(prompts, LengthPredictor(), policy="verl")

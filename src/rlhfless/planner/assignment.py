@@ -14,7 +14,7 @@ import numpy as np
 
 def sorted_order(group_max: np.ndarray, group_mean: np.ndarray) -> np.ndarray:
     """Prompts by predicted group max, then mean, then input position (deterministic)."""
-    return np.lexsort((np.arange(group_max.size), group_mean, group_max))
+    return np.lexsort((group_mean, group_max))  # lexsort is stable: ties keep input order
 
 
 def _interior(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -4,44 +4,140 @@ D(L) is the number of distinct length-L prefixes (a prompt shorter than L counts
 prompt). Sorting the prompts groups every shared prefix into a contiguous run, so with e_i the
 length of the common prefix of neighbours i and i+1 in sorted order (infinite when identical),
 D(L) = 1 + #{i : e_i < L} for every L at once. The chosen prefix length is the largest L with
-D(L) <= B_prefill (D is non-decreasing in L). Prompts are the rows of one padded matrix, so the
-lexicographic sort (rows viewed as byte strings) and the common-prefix search (first column where
-sorted neighbours differ) both run in numpy.
+D(L) <= B_prefill (D is non-decreasing in L).
+
+The sort is most-significant-chunk first, in numpy: the prompts' first `FIRST_CHUNK` tokens are
+sorted as byte strings (rows of token id + 1, big-endian, zero past the end), and only prompts
+still tied with a neighbour read their next chunk (twice as long), and so on. Tokens past the
+point where a prompt differs from every other are never read, which matters when prompts come
+as Python lists (a tokenizer's output): converting an int costs more than comparing it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
 
 
 @dataclass
 class PackedPrompts:
-    """Prompts as rows of one matrix of token id + 1, zero past each prompt's end (zero differs
-    from every token), stored big-endian so that a row's bytes sort as its token string.
+    """The prompts' lengths, their lexicographic order (stable: identical prompts keep input
+    order) and `lcp`, the common prefix of sorted neighbours i, i+1 (longest prompt + 1 when
+    identical): all that deduplication needs of the tokens.
 
-    Memory is prompts x longest prompt x 4 bytes: the price of sorting and comparing in numpy."""
+    Token ids must be integers in [0, 2**32 - 1) (else ValueError). In Python lists, a token
+    past the chunk where its prompt differs from every other is never read, so never checked,
+    since it cannot change the plan (`rlhfless plan` checks its prompt files in full)."""
 
-    keys: np.ndarray  # (prompts, max(longest prompt, 1)), dtype >u4
     lengths: np.ndarray
+    order: np.ndarray
+    lcp: np.ndarray
 
     @classmethod
-    def pack(cls, token_lists: Sequence[Any]) -> PackedPrompts:
+    def pack(cls, token_lists: Sequence[Any], first_chunk: int = FIRST_CHUNK) -> PackedPrompts:
         lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
-        rows = [t for t in token_lists if len(t)]
-        flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-        if flat.dtype.kind not in "iu":
-            raise ValueError(f"prompt_tokens: got {flat.dtype} values, expected integer token ids")
-        if flat.size and (flat.min() < 0 or flat.max() >= 2**32 - 1):
-            bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
-            raise ValueError(f"prompt_tokens: got token id {bad}, expected ids in [0, 2**32 - 1)")
-        width = max(int(lengths.max()) if lengths.size else 0, 1)
-        keys = np.zeros((lengths.size, width), dtype=">u4")
-        keys[np.arange(width) < lengths[:, None]] = flat + 1
-        return cls(keys, lengths)
+        n = lengths.size
+        longest = int(lengths.max()) if n else 0
+        order = np.arange(n)
+        lcp = np.full(max(n - 1, 0), longest + 1, dtype=np.int64)
+        # Sorted positions still tied with a neighbour, and the run of equal rows each is in.
+        tied, run = np.arange(n), np.zeros(n, dtype=np.int64)
+        reader = _TokenReader(token_lists, lengths)
+        depth, chunk = 0, first_chunk
+        while tied.size > 1 and depth < longest:
+            rows = order[tied]
+            keys = reader.keys(rows, depth, chunk)
+            ranked = np.empty((tied.size, chunk + 2), dtype=">u4")
+            ranked[:, 0], ranked[:, 1], ranked[:, 2:] = run >> 32, run & 0xFFFFFFFF, keys
+            perm = np.argsort(ranked.view(f"V{4 * (chunk + 2)}").ravel(), kind="stable")
+            order[tied] = rows[perm]
+            keys = keys[perm]
+            same_run = run[1:] == run[:-1]  # neighbours in sorted order, equal through `depth`
+            differs = keys[1:] != keys[:-1]
+            split = differs.any(axis=1)
+            at = tied[:-1][same_run & split]
+            lcp[at] = depth + differs[same_run & split].argmax(axis=1)
+            # Equal through the chunk and ended inside it: identical (lcp stays longest + 1).
+            still = same_run & ~split & (keys[1:, -1] != 0)
+            member = np.zeros(tied.size, dtype=bool)
+            member[:-1] |= still
+            member[1:] |= still
+            run = np.cumsum(np.r_[True, ~still])[member]
+            tied = tied[member]
+            depth, chunk = depth + chunk, 2 * chunk
+        return cls(lengths, order, lcp)
+
+
+class _TokenReader:
+    """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
+    past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
+    for: touching an int object is what costs. Each window is checked as it is read;
+    `np.fromiter` would truncate a float or parse a string, so the window's `sum` must first
+    come out an integer (a float or a string makes it a float or a TypeError). Anything else
+    (numpy arrays) is concatenated, and checked, once."""
+
+    def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
+        if self.lists is None:
+            rows = [np.asarray(t) for t in token_lists if len(t)]
+            dtype = np.result_type(*rows) if rows else np.int64
+            longest = int(lengths.max()) if lengths.size else 0
+            # Zeros after the last prompt: a window may run past it (what it reads there is cut).
+            self.flat = np.concatenate((*rows, np.zeros(longest, dtype=dtype)))
+            _checked(self.flat)
+            self.starts = np.cumsum(lengths) - lengths
+
+    def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
+        counts = np.clip(self.lengths[rows] - depth, 0, width)
+        inside = np.arange(width) < counts[:, None]
+        keys = np.zeros((rows.size, width), dtype=">u4")
+        if self.lists is None:  # each row's window of the concatenation, cut at the row's end
+            span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
+            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(">u4")
+            window += 1
+            window[~inside[:, :span]] = 0
+            keys[:, :span] = window
+            return keys
+        lists = [self.lists[i] for i in rows.tolist()]
+        keys[inside] = _checked(_read_windows(lists, depth, width, int(counts.sum()))) + 1
+        return keys
+
+
+def _read_windows(lists: list[list[Any]], depth: int, width: int, total: int) -> np.ndarray:
+    """Items [depth, depth + width) of each list, end to end, as int64 (`total` of them)."""
+
+    def windows() -> Any:
+        return map(itertools.islice, lists, itertools.repeat(depth), itertools.repeat(depth + width))
+
+    try:
+        checked = sum(map(sum, windows()))
+    except TypeError:
+        checked = None
+    if not isinstance(checked, int | np.integer):
+        raise ValueError("prompt_tokens: got a non-integer value, expected integer token ids")
+    try:
+        return np.fromiter(itertools.chain.from_iterable(windows()), dtype=np.int64, count=total)
+    except OverflowError:
+        raise ValueError(
+            "prompt_tokens: got a token id beyond 64 bits, expected ids in [0, 2**32 - 1)"
+        ) from None
+
+
+def _checked(flat: np.ndarray) -> np.ndarray:
+    if flat.dtype.kind not in "iu":
+        raise ValueError(f"prompt_tokens: got {flat.dtype} values, expected integer token ids")
+    if flat.size and (flat.min() < 0 or flat.max() >= 2**32 - 1):
+        bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
+        raise ValueError(f"prompt_tokens: got token id {bad}, expected ids in [0, 2**32 - 1)")
+    return flat
 
 
 @dataclass
@@ -86,18 +182,6 @@ class Dedup:
         return sorted(groups, key=lambda g: (-len(g), g[0]))
 
 
-def _sorted_prefixes(prompts: PackedPrompts) -> tuple[np.ndarray, np.ndarray]:
-    """Lexicographic order of the prompts and e_i, the common prefix of sorted neighbours i, i+1
-    (longest prompt + 1 when identical)."""
-    keys, lengths = prompts.keys, prompts.lengths
-    longest = int(lengths.max()) if lengths.size else 0
-    order = np.argsort(keys.view(f"V{keys.itemsize * keys.shape[1]}").ravel(), kind="stable")
-    ranked = keys[order]
-    differs = ranked[1:] != ranked[:-1]
-    # the first differing column is the common prefix; no differing column: identical prompts
-    return order, np.where(differs.any(axis=1), differs.argmax(axis=1), longest + 1)
-
-
 def _tree_tokens(lengths_sorted: np.ndarray, e: np.ndarray) -> int:
     """Tokens of the prefix tree over sorted prompts: each one's tokens past its shared prefix."""
     return int(lengths_sorted.sum() - np.minimum(e, lengths_sorted[1:]).sum())
@@ -105,8 +189,7 @@ def _tree_tokens(lengths_sorted: np.ndarray, e: np.ndarray) -> int:
 
 def tree_tokens(prompts: PackedPrompts) -> int:
     """Unique prompt tokens of the step (a prefix tree's): the least prefill that computes all."""
-    order, e = _sorted_prefixes(prompts)
-    return _tree_tokens(prompts.lengths[order], e)
+    return _tree_tokens(prompts.lengths[prompts.order], prompts.lcp)
 
 
 def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
@@ -114,7 +197,7 @@ def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
     lengths = prompts.lengths
     n = lengths.size
     longest = int(lengths.max()) if n else 0
-    order, e = _sorted_prefixes(prompts)
+    order, e = prompts.order, prompts.lcp
     # D(L) = 1 + #{e_i < L} = 1 + #{e_i <= L - 1}
     hist = np.bincount(e, minlength=longest + 2)
     d_curve = np.concatenate(([1], 1 + np.cumsum(hist[:longest]))) if n else np.ones(1, dtype=np.int64)

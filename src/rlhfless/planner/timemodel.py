@@ -128,7 +128,10 @@ class RangeModel:
         batch = np.minimum(tokens / np.maximum(steps, 1e-12), cap[:, None])
         steps = np.maximum(steps, tokens / cap[:, None])
         context = mean_prompt[:, None] + start + 0.5 * np.minimum(steps, width)
-        step_s = self.profile.decode_step_seconds(batch, context)
+        # Segments past a range's longest sequence take no steps: their lookup is skipped.
+        live = steps > 0
+        step_s = np.zeros_like(steps)
+        step_s[live] = self.profile.decode_step_seconds(batch[live], context[live])
         decode = np.einsum("ij,ij->i", steps, step_s)
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
