@@ -51,13 +51,12 @@ class RuntimeConfig:
     )
     threads_per_actor: int = field(default=1, metadata={"help": "torch threads inside each function"})
     learner_width: int = field(
-        default=1,
+        default=0,
         metadata={
             "help": "ray executor: data-parallel learner ranks for the learning phase, one slot each, "
             "billed per slot while held; 0 = every slot free after generation (the learner's own "
-            "and those the decode functions released); 1 = the learner alone (the default: on a "
-            "2-core CPU a second rank, started cold each phase, cut learning from ~50 to ~42 s "
-            "for 2x the slot-seconds)"
+            "and those the decode functions released); 1 = the learner alone. Extra ranks are "
+            "requested one measured rank start before generation's forecast end"
         },
     )
     keep_alive_s: float = field(
