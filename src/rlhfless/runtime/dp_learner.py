@@ -119,7 +119,7 @@ class ElasticLearner(LearnerSide):
         self.invocations: list[Invocation] = []  # the open phase's, one per rank
         self.group = None  # the open (or prestarted) phase's placement group
         self.phase: dict[str, float] = {}
-        self.rank_start_s: float | None = None  # the last phase's: request to every rank joined
+        self.rank_starts: list[float] = []  # the last phases': request to every rank joined
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
 
     def _create(self, device: str, **options):
@@ -199,8 +199,18 @@ class ElasticLearner(LearnerSide):
         width = len(self.ranks)
         ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
         ready = max(hello.ready for hello in hellos)
-        self.rank_start_s = ready - extra[0].requested + time.time() - max(joining, ready)
+        self.rank_starts = [
+            *self.rank_starts[-2:],
+            ready - extra[0].requested + time.time() - max(joining, ready),
+        ]
         return width
+
+    @property
+    def rank_start_s(self) -> float | None:
+        """The longest of the last three phases' rank starts (request to joined), or None before
+        any: learning that waits for a rank costs every slot of the step, a rank started early only
+        its own."""
+        return max(self.rank_starts) if self.rank_starts else None
 
     def narrow(self, now: float) -> None:
         """Close the learning phase: ranks 1.. stopped and released, rank 0 alone again."""
