@@ -141,6 +141,38 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
     assert extra["cost"] == pytest.approx(charge(cfg.scheduler.pricing, 1.0, held, starting), rel=1e-3)
 
 
+def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
+    """Rank 1's process dies before the update: rank 0 fails in the collective without having
+    stepped, leaves the broken group and makes the whole update alone, the single-process one."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=0"))
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    single_policy = copy.deepcopy(policy)
+    advantages = [torch.full((len(s.response_ids),), s.reward - 0.5) for s in samples]
+    want = build_learner(cfg, single_policy, tokenizer.pad_token_id).learn(samples, advantages, None)
+
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        elastic.widen(meter, len({s.uid for s in samples}), 0, time.time())
+        assert len(elastic.ranks) == 2
+        ray.kill(elastic.ranks[1])
+        got = elastic.learn(samples, advantages, None)
+        elastic.narrow(time.time())
+        _, records = meter.close_step(time.time())
+    finally:
+        elastic.close()
+
+    assert got["learner/width"] == 1 and got["faults/learner"] == 1
+    assert got["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-4, abs=1e-6)
+    for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
+        close(a, b)
+    lost = {r["name"]: r for r in records}["learner-1"]
+    assert any(event["kind"] == "fault" for event in lost["events"])
+
+
 def driver_node() -> str:
     return ray.get_runtime_context().get_node_id()
 

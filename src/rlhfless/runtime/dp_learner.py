@@ -25,6 +25,7 @@ import numpy as np
 import ray
 import torch
 import torch.distributed as dist
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -78,6 +79,11 @@ class LearnerRank(LearnerReplica):
         if rank:
             self.load_phase_state(state)
         self._use(DataParallel(rank, width, self.device))
+
+    def updates(self) -> tuple[int, int]:
+        """Optimizer steps taken so far, the policy's and the critic's: a call that failed when a
+        peer was lost changed nothing if these did not move (rank 0 steps only after the sum)."""
+        return self.learner.scheduler.last_epoch, self.critic.updates if self.critic is not None else 0
 
     def leave(self) -> None:
         """Back to width 1: the phase's group is gone."""
@@ -154,7 +160,11 @@ class ElasticLearner(LearnerSide):
         )
         self.invocations.insert(0, meter.open(rank0))
         width = self._join() if self.group is not None else 1
-        self.phase = {"learner/width": float(width), "time/learner_start": time.time() - now}
+        self.phase = {
+            "learner/width": float(width),
+            "time/learner_start": time.time() - now,
+            "faults/learner": 0.0,
+        }
 
     def _width(self, held_slots: int, groups: int) -> int:
         view = self.functions.cluster()
@@ -224,12 +234,47 @@ class ElasticLearner(LearnerSide):
         self.ranks, self.invocations, self.group, self.opened = [self.rank0], [], None, False
 
     def _run(self, method: str, *args):
-        """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's result."""
+        """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's
+        result. A lost rank beyond rank 0 costs the phase its width, not the step (`_lost_ranks`)."""
         refs = [ray.put(a) for a in args]
+        before = ray.get(self.rank0.updates.remote()) if len(self.ranks) > 1 else None
         with ExitStack() as busy:
             for inv in self.invocations:
                 busy.enter_context(inv.busy_while())
-            return ray.get([getattr(rank, method).remote(*refs) for rank in self.ranks])[0]
+            calls = [getattr(rank, method).remote(*refs) for rank in self.ranks]
+            try:
+                return ray.get(calls)[0]
+            except (RayActorError, RayTaskError):
+                if before is None or not _any_lost(calls[1:]):
+                    raise
+            try:
+                done = ray.get(calls[0])  # rank 0 finished before the peer was lost
+            except RayTaskError:  # it failed in a collective with the lost peer
+                done = None
+        self._lost_ranks()
+        if done is not None:
+            return done
+        if ray.get(self.rank0.updates.remote()) != before:
+            raise RuntimeError(
+                f"learning: a learner rank was lost during {method} after rank 0 had stepped; "
+                "expected to redo it on rank 0 alone, so resume the run from its last checkpoint"
+            )
+        return self._run(method, *args)
+
+    def _lost_ranks(self) -> None:
+        """A rank beyond rank 0 died (its process, its node): every rank but rank 0 is stopped and
+        released, rank 0 leaves the broken group, and the phase goes on at width 1."""
+        now = time.time()
+        for inv in self.invocations[1:]:
+            inv.released = now
+            inv.event(now, "fault", 1)
+        for rank in self.ranks[1:]:
+            ray.kill(rank)
+        remove_placement_group(self.group)
+        ray.get(self.rank0.leave.remote())
+        self.ranks, self.invocations, self.group = [self.rank0], self.invocations[:1], None
+        self.phase["learner/width"] = 1.0
+        self.phase["faults/learner"] = self.phase.get("faults/learner", 0.0) + 1
 
     def _phase(self) -> dict:
         return self.phase
@@ -253,3 +298,16 @@ class ElasticLearner(LearnerSide):
             ray.kill(rank)
         if self.group is not None:
             remove_placement_group(self.group)
+
+
+def _any_lost(calls: list) -> bool:
+    """Whether the process of any of these calls' actors died (a failed task is not a loss)."""
+    lost = False
+    for call in calls:
+        try:
+            ray.get(call)
+        except RayActorError:
+            lost = True
+        except RayTaskError:
+            pass
+    return lost
