@@ -265,11 +265,12 @@ class TrainerConfig:
     )
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
     micro_batch_tokens: int = field(
-        default=1024,
+        default=512,
         metadata={
-            "help": "learner token budget per micro-batch (length-bucketed, padding included); the "
-            "backbone's saved activations grow with it: a default step peaks at 4.6 GB resident with "
-            "1024, 9.8 GB with 4096, at the same speed on a CPU (benchmarks/learner_memory.py)"
+            "help": "learner token budget per micro-batch: K prompts x (longest prompt + longest row "
+            "of their packed responses); the backbone's saved activations grow with it: one rank's "
+            "share of a default step (16 samples) peaked at 3.7 GB resident with 512 and 4.1 GB "
+            "with 1024, at the same speed on a CPU"
         },
     )
     threads: int = field(
