@@ -8,7 +8,9 @@
    checkpoint writes (--checkpoint-kills: `runtime.faults` `checkpoint_exit` after a random file),
    each time resumed with `--resume` until every step is done. --nodes 2 runs both on a
    two-raylet `ray.cluster_utils.Cluster` and adds `node_exit` faults (a worker node's raylet
-   killed mid-step; the next run of the cluster gets a new worker node).
+   killed mid-step; the soak adds a new worker node while the run goes on). For CI:
+   --functions 1, --shared-ray (the faulty launches on one Ray the soak starts) and --parallel
+   (the undisturbed run beside the faulty one) cut its cost.
 3. Compared: every sample of `rollouts/` (lost: missing; changed: any field differs) and the
    learning metrics of `metrics.jsonl` (equal within 1e-6 relative).
 4. Measured by a sampling thread: resident memory of the driver and of the Ray functions
@@ -33,13 +35,14 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import psutil
 
-from rlhfless.faults import CHECKPOINT_FILES, FaultSchedule
+from rlhfless.faults import CHECKPOINT_FILES, SCHEDULABLE, SCHEDULED, FaultSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 # Learning metrics a resumed, faulty run must reproduce exactly (timing and cost ones differ).
@@ -59,21 +62,25 @@ RAY_SERVICES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 KILLED = (-signal.SIGKILL, 137)  # killed by us, or by its own checkpoint_exit fault
 
 
-def base_overrides(out: Path, steps: int, seed: int, address: str | None) -> list[str]:
+def base_overrides(args, out: Path, address: str | None) -> list[str]:
     over = [
         "--preset",
         "tiny",
         f"output_dir={out}",
-        f"seed={seed}",
-        f"trainer.steps={steps}",
+        f"seed={args.seed}",
+        f"trainer.steps={args.steps}",
         "trainer.save_every=1",
         "trainer.progress=false",
         "trainer.tensorboard=false",
         "runtime.executor=ray",
         "runtime.slice_s=0.02",
     ]
-    if address:  # a function on every slot of the cluster, the worker node's included
-        return [*over, "scheduler.n_min=8", f"runtime.ray_address={address}"]
+    if address:
+        over.append(f"runtime.ray_address={address}")
+    if args.functions:
+        return [*over, f"scheduler.n_min={args.functions}", f"scheduler.n_max={args.functions}"]
+    if args.nodes == 2:  # a function on every slot of the cluster, the worker node's included
+        return [*over, "scheduler.n_min=8"]
     return [*over, "scheduler.n_min=2"]  # one decode function colocated with the learner, one on its own slot
 
 
@@ -82,12 +89,15 @@ def base_overrides(out: Path, steps: int, seed: int, address: str | None) -> lis
 
 @dataclass
 class Sampler:
-    """Samples the training process tree every `period` s."""
+    """Samples the training process tree every `period` s, and the functions the raylets of
+    `cluster` started (a launch's functions on a cluster are not its descendants)."""
 
     run_dir: Path
+    cluster: LocalCluster | None = None
     period: float = 0.1
     rows: list[dict] = field(default_factory=list)
     proc: psutil.Process | None = None
+    tree: set[psutil.Process] = field(default_factory=set)  # every descendant of `proc` seen
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -122,6 +132,12 @@ class Sampler:
             kids = proc.children(recursive=True)
         except psutil.Error:
             return None
+        self.tree.update(kids)
+        for pid in self.cluster.raylets() if self.cluster else []:
+            try:
+                kids += psutil.Process(pid).children(recursive=True)
+            except psutil.Error:
+                pass
         rss, fds, n = 0, 0, 0
         for kid in kids:
             try:
@@ -176,7 +192,8 @@ class Launch:
 
 
 def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> tuple[int, float]:
-    """One training process to its end (or its kill); every process it left behind is stopped."""
+    """One training process to its end (or its kill); every process it left behind is stopped.
+    A worker node of the cluster that a `node_exit` fault took is replaced while it runs."""
     listed = list(launch.faults)
     if launch.checkpoint_exit:
         step, file = launch.checkpoint_exit
@@ -187,14 +204,11 @@ def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> t
         handle.write(f"\n$ {' '.join(cmd + launch.overrides + extra)}\n")
         handle.flush()
         proc = subprocess.Popen(cmd + launch.overrides + extra, stdout=handle, stderr=subprocess.STDOUT)
-    ps = psutil.Process(proc.pid)
-    sampler.proc = ps
-    tree: set[psutil.Process] = set()
+    sampler.tree = set()
+    sampler.proc = psutil.Process(proc.pid)
     while proc.poll() is None:
-        try:
-            tree |= set(ps.children(recursive=True))
-        except psutil.Error:
-            pass
+        if sampler.cluster is not None:
+            sampler.cluster.heal()
         if (
             launch.kill_after_step is not None
             and logged_since(sampler.run_dir, start) >= launch.kill_after_step
@@ -205,7 +219,7 @@ def run_launch(cmd: list[str], launch: Launch, sampler: Sampler, log: Path) -> t
         time.sleep(0.05)
     rc = proc.wait()
     sampler.proc = None
-    launch.outlived = _reap(tree)
+    launch.outlived = _reap(sampler.tree)
     return rc, time.time() - start
 
 
@@ -337,10 +351,10 @@ def train_cmd() -> list[str]:
     return [sys.executable, "-m", "rlhfless", "train"]
 
 
-def clean_run(args, out: Path, address: str | None) -> dict:
-    sampler = Sampler(out / "clean")
+def clean_run(args, out: Path, cluster: LocalCluster | None) -> dict:
+    sampler = Sampler(out / "clean", cluster)
     sampler.start()
-    launch = Launch(base_overrides(out / "clean", args.steps, args.seed, address))
+    launch = Launch(base_overrides(args, out / "clean", cluster and cluster.address))
     rc, wall = run_launch(train_cmd(), launch, sampler, out / "clean.log")
     sampler.stop()
     if rc != 0:
@@ -348,27 +362,33 @@ def clean_run(args, out: Path, address: str | None) -> dict:
     return {"wall_s": wall, "rows": sampler.rows}
 
 
-def faulty_run(args, out: Path, address: str | None, cluster=None) -> dict:
+def faulty_run(args, out: Path, cluster: LocalCluster | None) -> dict:
     run_dir = out / "faulty"
-    schedule = {"seed": args.seed, "rate": args.faults}
+    schedule = {"seed": args.seed, "rate": args.faults, "kinds": list(args.kinds)}
     extra = [f"runtime.fault_schedule={json.dumps(schedule)}"]
     launches = interruptions(args.steps, args.driver_kills, args.checkpoint_kills, args.seed)
-    sampler = Sampler(run_dir)
+    sampler = Sampler(run_dir, cluster)
     sampler.start()
-    records, resumed, injected = [], False, {"functions": 0, "driver_kill": 0, "checkpoint_exit": 0}
-    node_faults = node_fault_overrides(args) if cluster is not None else []
+    injected = {"functions": 0, "node_exit": 0, "driver_kill": 0, "checkpoint_exit": 0}
+    records, resumed = [], False
+    node_faults = node_fault_overrides(args) if args.nodes == 2 else []
     for i, launch in enumerate(launches):
         start = checkpointed(run_dir)  # the step this launch resumes after
         if launch.kill_after_step is not None:  # a step this launch runs
             launch.kill_after_step = max(launch.kill_after_step, start + 1)
-        launch.overrides = base_overrides(run_dir, args.steps, args.seed, address) + extra
+        launch.overrides = base_overrides(args, run_dir, cluster and cluster.address) + extra
         launch.faults = node_faults
         if resumed:  # before the overrides: argparse takes no option after them
             launch.overrides.insert(0, "--resume")
+        replaced = cluster.replaced if cluster else 0
         rc, wall = run_launch(train_cmd(), launch, sampler, out / "faulty.log")
+        if cluster is not None:  # a node its last step's fault took
+            cluster.heal()
+        nodes = cluster.replaced - replaced if cluster else 0  # their decode function counts it too
         ran = [r for r in rows_of(run_dir) if r["step"] > start]
         fired = sum(int(r.get("faults/injected", 0)) + int(r.get("faults/prepare_injected", 0)) for r in ran)
-        injected["functions"] += fired
+        injected["functions"] += fired - nodes
+        injected["node_exit"] += nodes
         kind = (
             "checkpoint_exit" if launch.checkpoint_exit else "driver_kill" if launch.kill_after_step else None
         )
@@ -389,10 +409,8 @@ def faulty_run(args, out: Path, address: str | None, cluster=None) -> dict:
         resumed = True
         if rc == 0:
             break
-        if cluster is not None:
-            cluster.heal()
     sampler.stop()
-    planned = FaultSchedule(seed=args.seed, rate=args.faults)
+    planned = FaultSchedule(seed=args.seed, rate=args.faults, kinds=tuple(args.kinds))
     scheduled = sum(len(planned.at(s)) for s in range(1, args.steps + 1))
     return {
         "launches": records,
@@ -411,32 +429,43 @@ def node_fault_overrides(args) -> list[dict]:
     return [{"kind": "node_exit", "step": int(s), "node": 1, "after": 2} for s in steps]
 
 
-class TwoNodes:
-    """A two-raylet cluster on this machine (`ray.cluster_utils.Cluster`): the head (the driver's
-    node) and a worker that `node_exit` faults kill; `heal` adds a new worker when it is gone."""
+class LocalCluster:
+    """A Ray cluster on this machine (`ray.cluster_utils.Cluster`) that the launches connect to:
+    one node (--shared-ray), offering the CPUs an embedded Ray would (all cores but the
+    learner's), or two raylets of one CPU each (--nodes 2), the head (the driver's node) and a
+    worker that `node_exit` faults kill; `heal` adds a new worker when it is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int) -> None:
         from ray.cluster_utils import Cluster
 
+        self.nodes = nodes
         self.cluster = Cluster(
             initialize_head=True,
             head_node_args={
-                "num_cpus": 1,
+                "num_cpus": 1 if nodes == 2 else max(1, (os.cpu_count() or 1) - 1),
                 "include_dashboard": False,
                 "_system_config": {"health_check_period_ms": 200, "health_check_failure_threshold": 3},
             },
         )
-        self.worker = self.cluster.add_node(num_cpus=1)
+        if nodes == 2:
+            self.cluster.add_node(num_cpus=1)
         self.address = self.cluster.address
+        self.replaced = 0  # worker nodes replaced after a node_exit
+
+    def raylets(self) -> list[int]:
+        """Pids of the nodes' raylets (the parents of their functions)."""
+        nodes = [self.cluster.head_node, *self.cluster.worker_nodes]
+        return [info.process.pid for node in nodes for info in node.all_processes.get("raylet", [])]
 
     def heal(self) -> None:
-        import ray
-
-        ray.init(address=self.address, log_to_driver=False)
-        alive = sum(1 for n in ray.nodes() if n["Alive"])
-        ray.shutdown()
-        if alive < 2:
-            self.worker = self.cluster.add_node(num_cpus=1)
+        """A worker node whose raylet is gone (a `node_exit` fault) is removed and a new one added,
+        as an autoscaler would: the run's next plan places functions on it again."""
+        for node in list(self.cluster.worker_nodes):
+            raylet = node.all_processes.get("raylet", [])
+            if raylet and raylet[0].process.poll() is not None:
+                self.cluster.remove_node(node, allow_graceful=False)
+                self.cluster.add_node(num_cpus=1)
+                self.replaced += 1
 
     def close(self) -> None:
         self.cluster.shutdown()
@@ -587,6 +616,25 @@ def main() -> int:
         "--nodes", type=int, choices=(1, 2), default=1, help="2: a two-raylet cluster, node faults"
     )
     parser.add_argument("--node-kills", type=int, default=1, help="--nodes 2: worker raylets killed")
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: text.split(","),
+        help=f"the schedule's kinds, of {','.join(SCHEDULABLE)} (default: the first four; "
+        "--nodes 2: node_exit too)",
+    )
+    parser.add_argument(
+        "--functions", type=int, help="decode functions a step (default: 2; --nodes 2: one per slot)"
+    )
+    parser.add_argument(
+        "--shared-ray",
+        action="store_true",
+        help="the launches connect to one Ray the soak starts, instead of each starting its own",
+    )
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="the undisturbed run runs beside the faulty one, on a Ray of its own, not before it",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-steps", type=int, default=300, help="simulated steps (0: skip)")
     parser.add_argument("--out", help="keep both run directories here (default: a temporary one)")
@@ -598,16 +646,27 @@ def main() -> int:
         return 0
     if args.driver_kills is None:
         args.driver_kills = max(1, args.steps // 10)
+    if args.kinds is None:
+        args.kinds = [*SCHEDULED, "node_exit"] if args.nodes == 2 else list(SCHEDULED)
+    if bad := [k for k in args.kinds if k not in SCHEDULABLE]:
+        parser.error(f"--kinds: got {bad[0]!r}, expected some of {','.join(SCHEDULABLE)}")
+    if args.parallel and args.nodes == 2:
+        parser.error("--parallel: the undisturbed run needs a Ray of its own; --nodes 2 shares one")
     keep = args.out is not None
     args.out = args.out or tempfile.mkdtemp(prefix="rlhfless-soak-")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
-    cluster = TwoNodes() if args.nodes == 2 else None
-    address = cluster.address if cluster else None
+    cluster = LocalCluster(args.nodes) if args.nodes == 2 or args.shared_ray else None
     try:
-        clean = clean_run(args, out, address)
-        faulty = faulty_run(args, out, address, cluster)
+        if args.parallel:
+            with ThreadPoolExecutor(1) as pool:
+                beside = pool.submit(clean_run, args, out, None)
+                faulty = faulty_run(args, out, cluster)
+                clean = beside.result()
+        else:
+            clean = clean_run(args, out, cluster)
+            faulty = faulty_run(args, out, cluster)
     finally:
         if cluster is not None:
             cluster.close()

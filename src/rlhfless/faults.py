@@ -41,8 +41,10 @@ KINDS: dict[str, tuple[tuple[str, ...], str]] = {
         "write, right after writing `file`",
     ),
 }
-# What a seeded schedule may draw: faults of the functions, which a run survives on its own.
+# What a seeded schedule draws by default: faults of the functions, which a run survives on its own.
 SCHEDULED = ("decode_exit", "slow", "prepare_exit", "prepare_slow")
+# What it may draw: a node's loss too (plan node 1; none on a one-node cluster, where it never fires).
+SCHEDULABLE = (*SCHEDULED, "node_exit")
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "rng.json", "trainer_state.json")
 EXIT_CODE = 137  # what a shell reports for a process killed with -9
 
@@ -217,11 +219,13 @@ def parse_schedule(raw: Any, where: str) -> FaultSchedule | None:
         raise ValueError(f"{where}.rate: got {rate!r}, expected a probability per step in [0, 1]")
     kinds = raw.get("kinds", list(SCHEDULED))
     if not isinstance(kinds, list | tuple) or not kinds:
-        raise ValueError(f"{where}.kinds: got {kinds!r}, expected a non-empty list of {', '.join(SCHEDULED)}")
+        raise ValueError(
+            f"{where}.kinds: got {kinds!r}, expected a non-empty list of {', '.join(SCHEDULABLE)}"
+        )
     return FaultSchedule(
         seed=_int(f"{where}.seed", raw.get("seed", 0), 0),
         rate=float(rate),
-        kinds=tuple(_kind(f"{where}.kinds[{i}]", k, SCHEDULED) for i, k in enumerate(kinds)),
+        kinds=tuple(_kind(f"{where}.kinds[{i}]", k, SCHEDULABLE) for i, k in enumerate(kinds)),
         max_after=_int(f"{where}.max_after", raw.get("max_after", 8), 1),
         max_seconds=_seconds(f"{where}.max_seconds", raw.get("max_seconds", 2.0)),
     )

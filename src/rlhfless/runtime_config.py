@@ -92,7 +92,8 @@ class RuntimeConfig:
             "help": "ray executor: random faults, the same for the same seed: {seed: 0, rate: 0.2, "
             "kinds: [decode_exit, slow, prepare_exit, prepare_slow], max_after: 8, max_seconds: 2}; "
             "at each step, with probability rate, one fault of a kind drawn from kinds (a decode "
-            "function's taken modulo the step's plan size); {} = none"
+            "function's taken modulo the step's plan size; node_exit may be listed too: plan node 1's); "
+            "{} = none"
         },
     )
     profile: str | None = field(

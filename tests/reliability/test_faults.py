@@ -70,6 +70,15 @@ def test_decode_faults_go_to_the_actor_modulo_the_plan_and_node_faults_never_to_
     assert plan.decode(3, actors, driver_node=0) == {}
 
 
+def test_a_schedule_draws_a_nodes_loss_only_when_its_kinds_list_it_and_never_on_one_node():
+    plan = parse_faults([], {"seed": 3, "rate": 1.0, "kinds": ["node_exit"]})
+    drawn = [f for step in range(1, 21) for f in plan.at(step)]
+    assert len(drawn) == 20 and {(f.kind, f.node) for f in drawn} == {("node_exit", 1)}
+    two_nodes, one_node = [(0, 0), (1, 0), (2, 1)], [(0, 0), (1, 0)]
+    assert plan.decode(4, two_nodes, driver_node=0) == {2: [DecodeFault("node_exit", plan.at(4)[0].after)]}
+    assert plan.decode(4, one_node, driver_node=0) == {}  # no plan node 1: nothing to kill
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
