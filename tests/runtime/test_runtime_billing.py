@@ -66,6 +66,16 @@ def test_phase_costs_tile_the_step():
     )
 
 
+def test_a_learner_rank_started_during_generation_is_all_the_learning_phase_s_cost():
+    meter = Meter(PRICE)
+    meter.begin_step(100.0)
+    rank = meter.open(Invocation("learner-1", "learner", {"CPU": 1}, 1.0, 103.0, cold=True, phase="learning"))
+    rank.started, rank.ready = 103.0, 105.0  # requested before generation ends, at 106
+    meter.phase("learning", 106.0)
+    metrics, _ = meter.close_step(110.0)
+    assert (metrics["cost/generation"], metrics["cost/learning"], metrics["cost/step"]) == (0.0, 7.0, 7.0)
+
+
 def test_cold_start_idle_and_timeline_times_are_relative_to_the_step():
     metrics, out = step_meter()
     remote = next(r for r in out["records"] if r["name"] == "decode-1")

@@ -38,6 +38,7 @@ class Invocation:
     colocated_with: str | None = None  # billed through this host instead of on its own
     cold: bool = False
     node: str | None = None  # the Ray node it ran on
+    phase: str | None = None  # the phase whose cost it all is (a learner rank started early); None: by time
     busy: list[list[float]] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
 
@@ -138,10 +139,14 @@ class Meter:
             if inv.released is None:
                 inv.released = end
         bounds = [t for _, t in self.phases[1:]] + [end]
+        timed = [inv for inv in self.invocations if inv.phase is None]
         phase_cost = {
-            name: sum(self.cost(inv, start, stop) for inv in self.invocations)
+            name: sum(self.cost(inv, start, stop) for inv in timed)
             for (name, start), stop in zip(self.phases, bounds, strict=True)
         }
+        for inv in self.invocations:
+            if inv.phase is not None:
+                phase_cost[inv.phase] = phase_cost.get(inv.phase, 0.0) + self.cost(inv, self.origin, end)
         step_cost = sum(self.cost(inv, self.origin, end) for inv in self.invocations)
         records = [self._record(inv, end) for inv in self.invocations]
         moved = {True: 0.0, False: 0.0}

@@ -185,7 +185,9 @@ class ElasticLearner(LearnerSide):
             self.ranks.append(
                 self._create(self.cfg.runtime.device, scheduling_strategy=strategy, **resources)
             )
-            inv = Invocation(f"learner-{r}", "learner", slot, units, requested=now, cold=True)
+            inv = Invocation(
+                f"learner-{r}", "learner", slot, units, requested=now, cold=True, phase="learning"
+            )
             self.invocations.append(meter.open(inv))
 
     def _join(self) -> int:
