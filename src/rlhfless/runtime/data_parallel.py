@@ -4,7 +4,7 @@ its update the single-process one.
 Each optimizer step's rows are split by prompt group (a group's prompt then still runs once), the
 groups balanced by tokens. A rank weighs its micro-batches by the whole mini-batch's token and
 sample counts, so the sum of the ranks' gradients is the single-process gradient, however the
-rows were split; one reduce of a flat buffer adds them on rank 0, which alone steps the optimizer. At width 1 every method is a no-op and
+rows were split; reduces of 64 MB buckets add them on rank 0, which alone steps the optimizer. At width 1 every method is a no-op and
 no process group exists (the in-process executor, a lone rank). The backend follows the device:
 gloo for CPU ranks, NCCL for CUDA ones, whose collectives take tensors on the rank's GPU only.
 """
@@ -77,9 +77,10 @@ class DataParallel:
             optimizer.zero_grad(set_to_none=True)
         if share and self.width > 1:
             with torch.no_grad():
-                flat = torch.nn.utils.parameters_to_vector(params)
-                dist.broadcast(flat, 0)
-                torch.nn.utils.vector_to_parameters(flat, params)
+                for bucket in _buckets([p.data for p in params]):
+                    flat = torch.cat([t.reshape(-1) for t in bucket])
+                    dist.broadcast(flat, 0)
+                    _unflatten(flat, bucket)
         return norm
 
     def _sum_on_rank0(self, params: list[torch.nn.Parameter]) -> None:
@@ -92,10 +93,11 @@ class DataParallel:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.reduce(flat, 0)
-        if self.rank == 0:
-            torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
+        for bucket in _buckets([p.grad for p in params]):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.reduce(flat, 0)
+            if self.rank == 0:
+                _unflatten(flat, bucket)
 
     def reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """Every rank's metric sums added up (sums weighted by whole-batch shares add to its means)."""
@@ -117,6 +119,30 @@ class DataParallel:
             for i, value in part:
                 out[i] = value
         return out
+
+
+BUCKET_ELEMENTS = 1 << 24  # 64 MB of fp32 per collective: the gradients are never copied whole
+
+
+def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
+    """`tensors` in order, cut into runs of at most `BUCKET_ELEMENTS` (a larger one alone)."""
+    out: list[list[Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if out[-1] and size + t.numel() > BUCKET_ELEMENTS:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return [b for b in out if b]
+
+
+def _unflatten(flat: Tensor, tensors: list[Tensor]) -> None:
+    """Copy `flat` back into `tensors`, in order."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:

@@ -6,7 +6,7 @@ Each learning phase takes the planner's width (`planner.learning.learner_width`)
 cold on the slots free once generation ends (one placement group: all of them or none), requested
 one measured rank start before generation's forecast end so their start overlaps its tail
 (`planner.learning.rank_start_delay`). They get rank 0's weights and schedule over the phase's
-process group, compute their share of the gradients, which one reduce per optimizer step sums on
+process group, compute their share of the gradients, which reduces per optimizer step sum on
 rank 0 (`data_parallel`: gloo on CPUs, NCCL on GPUs; not sharded with FSDP2, docs/DECISIONS.md),
 and are stopped when the phase ends. Each rank is billed per slot from its start to its stop;
 rank 0 through the learner, whose slot is billed the whole step. After each update the driver
