@@ -11,7 +11,7 @@ from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
 from rlhfless.models import tiny_model
 from rlhfless.runtime import critic as critic_module
 from rlhfless.runtime.critic import Critic, ValueModel, response_values
-from rlhfless.runtime.learner import MicroBatch, prompt_groups
+from rlhfless.runtime.micro_batch import MicroBatch, prompt_groups
 from rlhfless.runtime.samples import Sample
 
 

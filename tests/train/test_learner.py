@@ -11,16 +11,10 @@ from rlhfless.algo import LOSS_AGGREGATIONS
 from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
 from rlhfless.models import tiny_model
 from rlhfless.runtime import learner as learner_module
-from rlhfless.runtime.learner import (
-    Group,
-    Learner,
-    MicroBatch,
-    micro_batches,
-    prompt_groups,
-    response_hidden,
-    response_logprobs,
-    shuffle_seed,
-)
+from rlhfless.runtime import logprobs as logprobs_module
+from rlhfless.runtime.learner import Learner, shuffle_seed
+from rlhfless.runtime.logprobs import response_hidden, response_logprobs
+from rlhfless.runtime.micro_batch import Group, MicroBatch, micro_batches, prompt_groups
 from rlhfless.runtime.samples import Sample
 
 group_st = st.builds(
@@ -124,7 +118,7 @@ def full_logits_logprobs(model, mb, temperature):
 
 
 def test_chunked_logprobs_and_their_gradients_equal_the_full_logits_ones(model, monkeypatch):
-    monkeypatch.setattr(learner_module, "LOGIT_CHUNK", 5)  # several chunks, one of them ragged
+    monkeypatch.setattr(logprobs_module, "LOGIT_CHUNK", 5)  # several chunks, one of them ragged
     samples = make_samples(9, group=3)
     mb = MicroBatch.build(samples, prompt_groups(samples, list(range(9))), pad_id=0)
     weights = torch.randn(mb.mask.shape, generator=torch.Generator().manual_seed(3))
@@ -183,7 +177,7 @@ def test_the_lm_heads_recomputing_backward_equals_autograds(temperature, with_bi
     inputs = [t for t in (hidden, weight, bias) if t is not None]
     want = plain(hidden, weight, bias)
     want_grads = torch.autograd.grad((want * upstream).sum(), inputs)
-    got = learner_module.SelectedLogSoftmax.apply(hidden, weight, bias, targets, temperature)
+    got = logprobs_module.SelectedLogSoftmax.apply(hidden, weight, bias, targets, temperature)
     got_grads = torch.autograd.grad((got * upstream).sum(), inputs)
     assert torch.equal(got, want)
     for a, b in zip(got_grads, want_grads, strict=True):

@@ -16,7 +16,9 @@ from torch import Tensor
 from rlhfless.algo import explained_variance, gae, masked_mean, value_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
-from rlhfless.runtime.learner import MicroBatch, pack, response_hidden, shuffle_seed, stack, update_order
+from rlhfless.runtime.learner import shuffle_seed, update_order
+from rlhfless.runtime.logprobs import response_hidden
+from rlhfless.runtime.micro_batch import MicroBatch, pack, stack
 from rlhfless.runtime.samples import Sample
 
 

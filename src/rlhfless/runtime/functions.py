@@ -28,7 +28,8 @@ from rlhfless.faults import DecodeFault
 from rlhfless.models import load_model
 from rlhfless.rewards import RewardConfig, build_reward_fn
 from rlhfless.runtime.executor import score
-from rlhfless.runtime.learner import pack, response_logprobs
+from rlhfless.runtime.logprobs import response_logprobs
+from rlhfless.runtime.micro_batch import pack
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.transfer import KVBundle, from_numpy, load_flat_weights
 
