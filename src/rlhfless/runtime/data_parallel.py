@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhfless.runtime.samples import Sample
-from rlhfless.runtime.transfer import copy_into_parameters, map_leaves
+from rlhfless.runtime.transfer import map_leaves
 
 
 def split_rows(samples: list[Sample], rows: list[int], width: int) -> list[list[int]]:
@@ -76,11 +76,7 @@ class DataParallel:
         else:
             optimizer.zero_grad(set_to_none=True)
         if share and self.width > 1:
-            with torch.no_grad():
-                for bucket in _buckets([p.data for p in params]):
-                    flat = torch.cat([t.reshape(-1) for t in bucket])
-                    dist.broadcast(flat, 0)
-                    _unflatten(flat, bucket)
+            broadcast_tensors([p.data for p in params])
         return norm
 
     def _sum_on_rank0(self, params: list[torch.nn.Parameter]) -> None:
@@ -145,12 +141,18 @@ def _unflatten(flat: Tensor, tensors: list[Tensor]) -> None:
         offset += t.numel()
 
 
-def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
-    """`src`'s parameters into every rank's `module` (one flat buffer)."""
+def broadcast_tensors(tensors: list[Tensor], src: int = 0) -> None:
+    """`src`'s `tensors` into every rank's, in place, a 64 MB bucket at a time."""
     with torch.no_grad():
-        flat = torch.nn.utils.parameters_to_vector(module.parameters())
-    dist.broadcast(flat, src)
-    copy_into_parameters(module, flat)
+        for bucket in _buckets(tensors):
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.broadcast(flat, src)
+            _unflatten(flat, bucket)
+
+
+def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
+    """`src`'s parameters into every rank's `module`."""
+    broadcast_tensors([p.data for p in module.parameters()], src)
 
 
 def broadcast_state(state: dict | None, src: int = 0, device: torch.device | str = "cpu") -> dict:

@@ -25,7 +25,7 @@ import numpy as np
 import ray
 import torch
 import torch.distributed as dist
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -37,7 +37,7 @@ from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
 from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
-from rlhfless.runtime.lifecycle import Functions
+from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.transfer import flat_weights, land_state, load_flat_weights, ship_state
 
 
@@ -246,7 +246,7 @@ class ElasticLearner(LearnerSide):
             calls = [getattr(rank, method).remote(*refs) for rank in self.ranks]
             try:
                 return ray.get(calls)[0]
-            except (RayActorError, RayTaskError):
+            except (*LOST, RayTaskError):
                 if before is None or not _any_lost(calls[1:]):
                     raise
             try:
@@ -308,7 +308,7 @@ def _any_lost(calls: list) -> bool:
     for call in calls:
         try:
             ray.get(call)
-        except RayActorError:
+        except LOST:
             lost = True
         except RayTaskError:
             pass

@@ -32,6 +32,7 @@ from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.forecast import Calibration, Margins, PhaseModel, relative_error, replay_times
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+from rlhfless.planner.learning import learner_width
 from rlhfless.planner.scaling import Billing
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime_config import RuntimeConfig
@@ -131,9 +132,8 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
 
 
 def _learning_width(cfg: Config) -> int:
-    """Slots the learning phase is expected to hold (`runtime.learner_width`; 0: every slot)."""
-    width = cfg.runtime.learner_width
-    return cfg.runtime.slots() if width == 0 else min(width, cfg.runtime.slots())
+    """Slots the learning phase is expected to hold: the planner's width with every slot free."""
+    return learner_width(cfg.runtime.learner_width, cfg.runtime.slots(), cfg.data.batch_size)
 
 
 class StepPlanner:
