@@ -22,6 +22,7 @@ from rlhfless.config import Config
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import SequenceResult, SequenceState
 from rlhfless.faults import DecodeFault
+from rlhfless.planner.learning import generation_left_s
 from rlhfless.planner.migration import ActorProgress, decide
 from rlhfless.planner.plan import StepPlan
 from rlhfless.runtime.billing import Invocation, Meter
@@ -72,6 +73,8 @@ class Run:
     sync_sent: float = 0.0
     assign: object = None  # ObjectRef of the assignment (its prefix KV load)
     kv_bytes: int = 0
+    iterations: int = 0  # decode iterations it reported so far this step
+    token_s: float | None = None  # seconds per decode iteration, as its last slice measured
     faults: list[DecodeFault] = field(default_factory=list)  # injected (runtime.faults), not fired yet
 
     @property
@@ -168,12 +171,13 @@ class DecodeRound:
     def _advance(self, run: Run) -> None:
         self.inflight[run.lease.handle.advance.remote(self.rt.slice_s)] = run
 
-    def run(self, tick: Callable[[], None] | None = None) -> dict[Key, SequenceResult]:
+    def run(self, tick: Callable[[DecodeRound], None] | None = None) -> dict[Key, SequenceResult]:
         """Drive the functions slice by slice until every sequence finished; cut, migrate, recover.
-        `tick` runs after each report (the executor starts the learning phase's ranks from it)."""
+        `tick` sees the round after each report (the executor starts the learning phase's ranks
+        from it)."""
         while self.inflight:
             if tick is not None:
-                tick()
+                tick(self)
             ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=self._placement_wait())
             if not ready:
                 self._replace_unplaced()
@@ -198,6 +202,9 @@ class DecodeRound:
     def _absorb(self, run: Run, report: Report) -> None:
         run.inv.mark_busy(report.begin, report.end)
         run.placed = True
+        if report.iterations > run.iterations:
+            run.token_s = (report.end - report.begin) / (report.iterations - run.iterations)
+            run.iterations = report.iterations
         for kind in report.fired:  # injected faults it survived (a slow-down)
             run.inv.event(report.end, f"injected:{kind}", 1)
             run.faults = [f for f in run.faults if f.kind != kind or f.after > report.iterations]
@@ -234,6 +241,12 @@ class DecodeRound:
             )
             for run in self.runs
         ]
+
+    def left_s(self) -> float | None:
+        """Seconds until generation is forecast to end, from the functions' last reports
+        (`planner.learning.generation_left_s`)."""
+        token_s = {run.index: run.token_s for run in self.runs if run.token_s is not None}
+        return generation_left_s(self._progress(), token_s)
 
     # ----- cut and migrate -----------------------------------------------------------------
 

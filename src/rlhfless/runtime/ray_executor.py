@@ -28,7 +28,7 @@ from torch import Tensor
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.hardware import ModelShape
-from rlhfless.planner.learning import rank_start_delay
+from rlhfless.planner.learning import start_ranks_now
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
@@ -114,7 +114,7 @@ class RayExecutor:
         if kv is not None:
             self._on_learner("prefill", kv.start, kv.computed, kv.put)
         round_.assign(kv)
-        results = round_.run(tick=self._prestarter(plan, len(prompts), now))
+        results = round_.run(tick=self._prestarter(len(prompts)))
         round_.settle(kv)
 
         metrics = round_.metrics
@@ -239,13 +239,12 @@ class RayExecutor:
         held = sum(1 for lease in self.held if lease.units > 0)
         self.learner.widen(self.meter, len({s.uid for s in samples}), held, now)
 
-    def _prestarter(self, plan: StepPlan, groups: int, start: float):
-        """Called at each decode report: from one rank start before generation's forecast end,
+    def _prestarter(self, groups: int):
+        """Called at each decode report: once generation's live forecast is within one rank start,
         the learning phase's extra ranks start on the slots free then."""
-        at = start + rank_start_delay(plan.predicted_time, self.learner.rank_start_s)
 
-        def tick() -> None:
-            if time.time() >= at:
+        def tick(round_: DecodeRound) -> None:
+            if start_ranks_now(round_.left_s(), self.learner.rank_start_s):
                 held = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
                 self.learner.prestart(self.meter, held, groups, time.time())
 
