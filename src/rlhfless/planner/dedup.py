@@ -16,14 +16,17 @@ as Python lists (a tokenizer's output): converting an int costs more than compar
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import getitem
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
+PACKED_KEYS = 4  # rows whose varying columns fit this many uint64 keys sort key by key
 
 
 @dataclass
@@ -54,18 +57,19 @@ class PackedPrompts:
         while tied.size > 1 and depth < longest:
             rows = order[tied]
             keys = reader.keys(rows, depth, chunk)
-            ranked = np.empty((tied.size, chunk + 2), dtype=">u4")
-            ranked[:, 0], ranked[:, 1], ranked[:, 2:] = run >> 32, run & 0xFFFFFFFF, keys
-            perm = np.argsort(ranked.view(f"V{4 * (chunk + 2)}").ravel(), kind="stable")
+            # Columns equal in every row (a shared system prompt) cannot order or split rows.
+            cols = np.flatnonzero((keys != keys[0]).any(axis=0))
+            perm = _stable_rank(np.column_stack((run >> 32, run & 0xFFFFFFFF, keys[:, cols])))
             order[tied] = rows[perm]
-            keys = keys[perm]
+            varying = keys[perm[:, None], cols]
             same_run = run[1:] == run[:-1]  # neighbours in sorted order, equal through `depth`
-            differs = keys[1:] != keys[:-1]
+            differs = varying[1:] != varying[:-1]
             split = differs.any(axis=1)
-            at = tied[:-1][same_run & split]
-            lcp[at] = depth + differs[same_run & split].argmax(axis=1)
+            if cols.size:
+                at = tied[:-1][same_run & split]
+                lcp[at] = depth + cols[differs[same_run & split].argmax(axis=1)]
             # Equal through the chunk and ended inside it: identical (lcp stays longest + 1).
-            still = same_run & ~split & (keys[1:, -1] != 0)
+            still = same_run & ~split & (keys[perm[1:], -1] != 0)
             member = np.zeros(tied.size, dtype=bool)
             member[:-1] |= still
             member[1:] |= still
@@ -75,23 +79,40 @@ class PackedPrompts:
         return cls(lengths, order, lcp)
 
 
+def _stable_rank(columns: np.ndarray) -> np.ndarray:
+    """Stable lexicographic order of the rows of `columns` (integers in [0, 2**32)). Constant
+    columns are dropped; a few varying ones are packed two to a uint64 and sorted key by key
+    (`lexsort` is stable), more are sorted at once as big-endian byte strings."""
+    columns = columns[:, (columns != columns[0]).any(axis=0)]
+    width = columns.shape[1]
+    if width == 0:
+        return np.arange(columns.shape[0])
+    if width <= 2 * PACKED_KEYS:
+        wide = np.zeros((columns.shape[0], width + width % 2), dtype=np.uint64)
+        wide[:, :width] = columns
+        packed = (wide[:, 0::2] << np.uint64(32)) | wide[:, 1::2]
+        return np.lexsort(packed.T[::-1])
+    ranked = np.ascontiguousarray(columns, dtype=">u4")
+    return np.argsort(ranked.view(f"V{4 * width}").ravel(), kind="stable")
+
+
 class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
     past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
-    for: touching an int object is what costs. Each window is checked as it is read;
-    `np.fromiter` would truncate a float or parse a string, so the window's `sum` must first
-    come out an integer (a float or a string makes it a float or a TypeError). Anything else
-    (numpy arrays) is concatenated, and checked, once."""
+    for: touching an int object is what costs. A window is sliced and converted by `array('Q')`
+    in C, which takes only integers (a float, a string or None is a TypeError, a negative id an
+    OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again by the checked
+    reader, which names it. Numpy arrays of one dtype are joined as bytes (anything else is
+    concatenated) and checked once."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths
         self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
         if self.lists is None:
             rows = [np.asarray(t) for t in token_lists if len(t)]
-            dtype = np.result_type(*rows) if rows else np.int64
             longest = int(lengths.max()) if lengths.size else 0
             # Zeros after the last prompt: a window may run past it (what it reads there is cut).
-            self.flat = np.concatenate((*rows, np.zeros(longest, dtype=dtype)))
+            self.flat = _joined(rows, longest)
             _checked(self.flat)
             self.starts = np.cumsum(lengths) - lengths
 
@@ -106,9 +127,31 @@ class _TokenReader:
             window[~inside[:, :span]] = 0
             keys[:, :span] = window
             return keys
-        lists = [self.lists[i] for i in rows.tolist()]
-        keys[inside] = _checked(_read_windows(lists, depth, width, int(counts.sum()))) + 1
+        lists = list(map(self.lists.__getitem__, rows.tolist()))
+        cut = itertools.repeat(slice(depth, depth + width))
+        try:
+            tokens = np.frombuffer(
+                b"".join(map(array, itertools.repeat("Q"), map(getitem, lists, cut))), np.uint64
+            )
+        except (TypeError, ValueError, OverflowError):
+            tokens = None
+        if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
+            tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
+        keys[inside] = tokens + 1
         return keys
+
+
+def _joined(rows: list[np.ndarray], zeros: int) -> np.ndarray:
+    """`rows` end to end, then `zeros` zeros: as bytes when all are contiguous 1-d arrays of one
+    dtype (no per-row conversion), else by `np.concatenate` in their common dtype."""
+    if len({(r.dtype, r.ndim) for r in rows}) == 1 and rows[0].ndim == 1 and rows[0].dtype.kind in "iu":
+        dtype = rows[0].dtype
+        try:
+            return np.frombuffer(b"".join([*rows, bytes(zeros * dtype.itemsize)]), dtype)
+        except (BufferError, TypeError):  # a non-contiguous view
+            pass
+    dtype = np.result_type(*rows) if rows else np.int64
+    return np.concatenate((*rows, np.zeros(zeros, dtype=dtype)))
 
 
 def _read_windows(lists: list[list[Any]], depth: int, width: int, total: int) -> np.ndarray:

@@ -126,12 +126,25 @@ class Profile:
     def decode_step_seconds(self, batch: Any, context: Any) -> np.ndarray:
         """Seconds for one decode step of `batch` sequences of mean length `context` (broadcasts)."""
         b, c = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(context, dtype=float))
+        shape, b, c = b.shape, b.ravel(), c.ravel()
         bi, db = _cell(self.decode_batch, b)
         ci, dc = _cell(self.decode_context, c)
-        k = bi * max(self.decode_context.size - 1, 1) + ci
+        k = bi * max(self.decode_context.size - 1, 1)
+        k += ci
         base, along_c, along_b, cross = self._bilinear
-        ms = base[k] + dc * along_c[k] + db * (along_b[k] + dc * cross[k])
-        return np.where(b > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+        # base + dc * along_c + db * (along_b + dc * cross), in place (same roundings)
+        rise = cross.take(k)
+        rise *= dc
+        rise += along_b.take(k)
+        rise *= db
+        ms = along_c.take(k)
+        ms *= dc
+        ms += base.take(k)
+        ms += rise
+        np.maximum(ms, 0.0, out=ms)
+        ms[~(b > 0)] = 0.0
+        ms /= 1e3
+        return ms.reshape(shape)[()]
 
     @cached_property
     def _bilinear(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
