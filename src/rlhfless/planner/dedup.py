@@ -19,7 +19,7 @@ import itertools
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import getitem
+from operator import attrgetter, getitem
 from typing import Any
 
 import numpy as np
@@ -109,7 +109,7 @@ class _TokenReader:
         self.lengths = lengths
         self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
         if self.lists is None:
-            rows = [np.asarray(t) for t in token_lists if len(t)]
+            rows = list(map(np.asarray, itertools.compress(token_lists, lengths)))
             longest = int(lengths.max()) if lengths.size else 0
             # Zeros after the last prompt: a window may run past it (what it reads there is cut).
             self.flat = _joined(rows, longest)
@@ -144,7 +144,11 @@ class _TokenReader:
 def _joined(rows: list[np.ndarray], zeros: int) -> np.ndarray:
     """`rows` end to end, then `zeros` zeros: as bytes when all are contiguous 1-d arrays of one
     dtype (no per-row conversion), else by `np.concatenate` in their common dtype."""
-    if len({(r.dtype, r.ndim) for r in rows}) == 1 and rows[0].ndim == 1 and rows[0].dtype.kind in "iu":
+    if (
+        len(set(map(attrgetter("dtype", "ndim"), rows))) == 1
+        and rows[0].ndim == 1
+        and rows[0].dtype.kind in "iu"
+    ):
         dtype = rows[0].dtype
         try:
             return np.frombuffer(b"".join([*rows, bytes(zeros * dtype.itemsize)]), dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -195,8 +196,8 @@ def plan_step(
     _check_inputs(profile, cluster, config, n_prompts, group_size)
     billing = billing or Billing(config.pricing)
     feats = config.features
-    uids = [p.uid for p in prompts]
-    gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts], [p.source for p in prompts])
+    uids, answers, sources = (list(map(attrgetter(f), prompts)) for f in ("uid", "answer_tokens", "source"))
+    gmax, gmean = predictor.predict(uids, answers, sources)
     if max_length is not None:
         gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
 
@@ -284,7 +285,7 @@ def _prefill_work(
     prefills and the prefix tokens it receives as KV; the prefill actor's tokens; and the step's
     token counts (`tokens_computed` = prefill actor + every decode actor's own prefill;
     `tokens_unique` = the prefix tree's, the least any prefill computes)."""
-    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts])
+    packed = PackedPrompts.pack(list(map(attrgetter("prompt_tokens"), prompts)))
     lengths = packed.lengths
     total = int(lengths.sum())
     counts = {"tokens_naive": total * g, "tokens_per_prompt": total}

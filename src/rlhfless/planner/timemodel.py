@@ -65,6 +65,13 @@ def _prefix(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """Per length and segment: the part of [start, start + width) it covers."""
+    out = np.subtract(lengths[:, None], start)
+    np.maximum(out, 0.0, out=out)
+    return np.minimum(out, width, out=out)
+
+
 class RangeModel:
     """Prefix sums of a workload in a fixed prompt order; times any contiguous ranges of it."""
 
@@ -80,9 +87,11 @@ class RangeModel:
         if self.edges.size == 1:
             self.edges = np.array([0.0, 1.0])
         start, width = self.edges[:-1], np.diff(self.edges)
-        overlap = np.minimum(np.maximum(longest[:, None] - start, 0.0), width)
+        overlap = _clipped(longest, start, width)
         if g > 1:
-            overlap += (g - 1) * np.minimum(np.maximum(rest[:, None] - start, 0.0), width)
+            more = _clipped(rest, start, width)
+            more *= g - 1
+            overlap += more
         self._tokens = _prefix(overlap)
         self._work = _prefix(longest + (g - 1) * rest)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
