@@ -137,7 +137,10 @@ class _TokenReader:
             tokens = None
         if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
             tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
-        keys[inside] = tokens + 1
+        if counts.min() == width:  # every window full: the tokens are the rows, end to end
+            keys[...] = (tokens + 1).reshape(rows.size, width)
+        else:
+            keys[inside] = tokens + 1
         return keys
 
 
