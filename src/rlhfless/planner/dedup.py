@@ -7,8 +7,8 @@ D(L) = 1 + #{i : e_i < L} for every L at once. The chosen prefix length is the l
 D(L) <= B_prefill (D is non-decreasing in L).
 
 The sort is most-significant-chunk first, in numpy: the prompts' first `FIRST_CHUNK` tokens are
-sorted as byte strings (rows of token id + 1, big-endian, zero past the end), and only prompts
-still tied with a neighbour read their next chunk (twice as long), and so on. Tokens past the
+sorted as rows of token id + 1 (zero past the end), and only prompts still tied with a
+neighbour read their next chunk (twice as long), and so on. Tokens past the
 point where a prompt differs from every other are never read, which matters when prompts come
 as Python lists (a tokenizer's output): converting an int costs more than comparing it.
 """
@@ -119,14 +119,17 @@ class _TokenReader:
     def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
         counts = np.clip(self.lengths[rows] - depth, 0, width)
         inside = np.arange(width) < counts[:, None]
-        keys = np.zeros((rows.size, width), dtype=">u4")
         if self.lists is None:  # each row's window of the concatenation, cut at the row's end
             span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
-            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(">u4")
+            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(np.uint32)
             window += 1
+            if span == width and counts.min() == width:  # every window full
+                return window
             window[~inside[:, :span]] = 0
+            keys = np.zeros((rows.size, width), dtype=np.uint32)
             keys[:, :span] = window
             return keys
+        keys = np.zeros((rows.size, width), dtype=np.uint32)
         lists = list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
         try:
@@ -228,7 +231,7 @@ class Dedup:
         """Each unique prefix's uids, largest group first (ties by first uid)."""
         order = np.argsort(self.group_of, kind="stable")
         cuts = np.flatnonzero(np.diff(self.group_of[order])) + 1
-        groups = [[uids[i] for i in part] for part in np.split(order, cuts)] if order.size else []
+        groups = [[uids[i] for i in part.tolist()] for part in np.split(order, cuts)] if order.size else []
         return sorted(groups, key=lambda g: (-len(g), g[0]))
 
 
