@@ -53,12 +53,14 @@ class _Cells:
         inner = grid[1:-1]
         self.inner = inner
         self.table: np.ndarray | None = None
-        if inner.size < 2:
+        # Buckets far wider than a rounding of the grid's values, and not too many of them.
+        if inner.size < 2 or np.diff(inner).min() <= 1e-9 * np.abs(inner).max():
             return
-        self.low, self.scale = inner[0], 2.0 / np.diff(inner).min()
+        with np.errstate(over="ignore"):  # a tiny gap: more buckets than any table holds
+            self.low, self.scale = inner[0], 2.0 / np.diff(inner).min()
+            if not (inner[-1] - inner[0]) * self.scale <= BUCKETS:
+                return
         self.buckets = int(np.ceil((inner[-1] - inner[0]) * self.scale)) + 2
-        if self.buckets > BUCKETS:
-            return
         bucket_low = self.low + (np.arange(self.buckets + 1) - 1.0) / self.scale
         self.table = np.searchsorted(inner, bucket_low, side="right")
         # Below every point nothing counts; above the last, NaN (x >= NaN is never true).
