@@ -99,10 +99,10 @@ def _stable_rank(columns: np.ndarray) -> np.ndarray:
 class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
     past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
-    for: touching an int object is what costs. A window is sliced and converted by `array('Q')`
-    in C, which takes only integers (a float, a string or None is a TypeError, a negative id an
-    OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again by the checked
-    reader, which names it. Numpy arrays of one dtype are joined as bytes (anything else is
+    for: touching an int object is what costs. Each window is sliced and appended, in C, by
+    `array.fromlist`, which takes only integers (a float, a string or None is a TypeError, a
+    negative id an OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again
+    by the checked reader, which names it. Numpy arrays of one dtype are joined as bytes (anything else is
     concatenated) and checked once."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
@@ -132,10 +132,10 @@ class _TokenReader:
         keys = np.zeros((rows.size, width), dtype=np.uint32)
         lists = list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
+        read = array("L")  # unsigned long: PyLong_AsUnsignedLong's fast path for small ints
         try:
-            tokens = np.frombuffer(
-                b"".join(map(array, itertools.repeat("Q"), map(getitem, lists, cut))), np.uint64
-            )
+            any(map(read.fromlist, map(getitem, lists, cut)))
+            tokens = np.frombuffer(read, dtype=f"u{read.itemsize}")
         except (TypeError, ValueError, OverflowError):
             tokens = None
         if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
