@@ -107,9 +107,12 @@ class _TokenReader:
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths
-        self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
+        kinds = set(map(type, token_lists))
+        self.lists = token_lists if kinds == {list} else None
         if self.lists is None:
-            rows = list(map(np.asarray, itertools.compress(token_lists, lengths)))
+            rows = list(itertools.compress(token_lists, lengths))
+            if kinds != {np.ndarray}:
+                rows = list(map(np.asarray, rows))
             longest = int(lengths.max()) if lengths.size else 0
             # Zeros after the last prompt: a window may run past it (what it reads there is cut).
             self.flat = _joined(rows, longest)
