@@ -121,18 +121,17 @@ class _TokenReader:
 
     def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
         counts = np.clip(self.lengths[rows] - depth, 0, width)
-        inside = np.arange(width) < counts[:, None]
+        full = counts.min() == width  # every window inside its prompt: no cut to make
         if self.lists is None:  # each row's window of the concatenation, cut at the row's end
             span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
             window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(np.uint32)
             window += 1
-            if span == width and counts.min() == width:  # every window full
+            if full and span == width:
                 return window
-            window[~inside[:, :span]] = 0
+            window[np.arange(span) >= counts[:, None]] = 0
             keys = np.zeros((rows.size, width), dtype=np.uint32)
             keys[:, :span] = window
             return keys
-        keys = np.zeros((rows.size, width), dtype=np.uint32)
         lists = list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
         read = array("L")  # unsigned long: PyLong_AsUnsignedLong's fast path for small ints
@@ -143,10 +142,12 @@ class _TokenReader:
             tokens = None
         if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
             tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
-        if counts.min() == width:  # every window full: the tokens are the rows, end to end
-            keys[...] = (tokens + 1).reshape(rows.size, width)
-        else:
-            keys[inside] = tokens + 1
+        tokens = tokens.astype(np.uint32)
+        tokens += 1
+        if full:  # the tokens are the rows, end to end
+            return tokens.reshape(rows.size, width)
+        keys = np.zeros((rows.size, width), dtype=np.uint32)
+        keys[np.arange(width) < counts[:, None]] = tokens
         return keys
 
 
