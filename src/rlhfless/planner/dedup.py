@@ -102,8 +102,8 @@ class _TokenReader:
     for: touching an int object is what costs. Each window is sliced and appended, in C, by
     `array.fromlist`, which takes only integers (a float, a string or None is a TypeError, a
     negative id an OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again
-    by the checked reader, which names it. Numpy arrays of one dtype are joined as bytes (anything else is
-    concatenated) and checked once."""
+    by the checked reader, which names it. Numpy arrays of one dtype are joined as bytes
+    (anything else is concatenated) and checked once."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 
-def _cell(grid: np.ndarray, x: np.ndarray, cells: Any = None) -> tuple[np.ndarray, np.ndarray]:
+def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Grid cell of each x and its offset from the cell's low point: 0 below the grid (clamped),
     past the last point the last cell goes on (linear extrapolation). `cells`: a `_Cells` of
     `grid` for x of one dimension."""
