@@ -59,12 +59,13 @@ def common_prefix(a, b):
     system=st.lists(st.integers(0, 2), max_size=9),
     tails=st.lists(st.lists(st.integers(0, 2), max_size=9), min_size=1, max_size=12),
     shared=st.lists(st.booleans(), min_size=12, max_size=12),
-    first_chunk=st.integers(1, 4),
+    first_chunk=st.integers(1, 12),
     as_array=st.booleans(),
 )
 def test_pack_sorts_and_measures_prefixes_as_python_does(system, tails, shared, first_chunk, as_array):
-    """Chunked reading (any first chunk, lists or arrays) gives Python's stable sort and the
-    brute-force common prefixes of sorted neighbours (longest + 1 for identical prompts)."""
+    """Chunked reading (any first chunk, lists or arrays; few varying columns sorted as packed
+    keys, many as byte strings) gives Python's stable sort and the brute-force common prefixes
+    of sorted neighbours (longest + 1 for identical prompts)."""
     prompts = [(system if s else []) + t for t, s in zip(tails, shared, strict=False)]
     tokens = [np.array(p, dtype=np.int64) for p in prompts] if as_array else prompts
     packed = PackedPrompts.pack(tokens, first_chunk=first_chunk)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.planner.profile import Profile
+from rlhfless.planner.profile import Profile, _Cells
 
 
 def small_profile() -> Profile:
@@ -101,3 +101,17 @@ def test_missing_key_is_named():
     del data["max_kv_tokens"]
     with pytest.raises(ValueError, match="max_kv_tokens"):
         Profile.from_dict(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    grid=st.lists(st.floats(0, 1e5, allow_nan=False), min_size=1, max_size=30, unique=True),
+    x=st.lists(st.floats(-1e6, 1e6, allow_nan=False) | st.sampled_from([np.inf, -np.inf]), max_size=50),
+)
+def test_decode_cells_are_found_as_a_binary_search_finds_them(grid, x):
+    """The bucket table that finds decode cells counts exactly what `searchsorted` counts, for
+    points on, next to and between the grid's, and for grids it falls back on."""
+    grid = np.array(sorted(grid))
+    xs = np.r_[x, grid, np.nextafter(grid, np.inf), np.nextafter(grid, -np.inf), (grid[1:] + grid[:-1]) / 2]
+    cells = _Cells(grid)
+    assert cells(xs).tolist() == np.searchsorted(grid[1:-1], xs, side="right").tolist()

@@ -7,8 +7,8 @@ D(L) = 1 + #{i : e_i < L} for every L at once. The chosen prefix length is the l
 D(L) <= B_prefill (D is non-decreasing in L).
 
 The sort is most-significant-chunk first, in numpy: the prompts' first `FIRST_CHUNK` tokens are
-sorted as byte strings (rows of token id + 1, big-endian, zero past the end), and only prompts
-still tied with a neighbour read their next chunk (twice as long), and so on. Tokens past the
+sorted as rows of token id + 1 (zero past the end), and only prompts still tied with a
+neighbour read their next chunk (twice as long), and so on. Tokens past the
 point where a prompt differs from every other are never read, which matters when prompts come
 as Python lists (a tokenizer's output): converting an int costs more than comparing it.
 """
@@ -16,14 +16,17 @@ as Python lists (a tokenizer's output): converting an int costs more than compar
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter, getitem
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
+PACKED_KEYS = 4  # rows whose varying columns fit this many uint64 keys sort key by key
 
 
 @dataclass
@@ -54,18 +57,19 @@ class PackedPrompts:
         while tied.size > 1 and depth < longest:
             rows = order[tied]
             keys = reader.keys(rows, depth, chunk)
-            ranked = np.empty((tied.size, chunk + 2), dtype=">u4")
-            ranked[:, 0], ranked[:, 1], ranked[:, 2:] = run >> 32, run & 0xFFFFFFFF, keys
-            perm = np.argsort(ranked.view(f"V{4 * (chunk + 2)}").ravel(), kind="stable")
+            # Columns equal in every row (a shared system prompt) cannot order or split rows.
+            cols = np.flatnonzero((keys != keys[0]).any(axis=0))
+            perm = _stable_rank(np.column_stack((run >> 32, run & 0xFFFFFFFF, keys[:, cols])))
             order[tied] = rows[perm]
-            keys = keys[perm]
+            varying = keys[perm[:, None], cols]
             same_run = run[1:] == run[:-1]  # neighbours in sorted order, equal through `depth`
-            differs = keys[1:] != keys[:-1]
+            differs = varying[1:] != varying[:-1]
             split = differs.any(axis=1)
-            at = tied[:-1][same_run & split]
-            lcp[at] = depth + differs[same_run & split].argmax(axis=1)
+            if cols.size:
+                at = tied[:-1][same_run & split]
+                lcp[at] = depth + cols[differs[same_run & split].argmax(axis=1)]
             # Equal through the chunk and ended inside it: identical (lcp stays longest + 1).
-            still = same_run & ~split & (keys[1:, -1] != 0)
+            still = same_run & ~split & (keys[perm[1:], -1] != 0)
             member = np.zeros(tied.size, dtype=bool)
             member[:-1] |= still
             member[1:] |= still
@@ -75,40 +79,93 @@ class PackedPrompts:
         return cls(lengths, order, lcp)
 
 
+def _stable_rank(columns: np.ndarray) -> np.ndarray:
+    """Stable lexicographic order of the rows of `columns` (integers in [0, 2**32)). Constant
+    columns are dropped; a few varying ones are packed two to a uint64 and sorted key by key
+    (`lexsort` is stable), more are sorted at once as big-endian byte strings."""
+    columns = columns[:, (columns != columns[0]).any(axis=0)]
+    width = columns.shape[1]
+    if width == 0:
+        return np.arange(columns.shape[0])
+    if width <= 2 * PACKED_KEYS:
+        wide = np.zeros((columns.shape[0], width + width % 2), dtype=np.uint64)
+        wide[:, :width] = columns
+        packed = (wide[:, 0::2] << np.uint64(32)) | wide[:, 1::2]
+        return np.lexsort(packed.T[::-1])
+    ranked = np.ascontiguousarray(columns, dtype=">u4")
+    return np.argsort(ranked.view(f"V{4 * width}").ravel(), kind="stable")
+
+
 class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
     past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
-    for: touching an int object is what costs. Each window is checked as it is read;
-    `np.fromiter` would truncate a float or parse a string, so the window's `sum` must first
-    come out an integer (a float or a string makes it a float or a TypeError). Anything else
-    (numpy arrays) is concatenated, and checked, once."""
+    for: touching an int object is what costs. Each window is sliced and appended, in C, by
+    `array.fromlist`, which takes only integers (a float, a string or None is a TypeError, a
+    negative id an OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again
+    by the checked reader, which names it. Numpy arrays of one dtype are joined as bytes
+    (anything else is concatenated) and checked once."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths
-        self.lists = token_lists if len(token_lists) and set(map(type, token_lists)) == {list} else None
+        kinds = set(map(type, token_lists))
+        self.lists = token_lists if kinds == {list} else None
         if self.lists is None:
-            rows = [np.asarray(t) for t in token_lists if len(t)]
-            dtype = np.result_type(*rows) if rows else np.int64
+            rows = list(itertools.compress(token_lists, lengths))
+            if kinds != {np.ndarray}:
+                rows = list(map(np.asarray, rows))
             longest = int(lengths.max()) if lengths.size else 0
             # Zeros after the last prompt: a window may run past it (what it reads there is cut).
-            self.flat = np.concatenate((*rows, np.zeros(longest, dtype=dtype)))
+            self.flat = _joined(rows, longest)
             _checked(self.flat)
             self.starts = np.cumsum(lengths) - lengths
 
     def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
         counts = np.clip(self.lengths[rows] - depth, 0, width)
-        inside = np.arange(width) < counts[:, None]
-        keys = np.zeros((rows.size, width), dtype=">u4")
+        full = counts.min() == width  # every window inside its prompt: no cut to make
         if self.lists is None:  # each row's window of the concatenation, cut at the row's end
             span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
-            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(">u4")
+            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(np.uint32)
             window += 1
-            window[~inside[:, :span]] = 0
+            if full and span == width:
+                return window
+            window[np.arange(span) >= counts[:, None]] = 0
+            keys = np.zeros((rows.size, width), dtype=np.uint32)
             keys[:, :span] = window
             return keys
-        lists = [self.lists[i] for i in rows.tolist()]
-        keys[inside] = _checked(_read_windows(lists, depth, width, int(counts.sum()))) + 1
+        lists = list(map(self.lists.__getitem__, rows.tolist()))
+        cut = itertools.repeat(slice(depth, depth + width))
+        read = array("L")  # unsigned long: PyLong_AsUnsignedLong's fast path for small ints
+        try:
+            any(map(read.fromlist, map(getitem, lists, cut)))
+            tokens = np.frombuffer(read, dtype=f"u{read.itemsize}")
+        except (TypeError, ValueError, OverflowError):
+            tokens = None
+        if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
+            tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
+        tokens = tokens.astype(np.uint32)
+        tokens += 1
+        if full:  # the tokens are the rows, end to end
+            return tokens.reshape(rows.size, width)
+        keys = np.zeros((rows.size, width), dtype=np.uint32)
+        keys[np.arange(width) < counts[:, None]] = tokens
         return keys
+
+
+def _joined(rows: list[np.ndarray], zeros: int) -> np.ndarray:
+    """`rows` end to end, then `zeros` zeros: as bytes when all are contiguous 1-d arrays of one
+    dtype (no per-row conversion), else by `np.concatenate` in their common dtype."""
+    if (
+        len(set(map(attrgetter("dtype", "ndim"), rows))) == 1
+        and rows[0].ndim == 1
+        and rows[0].dtype.kind in "iu"
+    ):
+        dtype = rows[0].dtype
+        try:
+            return np.frombuffer(b"".join([*rows, bytes(zeros * dtype.itemsize)]), dtype)
+        except (BufferError, TypeError):  # a non-contiguous view
+            pass
+    dtype = np.result_type(*rows) if rows else np.int64
+    return np.concatenate((*rows, np.zeros(zeros, dtype=dtype)))
 
 
 def _read_windows(lists: list[list[Any]], depth: int, width: int, total: int) -> np.ndarray:
@@ -178,7 +235,7 @@ class Dedup:
         """Each unique prefix's uids, largest group first (ties by first uid)."""
         order = np.argsort(self.group_of, kind="stable")
         cuts = np.flatnonzero(np.diff(self.group_of[order])) + 1
-        groups = [[uids[i] for i in part] for part in np.split(order, cuts)] if order.size else []
+        groups = [[uids[i] for i in part.tolist()] for part in np.split(order, cuts)] if order.size else []
         return sorted(groups, key=lambda g: (-len(g), g[0]))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -195,8 +196,8 @@ def plan_step(
     _check_inputs(profile, cluster, config, n_prompts, group_size)
     billing = billing or Billing(config.pricing)
     feats = config.features
-    uids = [p.uid for p in prompts]
-    gmax, gmean = predictor.predict(uids, [p.answer_tokens for p in prompts], [p.source for p in prompts])
+    uids, answers, sources = (list(map(attrgetter(f), prompts)) for f in ("uid", "answer_tokens", "source"))
+    gmax, gmean = predictor.predict(uids, answers, sources)
     if max_length is not None:
         gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
 
@@ -284,7 +285,7 @@ def _prefill_work(
     prefills and the prefix tokens it receives as KV; the prefill actor's tokens; and the step's
     token counts (`tokens_computed` = prefill actor + every decode actor's own prefill;
     `tokens_unique` = the prefix tree's, the least any prefill computes)."""
-    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts])
+    packed = PackedPrompts.pack(list(map(attrgetter("prompt_tokens"), prompts)))
     lengths = packed.lengths
     total = int(lengths.sum())
     counts = {"tokens_naive": total * g, "tokens_per_prompt": total}
@@ -327,29 +328,38 @@ def _chosen_actors(
     """The chosen N's actors; each actor's uids in admission order: longest `admission` (predicted
     group max) first when given, else assignment order."""
     rows = np.flatnonzero(actors.n_of == table.n[pick])
-    names = np.array(uids, dtype=object)
+    sizes = actors.ends[rows] - actors.starts[rows]
+    held = np.concatenate([order[s:e] for s, e in zip(actors.starts[rows], actors.ends[rows], strict=True)])
+    if admission is not None:  # within each actor (stable: ties keep assignment order)
+        held = held[np.lexsort((-admission[held], np.repeat(np.arange(rows.size), sizes)))]
+    names = list(map(uids.__getitem__, held.tolist()))
+    cuts = np.r_[0, np.cumsum(sizes)].tolist()
+    floats = ("time", "cost", "delay", "work", "prefill_tokens", "cold")
+    columns = zip(
+        actors.slot[rows].astype(int).tolist(),
+        *(getattr(actors, f)[rows].astype(float).tolist() for f in floats),
+        actors.hidden[rows].astype(bool).tolist(),
+        table.warm[rows].astype(bool).tolist(),
+        strict=True,
+    )
     out = []
-    for i, r in enumerate(rows):
-        slot = int(actors.slot[r])
+    for i, (slot, time_s, cost, delay, work, prefill, cold, hidden, warm) in enumerate(columns):
         node, gpu_ids = cluster.slot_gpus(slot, profile.gpus)
-        held = order[actors.starts[r] : actors.ends[r]]
-        if admission is not None:
-            held = held[np.argsort(-admission[held], kind="stable")]
         out.append(
             ActorPlan(
                 actor=i,
-                uids=names[held].tolist(),
+                uids=names[cuts[i] : cuts[i + 1]],
                 gpus=profile.gpus,
                 gpu_ids=gpu_ids,
                 node=node,
-                predicted_time=float(actors.time[r]),
-                predicted_cost=float(actors.cost[r]),
-                start_delay=float(actors.delay[r]),
-                hidden=bool(actors.hidden[r]),
-                predicted_tokens=float(actors.work[r]),
-                prefill_tokens=float(actors.prefill_tokens[r]),
-                cold_start=float(actors.cold[r]),
-                keep_warm=bool(table.warm[r]),
+                predicted_time=time_s,
+                predicted_cost=cost,
+                start_delay=delay,
+                hidden=hidden,
+                predicted_tokens=work,
+                prefill_tokens=prefill,
+                cold_start=cold,
+                keep_warm=warm,
             )
         )
     return out

@@ -276,8 +276,13 @@ class LengthPredictor:
         out_mean = out_max.copy()
         default = np.ones(n, dtype=bool)
         names = list(sources) if sources is not None else [""] * n
-        for source in set(names):
-            idx = np.array([i for i, name in enumerate(names) if name == source])
+        kinds = set(names)
+        for source in kinds:
+            idx = (
+                np.arange(n)
+                if len(kinds) == 1
+                else np.array([i for i, name in enumerate(names) if name == source])
+            )
             recent = self._recent.get(source) if source else None
             fits = self._misfit.get(source, np.inf) <= ANSWER_FIT
             use_answer = ~np.isnan(answers[idx]) & (fits or not source)

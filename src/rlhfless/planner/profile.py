@@ -30,13 +30,54 @@ from typing import Any
 import numpy as np
 
 
-def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Grid cell of each x and its offset from the cell's low point: 0 below the grid (clamped),
-    past the last point the last cell goes on (linear extrapolation)."""
+    past the last point the last cell goes on (linear extrapolation). `cells`: a `_Cells` of
+    `grid` for x of one dimension."""
     if grid.size == 1:
         return np.zeros(x.shape, dtype=np.intp), np.zeros(x.shape)
-    cell = np.searchsorted(grid[1:-1], x, side="right")
+    cell = np.searchsorted(grid[1:-1], x, side="right") if cells is None else cells(x)
     return cell, np.maximum(x - grid[cell], 0.0)
+
+
+BUCKETS = 1 << 16  # most buckets a `_Cells` table holds (a grid needing more is searched)
+
+
+class _Cells:
+    """`np.searchsorted(grid[1:-1], x, side="right")` for many x at once, without a binary
+    search per x: the range of the inner points is cut into buckets half their smallest gap
+    wide, a table gives the count at each bucket's low end, and since a rounding can put x at
+    most one bucket off, one step up and one step down make the count exact."""
+
+    def __init__(self, grid: np.ndarray) -> None:
+        inner = grid[1:-1]
+        self.inner = inner
+        self.table: np.ndarray | None = None
+        # Buckets far wider than a rounding of the grid's values, and not too many of them.
+        if inner.size < 2 or np.diff(inner).min() <= 1e-9 * np.abs(inner).max():
+            return
+        with np.errstate(over="ignore"):  # a tiny gap: more buckets than any table holds
+            self.low, self.scale = inner[0], 2.0 / np.diff(inner).min()
+            if not (inner[-1] - inner[0]) * self.scale <= BUCKETS:
+                return
+        self.buckets = int(np.ceil((inner[-1] - inner[0]) * self.scale)) + 2
+        bucket_low = self.low + (np.arange(self.buckets + 1) - 1.0) / self.scale
+        self.table = np.searchsorted(inner, bucket_low, side="right")
+        # Below every point nothing counts; above the last, NaN (x >= NaN is never true).
+        self.bounds = np.r_[-np.inf, inner, np.nan]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.table is None:
+            return np.searchsorted(self.inner, x, side="right")
+        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN land in an end bucket
+            at = x - self.low
+            at *= self.scale
+            at += 1.0
+            np.clip(at, 0.0, self.buckets, out=at)
+            count = self.table.take(at.astype(np.intp), mode="clip")
+        count += x >= self.bounds.take(count + 1)
+        count -= x < self.bounds.take(count)
+        return count
 
 
 def _require_sorted_unique(values: np.ndarray, what: str) -> None:
@@ -126,12 +167,29 @@ class Profile:
     def decode_step_seconds(self, batch: Any, context: Any) -> np.ndarray:
         """Seconds for one decode step of `batch` sequences of mean length `context` (broadcasts)."""
         b, c = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(context, dtype=float))
-        bi, db = _cell(self.decode_batch, b)
-        ci, dc = _cell(self.decode_context, c)
-        k = bi * max(self.decode_context.size - 1, 1) + ci
+        shape, b, c = b.shape, b.ravel(), c.ravel()
+        bi, db = _cell(self.decode_batch, b, self._cells[0])
+        ci, dc = _cell(self.decode_context, c, self._cells[1])
+        k = bi * max(self.decode_context.size - 1, 1)
+        k += ci
         base, along_c, along_b, cross = self._bilinear
-        ms = base[k] + dc * along_c[k] + db * (along_b[k] + dc * cross[k])
-        return np.where(b > 0, np.maximum(ms, 0.0), 0.0) / 1e3
+        # base + dc * along_c + db * (along_b + dc * cross), in place (same roundings)
+        rise = cross.take(k)
+        rise *= dc
+        rise += along_b.take(k)
+        rise *= db
+        ms = along_c.take(k)
+        ms *= dc
+        ms += base.take(k)
+        ms += rise
+        np.maximum(ms, 0.0, out=ms)
+        ms[~(b > 0)] = 0.0
+        ms /= 1e3
+        return ms.reshape(shape)[()]
+
+    @cached_property
+    def _cells(self) -> tuple[_Cells, _Cells]:
+        return _Cells(self.decode_batch), _Cells(self.decode_context)
 
     @cached_property
     def _bilinear(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -149,9 +149,14 @@ class CandidateTable:
     warm_after: np.ndarray  # per N: the kept-warm functions' idle bill over the rest of the step
 
     def rows(self) -> list[dict[str, float | int | bool]]:
+        columns = (
+            np.asarray(self.n).astype(int).tolist(),
+            *(np.asarray(x).astype(float).tolist() for x in (self.time, self.cost, self.score)),
+            np.asarray(self.hidden).astype(bool).tolist(),
+        )
         return [
-            {"n": int(n), "time": float(t), "cost": float(c), "score": float(s), "hidden": bool(h)}
-            for n, t, c, s, h in zip(self.n, self.time, self.cost, self.score, self.hidden, strict=True)
+            {"n": n, "time": t, "cost": c, "score": s, "hidden": h}
+            for n, t, c, s, h in zip(*columns, strict=True)
         ]
 
 

@@ -27,6 +27,8 @@ import numpy as np
 
 from rlhfless.planner.profile import Profile
 
+BLOCK = 1024  # ranges timed at once (their temporaries stay in cache)
+
 
 @dataclass
 class Workload:
@@ -63,6 +65,13 @@ def _prefix(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """Per length and segment: the part of [start, start + width) it covers."""
+    out = np.subtract(lengths[:, None], start)
+    np.maximum(out, 0.0, out=out)
+    return np.minimum(out, width, out=out)
+
+
 class RangeModel:
     """Prefix sums of a workload in a fixed prompt order; times any contiguous ranges of it."""
 
@@ -78,9 +87,11 @@ class RangeModel:
         if self.edges.size == 1:
             self.edges = np.array([0.0, 1.0])
         start, width = self.edges[:-1], np.diff(self.edges)
-        overlap = np.minimum(np.maximum(longest[:, None] - start, 0.0), width)
+        overlap = _clipped(longest, start, width)
         if g > 1:
-            overlap += (g - 1) * np.minimum(np.maximum(rest[:, None] - start, 0.0), width)
+            more = _clipped(rest, start, width)
+            more *= g - 1
+            overlap += more
         self._tokens = _prefix(overlap)
         self._work = _prefix(longest + (g - 1) * rest)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
@@ -113,6 +124,38 @@ class RangeModel:
             out[sel] = np.maximum(row[starts[sel]], row[ends[sel] - (1 << int(k))])
         return out
 
+    def _segments(
+        self,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        longest: np.ndarray,
+        cap: np.ndarray,
+        mean_prompt: np.ndarray,
+        steps: np.ndarray,
+        step_s: np.ndarray,
+    ) -> None:
+        """Fill `steps` and `step_s` (decode steps and seconds per step, per range and segment).
+
+        Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
+        A segment past a range's longest sequence has no tokens, so batch 0, whose step the
+        profile prices at 0: it adds nothing. Operations run in place, in the order that fixes
+        every rounding."""
+        start, width = self.edges[:-1], np.diff(self.edges)
+        tokens = self._tokens[ends]
+        tokens -= self._tokens[starts]
+        np.subtract(longest[:, None], start, out=steps)
+        np.maximum(steps, 0.0, out=steps)
+        np.minimum(steps, width, out=steps)
+        batch = np.maximum(steps, 1e-12)
+        np.divide(tokens, batch, out=batch)
+        np.minimum(batch, cap[:, None], out=batch)
+        np.divide(tokens, cap[:, None], out=tokens)
+        np.maximum(steps, tokens, out=steps)
+        context = np.minimum(steps, width)
+        context *= 0.5
+        context += mean_prompt[:, None] + start
+        step_s[...] = self.profile.decode_step_seconds(batch, context)
+
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
         tokens it receives, decode tokens."""
@@ -121,17 +164,12 @@ class RangeModel:
         work = self._work[ends] - self._work[starts]
         mean_prompt = (self._context[ends] - self._context[starts]) / np.maximum(prompts, 1)
         cap = self.profile.concurrency(mean_prompt + work / np.maximum(seqs, 1))
-        tokens = self._tokens[ends] - self._tokens[starts]
-        start, width = self.edges[:-1], np.diff(self.edges)
-        steps = np.clip(self.range_max(starts, ends)[:, None] - start, 0.0, width)
-        # Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
-        batch = np.minimum(tokens / np.maximum(steps, 1e-12), cap[:, None])
-        steps = np.maximum(steps, tokens / cap[:, None])
-        context = mean_prompt[:, None] + start + 0.5 * np.minimum(steps, width)
-        # Segments past a range's longest sequence take no steps: their lookup is skipped.
-        live = steps > 0
-        step_s = np.zeros_like(steps)
-        step_s[live] = self.profile.decode_step_seconds(batch[live], context[live])
+        longest = self.range_max(starts, ends)
+        steps = np.empty((starts.size, self.edges.size - 1))
+        step_s = np.empty_like(steps)
+        for lo in range(0, starts.size, BLOCK):
+            at = slice(lo, lo + BLOCK)
+            self._segments(starts[at], ends[at], longest[at], cap[at], mean_prompt[at], steps[at], step_s[at])
         decode = np.einsum("ij,ij->i", steps, step_s)
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
