@@ -132,7 +132,6 @@ class Resident:
     """A rank living on a held function's slot for as long as that function is held."""
 
     handle: Any
-    device: str
     started: bool = False  # its cold start has been awaited (in the phase it was created for)
 
 
@@ -258,7 +257,7 @@ class ElasticLearner(LearnerSide):
             device = f"cuda:{ray.get(host.lease.handle.__ray_call__.remote(_gpu_of))}"
         on_node = NodeAffinitySchedulingStrategy(host.lease.shape[2], soft=False)
         handle = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=on_node)
-        return Resident(handle, device)
+        return Resident(handle)
 
     def retire(self, held: set[Lease]) -> None:
         """Stop the resident ranks whose function is not among `held` (gone, or no longer the
