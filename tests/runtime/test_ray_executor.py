@@ -154,6 +154,31 @@ def test_verl_is_billed_its_held_slots_for_the_step_and_nothing_more(verl):
     assert warm["started"] == 0 and warm["released"] == pytest.approx(held["started"], abs=1e-3)
 
 
+def test_a_held_function_lost_under_verl_takes_its_resident_rank_with_it():
+    # Step 2's held decode function dies: its sequences finish elsewhere, its rank is stopped,
+    # and the step learns on what verl still holds (a replacement function gets a new rank).
+    faults = "[{kind: decode_exit, step: 2, actor: 0, after: 12}]"  # step 2's actor 0: the held one
+    first, second = run(
+        "scheduler.policy=verl", "runtime.learner_width=0", f"runtime.faults={faults}", steps=2
+    )
+    assert second["metrics"]["faults"] == 1
+    functions = {f["name"]: f for f in second["timeline"]["functions"]}
+    [dead] = [f for f in functions.values() if any(e["kind"] == "fault" for e in f["events"])]
+    assert dead["kind"] == "decode" and not dead["colocated_with"]
+    assert first["rank_pids"][1] not in second["rank_pids"]
+    held = [
+        f
+        for f in functions.values()
+        if f["kind"] == "decode"
+        and not f["colocated_with"]
+        and not any(e["kind"] == "fault" for e in f["events"])
+    ]
+    assert second["learning"]["learner/width"] == 1 + len(held)
+    for r in range(1, 1 + len(held)):
+        rank = functions[f"learner-{r}"]
+        assert rank["cold"] and rank["colocated_with"] in {f["name"] for f in held}
+
+
 def test_a_function_kept_warm_is_reused_next_step_and_billed_while_idle(rlhfless):
     first, second = rlhfless
     assert all(a.keep_warm for a in first["plan"].actors)
