@@ -19,11 +19,12 @@ from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.pricing import charge
 from rlhfless.runtime.billing import Meter
 from rlhfless.runtime.data_parallel import split_rows
-from rlhfless.runtime.dp_learner import ElasticLearner
+from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.executor import build_critic, build_learner
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
+from rlhfless.runtime.transfer import flat_weights
 
 pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
@@ -102,7 +103,7 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
         if prestarted:
             elastic.prestart(meter, 0, groups, time.time())
             time.sleep(0.01)
-        elastic.widen(meter, groups, 0, time.time())
+        elastic.widen(meter, groups, [], time.time())
         for got_lp, want_lp in zip(
             elastic.policy_logprobs(samples), single.logprobs(policy, samples), strict=True
         ):
@@ -156,7 +157,7 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
     meter = Meter(cfg.scheduler.pricing)
     meter.begin_step(time.time())
     try:
-        elastic.widen(meter, len({s.uid for s in samples}), 0, time.time())
+        elastic.widen(meter, len({s.uid for s in samples}), [], time.time())
         assert len(elastic.ranks) == 2
         ray.kill(elastic.ranks[1])
         got = elastic.learn(samples, advantages, None)
@@ -171,6 +172,90 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
         close(a, b)
     lost = {r["name"]: r for r in records}["learner-1"]
     assert any(event["kind"] == "fault" for event in lost["events"])
+
+
+def test_verl_learns_on_its_held_slot_with_one_rank_living_across_phases():
+    """Under verl a rank lives on the held decode function's slot: colocated with it, billed
+    through it, the same process in every phase, joined each phase with rank 0's weights, so two
+    phases make the single-process two updates; once the function is no longer held, the rank is
+    stopped with it."""
+    cfg = load_config(
+        preset="tiny",
+        overrides=("runtime.executor=ray", "scheduler.policy=verl", "runtime.learner_width=0"),
+    )
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    groups = len({s.uid for s in samples})
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    single_policy = copy.deepcopy(policy)
+    initial = torch.from_numpy(flat_weights(policy))
+    advantages = [torch.full((len(s.response_ids),), s.reward - 0.5) for s in samples]
+    single = build_learner(cfg, single_policy, tokenizer.pad_token_id)
+    want = [single.learn(samples, advantages, None)]
+    after_one = torch.from_numpy(flat_weights(single_policy))
+    want.append(single.learn(samples, advantages, None))
+
+    functions = Functions(cfg, tokenizer, False, False, driver_node())
+    elastic = ElasticLearner(cfg, policy, tokenizer, functions)
+    meter = Meter(cfg.scheduler.pricing)
+    got, pids, records = [], [], []
+    try:
+        for _ in range(2):  # two steps: the held function leased (warm the second time), then learning
+            meter.begin_step(time.time())
+            lease, inv = functions.acquire(
+                meter, "decode-1", "decode", False, driver_node(), 1.0, time.time()
+            )
+            functions.settle(lease, inv)
+            elastic.prestart(meter, 1, groups, time.time())  # verl starts no rank on free slots
+            elastic.widen(meter, groups, [Host(lease, inv)], time.time())
+            got.append(elastic.learn(samples, advantages, None))
+            joined_with = torch.from_numpy(ray.get(elastic.ranks[1].weights.remote()))  # it never steps
+            pids.append([hello.pid for hello in ray.get([rank.hello.remote() for rank in elastic.ranks])])
+            elastic.narrow(time.time())
+            records.append({r["name"]: r for r in meter.close_step(time.time())[1]})
+            functions.release(lease, time.time())
+        resident = elastic.resident[lease].handle
+        meter.begin_step(time.time())
+        elastic.widen(meter, groups, [], time.time())  # the function was dropped: learning on rank 0
+        alone = len(elastic.ranks)
+        elastic.narrow(time.time())
+        retired = not elastic.resident and stopped(resident)
+    finally:
+        elastic.close()
+        functions.close()
+
+    assert [g["learner/width"] for g in got] == [2, 2] and alone == 1 and retired
+    assert pids[0] == pids[1] and len(set(pids[0])) == 2  # rank 0 and one resident, both phases
+    for g, w in zip(got, want, strict=True):
+        for key, value in w.items():
+            assert g[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    # Adam moves every weight by about lr = 1e-3 a step; the gradients summed in another order
+    # differ in their last bits, which moves the odd weight whose gradient is near Adam's eps by
+    # up to ~2e-6 (2 in 98,816 here): the weights are compared to 1e-5.
+    assert float((after_one - initial).abs().max()) > 1e-4
+    torch.testing.assert_close(joined_with, after_one, rtol=1e-4, atol=1e-5)  # the second join's
+    for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for step, record in enumerate(records):
+        rank = record["learner-1"]
+        assert rank["colocated_with"] == "decode-1" and rank["units"] == 0 and rank["cost"] == 0
+        assert rank["cold"] == (step == 0)  # started once, in the first phase
+        learning = rank["busy"][0]
+        assert any(a - 1e-3 <= learning[0] and learning[1] <= b + 1e-3 for a, b in record["decode-1"]["busy"])
+        assert record["decode-1"]["cost"] > 0 and set(record) == {"decode-1", "learner-0", "learner-1"}
+
+
+def stopped(handle, within_s: float = 60.0) -> bool:
+    """Whether the actor dies within `within_s` (`ray.kill` is asynchronous: a call made just
+    after it may still be served)."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            ray.get(handle.hello.remote())
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def driver_node() -> str:

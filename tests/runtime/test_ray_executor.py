@@ -7,6 +7,7 @@ decode functions (placement slot 0 is colocated with the learner) and is compare
 import json
 
 import pytest
+import ray
 
 from rlhfless.config import load_config
 from rlhfless.data import PromptLoader, load_prompts
@@ -56,7 +57,9 @@ def run(*overrides: str, steps: int = 1, full: bool = True, cold_start_s: float 
             record = {"plan": plan, "samples": samples, "metrics": metrics, "n_prompts": len(prompts)}
             if full:
                 ref, record["prepare"] = executor.prepare(prompts, samples)
-                executor.learn(samples, advantages(cfg, samples), ref)
+                record["learning"] = executor.learn(samples, advantages(cfg, samples), ref)
+                hellos = ray.get([rank.hello.remote() for rank in executor.learner.ranks])
+                record["rank_pids"] = [hello.pid for hello in hellos]  # the phase's rank processes
                 record["billing"], record["timeline"] = executor.finish_step(step)
             out.append(record)
     finally:
@@ -76,7 +79,8 @@ def rlhfless():
 
 @pytest.fixture(scope="module")
 def verl():
-    return run("scheduler.policy=verl")
+    """Two steps learning on every slot verl holds (the tiny preset keeps to the learner's)."""
+    return run("scheduler.policy=verl", "runtime.learner_width=0", steps=2)
 
 
 def test_plan_runs_on_several_decode_functions_and_yields_every_sample_in_canonical_order(rlhfless):
@@ -111,6 +115,68 @@ def test_verl_holds_its_decode_functions_for_the_whole_step_rlhfless_releases_th
     learner_end = lambda record: record["timeline"]["functions"][0]["released"]  # noqa: E731
     assert remote(verl[0])["released"] == pytest.approx(learner_end(verl[0]), abs=1e-3)
     assert remote(rlhfless[0])["released"] < learner_end(rlhfless[0])
+
+
+def test_verl_learns_on_every_slot_it_holds_with_ranks_that_live_across_steps(verl):
+    # Two slots: the learner's (rank 0, and the colocated decode function) and a held decode
+    # function's, which a resident rank shares; started in step 1, the same process in step 2.
+    first, second = verl
+    assert [record["learning"]["learner/width"] for record in verl] == [2, 2]
+    assert first["rank_pids"] == second["rank_pids"] and len(set(first["rank_pids"])) == 2
+    for record in verl:
+        functions = {f["name"]: f for f in record["timeline"]["functions"]}
+        [held] = [f for f in functions.values() if f["kind"] == "decode" and not f["colocated_with"]]
+        rank = functions["learner-1"]
+        assert rank["colocated_with"] == held["name"] and rank["units"] == 0 and rank["cost"] == 0
+        assert rank["node"] == held["node"]
+        assert rank["cold"] == (record is first)
+        learning = rank["busy"][0][0], rank["busy"][-1][1]  # its slot busy meanwhile (to the ms)
+        assert any(a - 1e-3 <= learning[0] and learning[1] <= b + 1e-3 for a, b in held["busy"])
+
+
+def test_verl_is_billed_its_held_slots_for_the_step_and_nothing_more(verl):
+    # Learning on the held slot adds no bill: the learner's slot for the step, the held decode
+    # function's from its lease to the step's end (warm in the pool before, billed as keep-alive:
+    # from the step's start in step 2), and nothing else.
+    for record in verl:
+        billing, functions = record["billing"], record["timeline"]["functions"]
+        learner = next(f for f in functions if f["name"] == "learner")
+        [held] = [f for f in functions if f["kind"] == "decode" and not f["colocated_with"]]
+        warm = sum(f["released"] - f["started"] for f in functions if f["kind"] == "keep-alive")
+        step = learner["released"] - learner["started"]
+        assert held["released"] == pytest.approx(step, abs=1e-3)
+        billed = step + held["released"] - held["started"] + warm
+        assert billing["time/billed"] + billing["time/keep_alive"] == pytest.approx(billed, abs=1e-2)
+        assert [f["name"] for f in functions if f["cost"] > 0 and f["kind"] == "learner"] == ["learner"]
+    second = verl[1]["timeline"]["functions"]
+    [held] = [f for f in second if f["kind"] == "decode" and not f["colocated_with"]]
+    [warm] = [f for f in second if f["kind"] == "keep-alive"]
+    assert warm["started"] == 0 and warm["released"] == pytest.approx(held["started"], abs=1e-3)
+
+
+def test_a_held_function_lost_under_verl_takes_its_resident_rank_with_it():
+    # Step 2's held decode function dies: its sequences finish elsewhere, its rank is stopped,
+    # and the step learns on what verl still holds (a replacement function gets a new rank).
+    faults = "[{kind: decode_exit, step: 2, actor: 0, after: 12}]"  # step 2's actor 0: the held one
+    first, second = run(
+        "scheduler.policy=verl", "runtime.learner_width=0", f"runtime.faults={faults}", steps=2
+    )
+    assert second["metrics"]["faults"] == 1
+    functions = {f["name"]: f for f in second["timeline"]["functions"]}
+    [dead] = [f for f in functions.values() if any(e["kind"] == "fault" for e in f["events"])]
+    assert dead["kind"] == "decode" and not dead["colocated_with"]
+    assert first["rank_pids"][1] not in second["rank_pids"]
+    held = [
+        f
+        for f in functions.values()
+        if f["kind"] == "decode"
+        and not f["colocated_with"]
+        and not any(e["kind"] == "fault" for e in f["events"])
+    ]
+    assert second["learning"]["learner/width"] == 1 + len(held)
+    for r in range(1, 1 + len(held)):
+        rank = functions[f"learner-{r}"]
+        assert rank["cold"] and rank["colocated_with"] in {f["name"] for f in held}
 
 
 def test_a_function_kept_warm_is_reused_next_step_and_billed_while_idle(rlhfless):

@@ -12,6 +12,13 @@ and are stopped when the phase ends. Each rank is billed per slot from its start
 rank 0 through the learner, whose slot is billed the whole step. After each update the driver
 loads rank 0's weights, one flat buffer through the object store: its engine prefills with them,
 and checkpoints save them.
+
+Under a serverful policy (`verl`) the phase's width is instead the allocation it holds, as VERL's
+hybrid engine trains on the same long-lived workers that generate: one resident rank shares each
+held decode function's slot (colocated, asking Ray for nothing, billed through that function,
+which is billed the whole step), started the first time the function is held and kept as long as
+it is; each phase it joins with rank 0's weights and schedule like any rank, and leaves without
+being stopped.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import socket
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import ray
@@ -38,6 +47,7 @@ from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_para
 from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import LOST, Functions
+from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.transfer import flat_weights, land_state, load_flat_weights, ship_state
 
 
@@ -108,6 +118,23 @@ class LearnerRank(LearnerReplica):
         self.load_state_dict(state)
 
 
+@dataclass(frozen=True)
+class Host:
+    """A function the policy holds all step (verl's decode functions, each with a slot of its own):
+    its lease, alive as long as the function is, and this step's invocation, billed the whole step."""
+
+    lease: Lease
+    inv: Invocation
+
+
+@dataclass(eq=False)
+class Resident:
+    """A rank living on a held function's slot for as long as that function is held."""
+
+    handle: Any
+    started: bool = False  # its cold start has been awaited (in the phase it was created for)
+
+
 class ElasticLearner(LearnerSide):
     """The driver's side: the policy its engine prefills with, rank 0, and the phase's ranks.
     The verbs of every `LearnerSide`, run on every rank, plus `widen` and `narrow` around the phase."""
@@ -127,6 +154,9 @@ class ElasticLearner(LearnerSide):
         self.phase: dict[str, float] = {}
         self.rank_starts: list[float] = []  # the last phases': request to every rank joined
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
+        self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
+        self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
+        self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
 
     def _create(self, device: str, **options):
         return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args, device)
@@ -134,19 +164,22 @@ class ElasticLearner(LearnerSide):
     def prestart(self, meter: Meter, held_slots: int, groups: int, now: float) -> None:
         """Start the coming phase's ranks now, on the slots free now, so that their cold start
         runs during generation's tail (`planner.learning.rank_start_delay` says when). They are
-        billed from their start, as any function holding a slot."""
-        if not self.opened and self.group is None:
+        billed from their start, as any function holding a slot. Not under verl: it learns on
+        the slots it holds (`widen`)."""
+        if not self.opened and self.group is None and not self.serverful:
             self._launch(meter, self._width(held_slots, groups), now)
 
-    def widen(self, meter: Meter, groups: int, held_slots: int, now: float) -> None:
-        """Open the learning phase (once a step) on the planner's width: rank 0, and the ranks
-        `prestart` started, or else as many as are free now (`held_slots`: slots our own decode
-        functions still hold), all joined in one process group."""
+    def widen(self, meter: Meter, groups: int, hosts: list[Host], now: float) -> None:
+        """Open the learning phase (once a step) on the planner's width: rank 0 and, under verl, the
+        resident ranks of the functions it holds (`hosts`); else the ranks `prestart` started, or
+        as many as are free now (the `hosts`' slots are not); all joined in one process group."""
         if self.opened:
             return
         self.opened = True
-        if self.group is None:
-            self._launch(meter, self._width(held_slots, groups), now)
+        if self.serverful:
+            self._reside(meter, hosts, groups, now)
+        elif self.group is None:
+            self._launch(meter, self._width(len(hosts), groups), now)
         rank0 = Invocation(
             "learner-0",
             "learner",
@@ -159,12 +192,9 @@ class ElasticLearner(LearnerSide):
             node=self.functions.driver,
         )
         self.invocations.insert(0, meter.open(rank0))
-        width = self._join() if self.group is not None else 1
-        self.phase = {
-            "learner/width": float(width),
-            "time/learner_start": time.time() - now,
-            "faults/learner": 0.0,
-        }
+        self.phase = {"faults/learner": 0.0}
+        width = self._join() if len(self.ranks) > 1 else 1
+        self.phase |= {"learner/width": float(width), "time/learner_start": time.time() - now}
 
     def _width(self, held_slots: int, groups: int) -> int:
         view = self.functions.cluster()
@@ -190,32 +220,93 @@ class ElasticLearner(LearnerSide):
             )
             self.invocations.append(meter.open(inv))
 
+    def _reside(self, meter: Meter, hosts: list[Host], groups: int, now: float) -> None:
+        """verl: ranks 1.. of the width its held allocation gives (`runtime.learner_width` and the
+        step's prompt groups may ask fewer), one on each host's slot. A resident rank whose function
+        is no longer held (dropped by a fault, released by a plan that needs fewer) is stopped; a
+        host without one gets one, cold this phase, later phases warm."""
+        held = {host.lease for host in hosts}
+        self.retire(held)
+        width = learner_width(self.cfg.runtime.learner_width, 1 + len(hosts), groups)
+        for r, host in enumerate(hosts[: width - 1], start=1):
+            resident = self.resident.get(host.lease)
+            if resident is None:
+                resident = self.resident[host.lease] = self._settle_on(host)
+            cold = not resident.started
+            inv = Invocation(
+                f"learner-{r}",
+                "learner",
+                dict(host.inv.resources),
+                0.0,
+                requested=now,
+                started=None if cold else now,
+                ready=None if cold else now,
+                colocated_with=host.inv.name,
+                cold=cold,
+                node=host.lease.shape[2],
+            )
+            self.ranks.append(resident.handle)
+            self.invocations.append(meter.open(inv))
+            self.hosts.append(host.inv)
+
+    def _settle_on(self, host: Host) -> Resident:
+        """A rank on `host`'s slot: on its node, asking Ray for nothing (the host holds the slot),
+        on the host's GPU when the run is on GPUs."""
+        device = self.cfg.runtime.device
+        if device == "cuda":  # a process that asks for no GPU sees every GPU of its node
+            device = f"cuda:{ray.get(host.lease.handle.__ray_call__.remote(_gpu_of))}"
+        on_node = NodeAffinitySchedulingStrategy(host.lease.shape[2], soft=False)
+        handle = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=on_node)
+        return Resident(handle)
+
+    def retire(self, held: set[Lease]) -> None:
+        """Stop the resident ranks whose function is not among `held` (gone, or no longer the
+        policy's): a rank lives no longer than the function whose slot it shares."""
+        for lease in [lease for lease in self.resident if lease not in held]:
+            ray.kill(self.resident.pop(lease).handle)
+
     def _join(self) -> int:
         """Ranks 1.. placed and started, joined with rank 0; the width got (1 when Ray could not
         place them in `runtime.place_timeout_s`: their slots were taken)."""
         extra = self.invocations[1:]
-        waited = time.time() - extra[0].requested
-        if not self.group.wait(max(0.0, self.cfg.runtime.place_timeout_s - waited)):
-            for rank in self.ranks[1:]:
-                ray.kill(rank)
-            remove_placement_group(self.group)
-            for inv in extra:  # never started: not billed
-                inv.released = time.time()
-            self.ranks, self.invocations, self.group = [self.rank0], self.invocations[:1], None
+        if self.group is not None and not self._placed(extra):
             return 1
-        hellos = ray.get([rank.hello.remote() for rank in self.ranks[1:]])
+        try:  # the cold ones' starts; a resident from an earlier phase answers at once, or is gone
+            hellos = ray.get([rank.hello.remote() for rank in self.ranks[1:]])
+        except LOST:
+            self._lost_ranks(joined=False)
+            return 1
         for inv, hello in zip(extra, hellos, strict=True):
-            inv.started, inv.ready, inv.node = max(inv.requested, hello.started), hello.ready, hello.node
+            if inv.cold:
+                inv.started, inv.ready = max(inv.requested, hello.started), hello.ready
+                inv.node = hello.node
+        for resident in self.resident.values():
+            resident.started = True
         joining = time.time()
         address, port = ray.get(self.rank0.address.remote())
         width = len(self.ranks)
         ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
-        ready = max(hello.ready for hello in hellos)
-        self.rank_starts = [
-            *self.rank_starts[-2:],
-            ready - extra[0].requested + time.time() - max(joining, ready),
-        ]
+        if self.group is not None:  # the elastic ranks' start, which `prestart` times
+            ready = max(hello.ready for hello in hellos)
+            self.rank_starts = [
+                *self.rank_starts[-2:],
+                ready - extra[0].requested + time.time() - max(joining, ready),
+            ]
         return width
+
+    def _placed(self, extra: list[Invocation]) -> bool:
+        """Whether Ray placed the elastic ranks' group within `runtime.place_timeout_s` of their
+        request; if not, they are stopped, never started, so never billed."""
+        waited = time.time() - extra[0].requested
+        if self.group.wait(max(0.0, self.cfg.runtime.place_timeout_s - waited)):
+            return True
+        for rank in self.ranks[1:]:
+            ray.kill(rank)
+        remove_placement_group(self.group)
+        for inv in extra:
+            inv.released = time.time()
+        self.ranks, self.invocations, self.group = [self.rank0], self.invocations[:1], None
+        return False
 
     @property
     def rank_start_s(self) -> float | None:
@@ -225,15 +316,18 @@ class ElasticLearner(LearnerSide):
         return max(self.rank_starts) if self.rank_starts else None
 
     def narrow(self, now: float) -> None:
-        """Close the learning phase: ranks 1.. stopped and released, rank 0 alone again."""
+        """Close the learning phase: ranks 1.. leave the group, the elastic ones stopped and
+        released (resident ones stay, on their held slots), rank 0 alone again."""
         if len(self.ranks) > 1:
             ray.get([rank.leave.remote() for rank in self.ranks])
-            for rank in self.ranks[1:]:
-                ray.kill(rank)
-            remove_placement_group(self.group)
+            if not self.serverful:
+                for rank in self.ranks[1:]:
+                    ray.kill(rank)
+                remove_placement_group(self.group)
         for inv in self.invocations:
             inv.released = now
         self.ranks, self.invocations, self.group, self.opened = [self.rank0], [], None, False
+        self.hosts = []
 
     def _run(self, method: str, *args):
         """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's
@@ -241,7 +335,7 @@ class ElasticLearner(LearnerSide):
         refs = [ray.put(a) for a in args]
         before = ray.get(self.rank0.updates.remote()) if len(self.ranks) > 1 else None
         with ExitStack() as busy:
-            for inv in self.invocations:
+            for inv in [*self.invocations, *self.hosts]:  # a host's slot is busy while its rank is
                 busy.enter_context(inv.busy_while())
             calls = [getattr(rank, method).remote(*refs) for rank in self.ranks]
             try:
@@ -263,18 +357,27 @@ class ElasticLearner(LearnerSide):
             )
         return self._run(method, *args)
 
-    def _lost_ranks(self) -> None:
-        """A rank beyond rank 0 died (its process, its node): every rank but rank 0 is stopped and
-        released, rank 0 leaves the broken group, and the phase goes on at width 1."""
+    def _lost_ranks(self, joined: bool = True) -> None:
+        """A rank beyond rank 0 died (its process, its node), in the phase or before it `joined`:
+        every rank but rank 0 is stopped and released, resident ones too (their peers may be stuck
+        in the broken group's collectives; the next phase starts new ones on the slots still held),
+        rank 0 leaves the broken group, and the phase goes on at width 1."""
         now = time.time()
         for inv in self.invocations[1:]:
+            inv.started = inv.started or inv.requested  # placed, if not yet heard from
             inv.released = now
             inv.event(now, "fault", 1)
         for rank in self.ranks[1:]:
             ray.kill(rank)
-        remove_placement_group(self.group)
-        ray.get(self.rank0.leave.remote())
+        self.resident = {
+            lease: r for lease, r in self.resident.items() if all(r.handle is not k for k in self.ranks)
+        }
+        if self.group is not None:
+            remove_placement_group(self.group)
+        if joined:
+            ray.get(self.rank0.leave.remote())
         self.ranks, self.invocations, self.group = [self.rank0], self.invocations[:1], None
+        self.hosts = []
         self.phase["learner/width"] = 1.0
         self.phase["faults/learner"] = self.phase.get("faults/learner", 0.0) + 1
 
@@ -298,8 +401,15 @@ class ElasticLearner(LearnerSide):
         """Stop every rank, without waiting on a phase an error may have left in a collective."""
         for rank in self.ranks:
             ray.kill(rank)
+        self.retire(set())
         if self.group is not None:
             remove_placement_group(self.group)
+
+
+def _gpu_of(function) -> str:
+    """Run inside a held function (Ray's `__ray_call__`): the Ray id of the GPU it was given, which
+    is its CUDA index in a process of its node that asked for none (`devices.learner_device`)."""
+    return ray.get_gpu_ids()[0]
 
 
 def _any_lost(calls: list) -> bool:

@@ -2,8 +2,9 @@
 
 The driver holds the policy for the whole run and is also the prefill function: it computes the
 step's unique prefix KV on the current weights, with no sync. The learner is data parallel
-(`dp_learner`): rank 0 on the learner's slot all run, more ranks on released slots while it learns,
-the driver's weights loaded from rank 0 after each update. Decode functions are
+(`dp_learner`): rank 0 on the learner's slot all run, more ranks on released slots while it learns
+(under `verl`, one resident rank on each held decode function's slot instead), the driver's
+weights loaded from rank 0 after each update. Decode functions are
 leased per step on the nodes the plan names (`lifecycle`), get the new weights and the prefix KV
 through the object store (`publishing`), and are driven by one `DecodeRound` per step. The plan is
 made for the cluster Ray reports at the start of the step (`cluster`).
@@ -11,7 +12,8 @@ made for the cluster Ray reports at the start of the step (`cluster`).
 Billing (the one pricing model, through the meter): the learner's resources for the whole step
 under every policy, and its ranks beyond rank 0 per slot while they are held; the prefill
 function, rank 0, the decode function the plan colocates with the learner, and the
-reference/reward function share the learner's resources and are billed once. Other decode functions are
+reference/reward function share the learner's resources and are billed once; verl's resident
+ranks share their held decode functions' and are billed through them. Other decode functions are
 billed while leased, then while warm in the pool; at release each is kept warm or stopped as the
 plan says. Under `verl` they are held for the whole step, as a serverful deployment would.
 """
@@ -34,7 +36,7 @@ from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.decode_round import DecodeRound
-from rlhfless.runtime.dp_learner import ElasticLearner
+from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
@@ -75,6 +77,7 @@ class RayExecutor:
             torch.set_num_threads(cfg.runtime.threads_per_actor)
         self.view: ClusterView | None = None  # the cluster the next plan is made for
         self.held: list[Lease] = []
+        self.hosts: list[Host] = []  # verl: the held decode functions with slots of their own
         self.learner_inv: Invocation | None = None
         self.timeline_nodes: list[dict] = []  # the nodes the last step was planned and placed on
         self.step = 0
@@ -104,7 +107,6 @@ class RayExecutor:
             self.cfg, self.functions, self.meter, view, prompts, plan, step, self.learner.params
         )
         round_.lease((ref, nbytes, self.learner.version))
-        self.held += round_.held
         if not plan.keep_unused_warm:  # warm functions this step does not use: a step away at best
             pool = self.functions.pool
             pool.stop_idle([lease for lease in pool.idle if lease.units > 0], time.time())
@@ -116,6 +118,11 @@ class RayExecutor:
         round_.assign(kv)
         results = round_.run(tick=self._prestarter(len(prompts)))
         round_.settle(kv)
+        # verl's held functions as generation left them: none a fault dropped, their replacements in
+        self.held += round_.held
+        self.hosts = [
+            Host(r.lease, r.inv) for r in round_.runs if r.lease in round_.held and r.lease.units > 0
+        ]
 
         metrics = round_.metrics
         metrics["time/weight_sync"] += put_s
@@ -234,10 +241,9 @@ class RayExecutor:
             return self.learner.learn(samples, advantages, ref, old)
 
     def _widen(self, samples: list[Sample], now: float) -> None:
-        """The learning phase on the planner's width: slots our held decode functions (verl's)
-        are not free."""
-        held = sum(1 for lease in self.held if lease.units > 0)
-        self.learner.widen(self.meter, len({s.uid for s in samples}), held, now)
+        """The learning phase on the planner's width: under verl on the allocation it holds, the
+        learner's slot and every held decode function's; else on the slots free now."""
+        self.learner.widen(self.meter, len({s.uid for s in samples}), self.hosts, now)
 
     def _prestarter(self, groups: int):
         """Called at each decode report: once generation's live forecast is within one rank start,
@@ -256,8 +262,9 @@ class RayExecutor:
         pool = self.functions.pool
         for lease in self.held:  # verl: held to the end of the step, then kept for the next
             pool.release(lease, end)
-        self.held = []
+        self.held, self.hosts = [], []
         pool.evict(end)
+        self.learner.retire({*pool.idle, *pool.leased})  # verl: a stopped function's rank with it
         for span in pool.take_spans(end):
             lease = span.lease
             name = f"warm-{lease.shape[0]}-{lease.serial}"
