@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from rlhfless.planner import ActorProgress, LengthPredictor, PromptSpec, SchedulerConfig, decide, plan_step
 from rlhfless.planner.hardware import roofline_profile
-from rlhfless.planner.migration import _finish
+from rlhfless.planner.migration import _drain_s, _finish
 from tests.planner.planner_support import make_cluster, make_profile
 
 CONFIGS = {
@@ -95,6 +95,36 @@ def test_no_migration_makes_a_migrant_finish_later_and_none_moves_twice(progress
         for p in progress
     ]
     assert decide(moved, config, PROFILE, resume) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(progress=actors(), tau=st.floats(0.1, 1.0), resume=st.floats(0, 2))
+def test_no_receiver_is_predicted_to_drain_after_the_step(progress, tau, resume):
+    """Held at its batch every busy actor looks as late as the step, so receivers could be loaded
+    until they set its end; draining (each migrant's resume waited for), none passes it."""
+    moves = decide(progress, SchedulerConfig(tau=tau), PROFILE, resume)
+
+    def drain(remaining: list[float], context: float) -> float:
+        return _drain_s(PROFILE, max(remaining, default=0.0), sum(remaining), len(remaining), context)
+
+    step_end = max(drain(list(p.remaining.values()), p.context) for p in progress)
+    by_id = {p.actor: p for p in progress}
+    for a in {m.target for m in moves}:
+        p = by_id[a]
+        incoming = [by_id[m.source].remaining[m.sequence] for m in moves if m.target == a]
+        left = {m.sequence for m in moves if m.source == a}
+        own = [w for name, w in p.remaining.items() if name not in left]
+        after = drain([*own, *incoming], p.context)
+        assert resume * len(incoming) + after <= step_end * (1 + 1e-9) + 1e-9
+
+
+def test_draining_is_exact_for_a_batch_that_never_shrinks_and_cheaper_for_one_that_does():
+    one = float(PROFILE.decode_step_seconds(1, 500.0))
+    eight = float(PROFILE.decode_step_seconds(8, 500.0))
+    assert np.isclose(_drain_s(PROFILE, 100.0, 100.0, 1, 500.0), 100 * one)
+    assert np.isclose(_drain_s(PROFILE, 100.0, 800.0, 8, 500.0), 100 * eight)
+    # One of 100 tokens and seven of 10: 10 steps at batch 8, then 90 alone.
+    assert np.isclose(_drain_s(PROFILE, 100.0, 170.0, 8, 500.0), 10 * eight + 90 * one)
 
 
 @settings(max_examples=150, deadline=None)

@@ -4,7 +4,9 @@ Per-actor cut (RLHFless): an actor whose finished share reached tau is cut. Give
 table (`profile`), a straggler moves only where it gains (`_gain_moves`): to the running actor on
 which it finishes soonest, counting the resume (`resume_s`) and that actor's slower steps with it,
 and only when that is sooner than staying and does not push the receiver's end past the step's
-predicted end; a sequence that moved once never moves again (`ActorProgress.migrated`). With
+predicted end. Ends are predicted as the batch drains (`_drain_s`), not at the batch held: held,
+every busy actor looks as late as the step and receivers were loaded until they set its end. A
+sequence that moved once never moves again (`ActorProgress.migrated`). With
 `scheduler.migration=gather`, a cut actor is emptied instead, when all its stragglers fit elsewhere
 without the step ending later, so that it can be released (`_gather_moves`). Without a
 profile, or with `scheduler.migration=paper`, the paper's rule holds: each unfinished sequence (most remaining predicted work first)
@@ -84,23 +86,40 @@ def _finish(profile: Profile, tokens: float, batch: int, context: float) -> floa
     return tokens * float(profile.decode_step_seconds(max(batch, 1), context))
 
 
+def _drain_s(profile: Profile, longest: float, tokens: float, batch: int, context: float) -> float:
+    """Predicted seconds until an actor's last sequence ends as its batch drains: with a step of
+    alpha + beta * batch, the `longest` steps cost alpha each and every token beta (exact for a
+    step linear in the batch; alpha and beta read from the profile between batch 1 and `batch`)."""
+    one = float(profile.decode_step_seconds(1, context))
+    full = float(profile.decode_step_seconds(max(batch, 2), context))
+    beta = max(full - one, 0.0) / (max(batch, 2) - 1)
+    return (one - beta) * longest + beta * tokens
+
+
 def _gain_moves(
     sources: Sequence[ActorProgress], targets: Sequence[ActorProgress], profile: Profile, resume_s: float
 ) -> list[Migration]:
     """Stragglers (most remaining first) to the target where each finishes soonest, if sooner than
-    staying, with room, and without the receiver ending after the step's predicted end; a later
-    migrant never slows a target past what its earlier migrants gain (no piling on)."""
+    staying, with room, and without the receiver's draining end (its migrants' resumes included)
+    passing the step's predicted draining end; a later migrant never slows a target past what its
+    earlier migrants gain (no piling on)."""
     if not sources or not any(t.free_slots > 0 for t in targets):
         return []
     actors = {p.actor: p for p in (*sources, *targets)}
     batch = {a: len(p.remaining) for a, p in actors.items()}
     longest = {a: max(p.remaining.values(), default=0.0) for a, p in actors.items()}
+    tokens = {a: float(sum(p.remaining.values())) for a, p in actors.items()}
+    stall = dict.fromkeys(actors, 0.0)  # resumes a receiver may wait for (re-prefilled migrants)
     free = {t.actor: t.free_slots for t in targets}
 
     def step_s(a: int, extra: int) -> float:
         return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
 
-    step_end = max(longest[a] * step_s(a, 0) for a in actors)
+    def drain(a: int, work: float = 0.0) -> float:
+        k = batch[a] + (work > 0)
+        return stall[a] + _drain_s(profile, max(longest[a], work), tokens[a] + work, k, actors[a].context)
+
+    step_end = max(drain(a) for a in actors)
     here = {p.actor: step_s(p.actor, 0) for p in sources}  # a source's step, as its batch shrinks
     there = {a: step_s(a, 1) for a in free}  # a target's step with one more sequence
     slowest = dict.fromkeys(free, float("inf"))  # the step a target's migrants can bear
@@ -121,7 +140,7 @@ def _gain_moves(
                 continue
             at = resume_s + work * there[a]
             fits = room > 0 and there[a] <= slowest[a]
-            if fits and at < best_at and max(at, longest[a] * there[a]) <= step_end:
+            if fits and at < best_at and resume_s + drain(a, work) <= step_end:
                 best, best_at = a, at
         if best is None:
             continue
@@ -130,6 +149,9 @@ def _gain_moves(
         batch[source] -= 1
         batch[best] += 1
         free[best] -= 1
+        tokens[source] -= work
+        tokens[best] += work
+        stall[best] += resume_s
         longest[best] = max(longest[best], work)
         here[source] = step_s(source, 0)
         there[best] = step_s(best, 1)
