@@ -54,9 +54,11 @@ class RuntimeConfig:
         default=0,
         metadata={
             "help": "ray executor: data-parallel learner ranks for the learning phase, one slot each, "
-            "billed per slot while held; 0 = every slot free after generation (the learner's own "
-            "and those the decode functions released); 1 = the learner alone. Extra ranks are "
-            "requested one measured rank start before generation's forecast end"
+            "billed per slot while held; 0 = the planner's choice among the slots free after "
+            "generation (the learner's own and those the decode functions released): all of them "
+            "until a phase was measured, then the lam score of learning time against its cost, rank "
+            "starts included; 1 = the learner alone. Extra ranks are requested once generation's "
+            "live forecast is within one measured rank start"
         },
     )
     keep_alive_s: float = field(

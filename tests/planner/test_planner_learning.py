@@ -1,6 +1,16 @@
 """The learning phase's width."""
 
-from rlhfless.planner.learning import generation_left_s, learner_width, start_ranks_now
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.learning import (
+    LearningHistory,
+    generation_left_s,
+    learner_width,
+    start_ranks_now,
+    width_table,
+)
 from rlhfless.planner.migration import ActorProgress
 
 
@@ -14,6 +24,42 @@ def test_the_width_takes_every_free_slot_unless_told_and_never_more_ranks_than_g
     assert learner_width(4, 2, 8) == 2
     assert learner_width(0, 4, 3) == 3
     assert learner_width(0, 0, 3) == 1
+
+
+def test_a_measured_phase_prices_each_width_by_its_time_and_its_extra_rank_starts():
+    # 36 s of learning at width 1, a rank start of 6 s: width 2 learns in 18 s for 6 slot-s more
+    scheduler = SchedulerConfig(lam=0.7, price_per_gpu_hour=3600.0)  # $1 a slot-second
+    table = width_table(LearningHistory(1, 36.0, 6.0), 2, scheduler)
+    assert table.time.tolist() == [36.0, 18.0]
+    assert table.cost.tolist() == [36.0, 42.0]
+    assert learner_width(0, 2, 8, LearningHistory(1, 36.0, 6.0), scheduler) == 2
+
+
+def test_a_width_whose_rank_starts_cost_more_than_its_time_saves_is_not_taken():
+    tiny = LearningHistory(2, 0.5, 6.0)  # a tiny step: 1 s of learning, 6 s to start a rank
+    assert learner_width(0, 2, 8, tiny, SchedulerConfig(lam=0.7)) == 1
+    assert learner_width(0, 2, 8, tiny, SchedulerConfig(lam=1.0)) == 2  # time only
+    assert learner_width(0, 4, 8, LearningHistory(1, 36.0, 6.0), SchedulerConfig(lam=0.0)) == 1  # cost only
+    # starts not billed: every width costs the same, so the fastest wins at any lam > 0
+    free_starts = SchedulerConfig(lam=0.1, bill_cold_start=False)
+    assert learner_width(0, 4, 8, tiny, free_starts) == 4
+
+
+@given(
+    free=st.integers(0, 16),
+    groups=st.integers(1, 16),
+    width=st.integers(1, 16),
+    seconds=st.floats(0.01, 1e4),
+    start=st.floats(0.0, 1e3),
+    lam=st.floats(0.0, 1.0),
+)
+def test_the_width_is_always_a_placeable_one_and_time_only_takes_all(
+    free, groups, width, seconds, start, lam
+):
+    history = LearningHistory(width, seconds, start)
+    most = max(1, min(free, groups))
+    assert 1 <= learner_width(0, free, groups, history, SchedulerConfig(lam=lam)) <= most
+    assert learner_width(0, free, groups, history, SchedulerConfig(lam=1.0)) == most
 
 
 def test_generation_ends_when_the_slowest_actor_decodes_its_longest_remaining_sequence():

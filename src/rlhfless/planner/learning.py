@@ -1,24 +1,82 @@
 """The learning phase: how many slots the data-parallel learner takes, and when its ranks start.
 
-Learning is data parallel with one all-reduce per optimizer step, so W ranks take about 1/W of
-the time on W slots: the same slot-seconds, billed per slot, in less wall time. The planner
-therefore takes what the step has free once generation is over (the learner's own slot and every
-slot the decode functions released), unless told a width, and never more ranks than prompt groups:
-the learner splits by group, and a rank with none would be billed for nothing.
+Learning is data parallel with one gradient sum per optimizer step, so W ranks take about 1/W of
+the time on W slots: the same slot-seconds of learning, billed per slot, in less wall time. What
+a wider phase adds is its extra ranks' start (process, model, joining the group), billed on their
+slots. The width is therefore priced like the decode actors' N (`scaling`): among 1 up to what
+the step has free once generation is over (the learner's own slot and every slot the decode
+functions released), the lam score of time and cost decides, ties to the narrower. Before a phase
+was measured it takes every free slot. Never more ranks than prompt groups: the learner splits by
+group, and a rank with none would be billed for nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+
+from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.migration import ActorProgress
+from rlhfless.planner.pricing import charge
+from rlhfless.planner.scaling import normalised
 
 
-def learner_width(requested: int, free_slots: int, groups: int) -> int:
-    """Ranks for the learning phase: `requested` (0: every free slot), within `free_slots` and
-    `groups`, at least 1 (the learner's own slot)."""
-    want = free_slots if requested == 0 else requested
-    return max(1, min(want, free_slots, groups))
+@dataclass(frozen=True)
+class LearningHistory:
+    """What a width is priced from: the last phase's width and learning seconds (its start not
+    included), and the longest recent rank start (request to joined)."""
+
+    width: int
+    seconds: float
+    rank_start_s: float
+
+
+@dataclass(frozen=True)
+class WidthTable:
+    """Per candidate width: forecast learning seconds, cost, and the lam score."""
+
+    width: np.ndarray
+    time: np.ndarray
+    cost: np.ndarray
+    score: np.ndarray
+
+
+def width_table(history: LearningHistory, most: int, scheduler: SchedulerConfig) -> WidthTable:
+    """Widths 1..`most`: learning's slot-seconds as last measured, spread evenly (W ranks, 1/W
+    of the time each), plus W - 1 rank starts, each on its own slot, priced and scored as the
+    scheduler prices and scores actors."""
+    pricing, units = scheduler.pricing, float(scheduler.gpus_per_actor)
+    width = np.arange(1, most + 1)
+    work = history.width * history.seconds
+    time = work / width
+    cost = charge(pricing, units, width * time, cold_s=0.0) + charge(
+        pricing, units, (width - 1) * history.rank_start_s, cold_s=(width - 1) * history.rank_start_s
+    )
+    lam, how = scheduler.lam, scheduler.normalise
+    score = lam * normalised(time, how) + (1.0 - lam) * normalised(cost, how)
+    return WidthTable(width, time, cost, score)
+
+
+def learner_width(
+    requested: int,
+    free_slots: int,
+    groups: int,
+    history: LearningHistory | None = None,
+    scheduler: SchedulerConfig | None = None,
+) -> int:
+    """Ranks for the learning phase: `requested` (0: the planner's choice), within `free_slots`
+    and `groups`, at least 1 (the learner's own slot). The planner's choice is every such slot
+    until a phase was measured (`history`), then the lam score's first minimum (`width_table`) under
+    `scheduler`'s lam, normalisation and prices."""
+    most = max(1, min(free_slots, groups))
+    if requested:
+        return min(requested, most)
+    if history is None or scheduler is None or most == 1:
+        return most
+    table = width_table(history, most, scheduler)
+    return int(table.width[int(np.argmin(table.score))])
 
 
 def generation_left_s(actors: Sequence[ActorProgress], token_s: Mapping[int, float]) -> float | None:

@@ -160,7 +160,8 @@ class CandidateTable:
         ]
 
 
-def _normalise(x: np.ndarray, how: str) -> np.ndarray:
+def normalised(x: np.ndarray, how: str) -> np.ndarray:
+    """`x` over its candidates, as the lam score weighs it (`SchedulerConfig.normalise`)."""
     if how == "relative":
         return x / x.min() - 1.0 if x.min() > 0 else np.zeros_like(x)
     span = x.max() - x.min()
@@ -202,7 +203,7 @@ def candidate_table(
         warm_after = np.add.reduceat(
             charge(pricing, actors.units, 0.0, idle_s=np.where(warm, after_s, 0.0)), first
         )
-    score = lam * _normalise(time, normalise) + (1.0 - lam) * _normalise(cost, normalise)
+    score = lam * normalised(time, normalise) + (1.0 - lam) * normalised(cost, normalise)
     return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
 
 

@@ -2,10 +2,11 @@
 
 Rank 0 lives for the whole run on the learner's slot (colocated with the driver, which waits
 while it works); it alone owns the optimizer states and steps, and checkpoints read them from it.
-Each learning phase takes the planner's width (`planner.learning.learner_width`): ranks 1.. start
-cold on the slots free once generation ends (one placement group: all of them or none), requested
-one measured rank start before generation's forecast end so their start overlaps its tail
-(`planner.learning.rank_start_delay`). They get rank 0's weights and schedule over the phase's
+Each learning phase takes the planner's width (`planner.learning.learner_width`, priced from the
+last phase's learning seconds and rank starts): ranks 1.. start cold on the slots free once
+generation ends (one placement group: all of them or none), requested once generation's live
+forecast is within one measured rank start, so their start overlaps its tail
+(`planner.learning.start_ranks_now`). They get rank 0's weights and schedule over the phase's
 process group, compute their share of the gradients, which reduces per optimizer step sum on
 rank 0 (`data_parallel`: gloo on CPUs, NCCL on GPUs; not sharded with FSDP2, docs/DECISIONS.md),
 and are stopped when the phase ends. Each rank is billed per slot from its start to its stop;
@@ -41,7 +42,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.models import load_model
-from rlhfless.planner.learning import learner_width
+from rlhfless.planner.learning import LearningHistory, learner_width
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
 from rlhfless.runtime.executor import LearnerReplica, LearnerSide
@@ -153,6 +154,8 @@ class ElasticLearner(LearnerSide):
         self.group = None  # the open (or prestarted) phase's placement group
         self.phase: dict[str, float] = {}
         self.rank_starts: list[float] = []  # the last phases': request to every rank joined
+        self.learned: tuple[int, float] | None = None  # the last elastic phase: width, seconds busy
+        self.busy_s = 0.0  # the open phase's seconds in calls on its ranks
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
         self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
@@ -163,7 +166,7 @@ class ElasticLearner(LearnerSide):
 
     def prestart(self, meter: Meter, held_slots: int, groups: int, now: float) -> None:
         """Start the coming phase's ranks now, on the slots free now, so that their cold start
-        runs during generation's tail (`planner.learning.rank_start_delay` says when). They are
+        runs during generation's tail (`planner.learning.start_ranks_now` says when). They are
         billed from their start, as any function holding a slot. Not under verl: it learns on
         the slots it holds (`widen`)."""
         if not self.opened and self.group is None and not self.serverful:
@@ -200,7 +203,10 @@ class ElasticLearner(LearnerSide):
         view = self.functions.cluster()
         idle = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
         free = sum(n.total for n in view.nodes) - held_slots - idle
-        return learner_width(self.cfg.runtime.learner_width, free, groups)
+        history = None
+        if self.learned is not None and self.rank_start_s is not None:
+            history = LearningHistory(*self.learned, self.rank_start_s)
+        return learner_width(self.cfg.runtime.learner_width, free, groups, history, self.cfg.scheduler)
 
     def _launch(self, meter: Meter, width: int, now: float) -> None:
         """Request ranks 1.. of `width` on one placement group (all placed or none), without
@@ -318,6 +324,9 @@ class ElasticLearner(LearnerSide):
     def narrow(self, now: float) -> None:
         """Close the learning phase: ranks 1.. leave the group, the elastic ones stopped and
         released (resident ones stay, on their held slots), rank 0 alone again."""
+        if not self.serverful and self.busy_s > 0:
+            self.learned = (len(self.ranks), self.busy_s)
+        self.busy_s = 0.0
         if len(self.ranks) > 1:
             ray.get([rank.leave.remote() for rank in self.ranks])
             if not self.serverful:
@@ -334,7 +343,9 @@ class ElasticLearner(LearnerSide):
         result. A lost rank beyond rank 0 costs the phase its width, not the step (`_lost_ranks`)."""
         refs = [ray.put(a) for a in args]
         before = ray.get(self.rank0.updates.remote()) if len(self.ranks) > 1 else None
+        begin = time.time()
         with ExitStack() as busy:
+            busy.callback(self._count_busy, begin)
             for inv in [*self.invocations, *self.hosts]:  # a host's slot is busy while its rank is
                 busy.enter_context(inv.busy_while())
             calls = [getattr(rank, method).remote(*refs) for rank in self.ranks]
@@ -356,6 +367,11 @@ class ElasticLearner(LearnerSide):
                 "expected to redo it on rank 0 alone, so resume the run from its last checkpoint"
             )
         return self._run(method, *args)
+
+    def _count_busy(self, begin: float) -> None:
+        """The open phase's learning seconds (its width's price, `_width`), its start not included."""
+        if self.opened:
+            self.busy_s += time.time() - begin
 
     def _lost_ranks(self, joined: bool = True) -> None:
         """A rank beyond rank 0 died (its process, its node), in the phase or before it `joined`:
