@@ -9,6 +9,7 @@ import json
 import shutil
 import time
 
+import psutil
 import pytest
 import ray
 import torch
@@ -171,6 +172,36 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
         close(a, b)
     lost = {r["name"]: r for r in records}["learner-1"]
     assert any(event["kind"] == "fault" for event in lost["events"])
+
+
+@pytest.mark.parametrize("threshold", [4096, 0])
+def test_every_rank_starts_with_the_configured_allocator_threshold(threshold):
+    """`runtime.learner_mmap_threshold` reaches each rank's process environment through Ray's
+    runtime_env, where glibc reads it at start; 0 leaves it unset (glibc's default)."""
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            "runtime.executor=ray",
+            "runtime.learner_width=0",
+            f"runtime.learner_mmap_threshold={threshold}",
+        ),
+    )
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        elastic.widen(meter, 2, 0, time.time())
+        pids = [hello.pid for hello in ray.get([rank.hello.remote() for rank in elastic.ranks])]
+        environments = [psutil.Process(pid).environ() for pid in pids]
+        elastic.narrow(time.time())
+    finally:
+        elastic.close()
+
+    assert len(pids) == 2
+    want = str(threshold) if threshold else None
+    assert [env.get("MALLOC_MMAP_THRESHOLD_") for env in environments] == [want, want]
 
 
 def driver_node() -> str:

@@ -129,7 +129,11 @@ class ElasticLearner(LearnerSide):
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
 
     def _create(self, device: str, **options):
-        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args, device)
+        return (
+            ray.remote(LearnerRank)
+            .options(max_restarts=0, runtime_env=rank_env(self.cfg), **options)
+            .remote(*self.rank_args, device)
+        )
 
     def prestart(self, meter: Meter, held_slots: int, groups: int, now: float) -> None:
         """Start the coming phase's ranks now, on the slots free now, so that their cold start
@@ -300,6 +304,13 @@ class ElasticLearner(LearnerSide):
             ray.kill(rank)
         if self.group is not None:
             remove_placement_group(self.group)
+
+
+def rank_env(cfg: Config) -> dict | None:
+    """The ranks' runtime_env: glibc's mmap threshold fixed (`runtime.learner_mmap_threshold`), read
+    when the process starts. None with 0: the job's environment as it is."""
+    threshold = cfg.runtime.learner_mmap_threshold
+    return {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(threshold)}} if threshold else None
 
 
 def _any_lost(calls: list) -> bool:
