@@ -25,6 +25,7 @@ from rlhfless.runtime.executor import build_critic, build_learner
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
+from rlhfless.runtime.transfer import buckets
 
 pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
@@ -172,6 +173,43 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
         close(a, b)
     lost = {r["name"]: r for r in records}["learner-1"]
     assert any(event["kind"] == "fault" for event in lost["events"])
+
+
+def test_rank_0s_weights_and_state_reach_the_driver_bucket_by_bucket():
+    """Pulled from rank 0 in buckets far smaller than the model (many of them, a tensor larger
+    than one alone), the driver's weights and the checkpoint's state are the single-process ones."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=1"))
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    single_policy = copy.deepcopy(policy)
+    advantages = [torch.full((len(s.response_ids),), s.reward - 0.5) for s in samples]
+    single = build_learner(cfg, single_policy, tokenizer.pad_token_id)
+    single.learn(samples, advantages, None)
+
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    sizes = sorted(p.numel() for p in policy.parameters())
+    elastic.pull_elements = sizes[len(sizes) // 2]
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        elastic.widen(meter, len({s.uid for s in samples}), 0, time.time())
+        elastic.learn(samples, advantages, None)
+        state = elastic.state_dict()["learner"]
+        elastic.narrow(time.time())
+    finally:
+        elastic.close()
+
+    assert len(buckets(list(policy.parameters()), elastic.pull_elements)) > 3
+    for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
+        close(a, b)
+    want = single.state_dict()
+    assert state["scheduler"] == want["scheduler"]
+    assert state["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert state["optimizer"]["state"].keys() == want["optimizer"]["state"].keys()
+    for index, moments in want["optimizer"]["state"].items():
+        for name, value in moments.items():
+            close(state["optimizer"]["state"][index][name], value)
 
 
 @pytest.mark.parametrize("threshold", [4096, 0])
