@@ -56,8 +56,12 @@ class MemorySampler:
     """Samples every `period_s`; `peaks[(kind, phase)]` and `overall[kind]` hold the per-process
     peaks, `total_peak` the largest sum over every sampled process at one instant."""
 
-    def __init__(self, period_s: float = 0.1) -> None:
+    def __init__(self, period_s: float = 0.1, series: bool = False) -> None:
+        """`series`: also keep every sample in `self.series`, (seconds since start, phase, process
+        title, pid, RSS, private): when, and in which method (`ray::LearnerRank.learn`), a kind peaks."""
         self.period_s = period_s
+        self.series: list[tuple[float, str, str, int, int, int]] | None = [] if series else None
+        self.start = time.perf_counter()
         self.phase = "start"
         self.driver = psutil.Process()
         self.peaks: dict[tuple[str, str], Peak] = {}
@@ -109,6 +113,13 @@ class MemorySampler:
                 self.ray_functions.add(kind)
             private = info.rss - getattr(info, "shared", 0)
             total += info.rss
+            if self.series is not None:
+                now = time.perf_counter() - self.start
+                try:
+                    title = proc.cmdline()[0] if kind != "driver" else kind
+                except (psutil.Error, IndexError):
+                    title = kind
+                self.series.append((round(now, 3), phase, title, proc.pid, info.rss, private))
             for peaks, key in ((self.peaks, (kind, phase)), (self.overall, kind)):
                 peak = peaks.setdefault(key, Peak())
                 if info.rss > peak.rss:

@@ -9,6 +9,8 @@ import json
 import shutil
 import time
 
+import numpy as np
+import psutil
 import pytest
 import ray
 import torch
@@ -24,7 +26,7 @@ from rlhfless.runtime.executor import build_critic, build_learner
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
-from rlhfless.runtime.transfer import flat_weights
+from rlhfless.runtime.transfer import buckets, flat_weights
 
 pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
@@ -209,7 +211,8 @@ def test_verl_learns_on_its_held_slot_with_one_rank_living_across_phases():
             elastic.prestart(meter, 1, groups, time.time())  # verl starts no rank on free slots
             elastic.widen(meter, groups, [Host(lease, inv)], time.time())
             got.append(elastic.learn(samples, advantages, None))
-            joined_with = torch.from_numpy(ray.get(elastic.ranks[1].weights.remote()))  # it never steps
+            whole = ray.get(elastic.ranks[1].weight_bucket.remote(0, 1 << 40))  # one bucket: all of it
+            joined_with = torch.from_numpy(np.concatenate([a.ravel() for a in whole]))  # it never steps
             pids.append([hello.pid for hello in ray.get([rank.hello.remote() for rank in elastic.ranks])])
             elastic.narrow(time.time())
             records.append({r["name"]: r for r in meter.close_step(time.time())[1]})
@@ -256,6 +259,73 @@ def stopped(handle, within_s: float = 60.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def test_rank_0s_weights_and_state_reach_the_driver_bucket_by_bucket():
+    """Pulled from rank 0 in buckets far smaller than the model (many of them, a tensor larger
+    than one alone), the driver's weights and the checkpoint's state are the single-process ones."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=1"))
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    single_policy = copy.deepcopy(policy)
+    advantages = [torch.full((len(s.response_ids),), s.reward - 0.5) for s in samples]
+    single = build_learner(cfg, single_policy, tokenizer.pad_token_id)
+    single.learn(samples, advantages, None)
+
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    sizes = sorted(p.numel() for p in policy.parameters())
+    elastic.pull_elements = sizes[len(sizes) // 2]
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        elastic.widen(meter, len({s.uid for s in samples}), [], time.time())
+        elastic.learn(samples, advantages, None)
+        state = elastic.state_dict()["learner"]
+        elastic.narrow(time.time())
+    finally:
+        elastic.close()
+
+    assert len(buckets(list(policy.parameters()), elastic.pull_elements)) > 3
+    for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
+        close(a, b)
+    want = single.state_dict()
+    assert state["scheduler"] == want["scheduler"]
+    assert state["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert state["optimizer"]["state"].keys() == want["optimizer"]["state"].keys()
+    for index, moments in want["optimizer"]["state"].items():
+        for name, value in moments.items():
+            close(state["optimizer"]["state"][index][name], value)
+
+
+@pytest.mark.parametrize("threshold", [4096, 0])
+def test_every_rank_starts_with_the_configured_allocator_threshold(threshold):
+    """`runtime.learner_mmap_threshold` reaches each rank's process environment through Ray's
+    runtime_env, where glibc reads it at start; 0 leaves it unset (glibc's default)."""
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            "runtime.executor=ray",
+            "runtime.learner_width=0",
+            f"runtime.learner_mmap_threshold={threshold}",
+        ),
+    )
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        elastic.widen(meter, 2, [], time.time())
+        pids = [hello.pid for hello in ray.get([rank.hello.remote() for rank in elastic.ranks])]
+        environments = [psutil.Process(pid).environ() for pid in pids]
+        elastic.narrow(time.time())
+    finally:
+        elastic.close()
+
+    assert len(pids) == 2
+    want = str(threshold) if threshold else None
+    assert [env.get("MALLOC_MMAP_THRESHOLD_") for env in environments] == [want, want]
 
 
 def driver_node() -> str:

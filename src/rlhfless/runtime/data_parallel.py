@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhfless.runtime.samples import Sample
-from rlhfless.runtime.transfer import map_leaves
+from rlhfless.runtime.transfer import buckets, map_leaves
 
 
 def split_rows(samples: list[Sample], rows: list[int], width: int) -> list[list[int]]:
@@ -89,7 +89,7 @@ class DataParallel:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        for bucket in _buckets([p.grad for p in params]):
+        for bucket in buckets([p.grad for p in params]):
             flat = torch.cat([g.reshape(-1) for g in bucket])
             dist.reduce(flat, 0)
             if self.rank == 0:
@@ -117,22 +117,6 @@ class DataParallel:
         return out
 
 
-BUCKET_ELEMENTS = 1 << 24  # 64 MB of fp32 per collective: the gradients are never copied whole
-
-
-def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
-    """`tensors` in order, cut into runs of at most `BUCKET_ELEMENTS` (a larger one alone)."""
-    out: list[list[Tensor]] = [[]]
-    size = 0
-    for t in tensors:
-        if out[-1] and size + t.numel() > BUCKET_ELEMENTS:
-            out.append([])
-            size = 0
-        out[-1].append(t)
-        size += t.numel()
-    return [b for b in out if b]
-
-
 def _unflatten(flat: Tensor, tensors: list[Tensor]) -> None:
     """Copy `flat` back into `tensors`, in order."""
     offset = 0
@@ -144,7 +128,7 @@ def _unflatten(flat: Tensor, tensors: list[Tensor]) -> None:
 def broadcast_tensors(tensors: list[Tensor], src: int = 0) -> None:
     """`src`'s `tensors` into every rank's, in place, a 64 MB bucket at a time."""
     with torch.no_grad():
-        for bucket in _buckets(tensors):
+        for bucket in buckets(tensors):
             flat = torch.cat([t.reshape(-1) for t in bucket])
             dist.broadcast(flat, src)
             _unflatten(flat, bucket)

@@ -11,8 +11,8 @@ process group, compute their share of the gradients, which reduces per optimizer
 rank 0 (`data_parallel`: gloo on CPUs, NCCL on GPUs; not sharded with FSDP2, docs/DECISIONS.md),
 and are stopped when the phase ends. Each rank is billed per slot from its start to its stop;
 rank 0 through the learner, whose slot is billed the whole step. After each update the driver
-loads rank 0's weights, one flat buffer through the object store: its engine prefills with them,
-and checkpoints save them.
+loads rank 0's weights through the object store, 64 MB buckets at a time: its engine prefills
+with them, and checkpoints save them (and rank 0's optimizer states, pulled the same way).
 
 Under a serverful policy (`verl`) the phase's width is instead the allocation it holds, as VERL's
 hybrid engine trains on the same long-lived workers that generate: one resident rank shares each
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,7 +50,19 @@ from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
-from rlhfless.runtime.transfer import flat_weights, land_state, load_flat_weights, ship_state
+from rlhfless.runtime.transfer import (
+    BUCKET_ELEMENTS,
+    ShippedTensor,
+    buckets,
+    flat_weights,
+    from_numpy,
+    join_state,
+    landed,
+    load_flat_weights,
+    ship,
+    split_state,
+    to_numpy,
+)
 
 
 class LearnerRank(LearnerReplica):
@@ -106,12 +119,20 @@ class LearnerRank(LearnerReplica):
         if self.critic is not None:
             self.critic.dp = dp
 
-    def weights(self) -> np.ndarray:
-        return flat_weights(self.policy)
+    def weight_bucket(self, k: int, elements: int) -> list[np.ndarray]:
+        """Bucket `k` (`transfer.buckets` of `elements`) of the policy's parameters, as numpy views
+        of them: Ray copies them straight into the object store, no flat copy first."""
+        return [to_numpy(p) for p in buckets(list(self.policy.parameters()), elements)[k]]
 
-    def shipped_state(self) -> dict:
-        """The learner state for a checkpoint, its tensors as numpy arrays (`ship_state`)."""
-        return ship_state(self.state_dict())
+    def state_layout(self, elements: int) -> tuple[Any, int]:
+        """The learner state for a checkpoint without its tensors (`split_state`), and how many
+        buckets of `elements` they make."""
+        layout, tensors = split_state(self.state_dict())
+        return layout, len(buckets(tensors, elements))
+
+    def state_bucket(self, k: int, elements: int) -> list[ShippedTensor]:
+        """Bucket `k` of the learner state's tensors (`state_layout`'s order)."""
+        return [ship(t) for t in buckets(split_state(self.state_dict())[1], elements)[k]]
 
     def load(self, flat: np.ndarray, state: dict) -> None:
         """A checkpoint's policy weights and learner state (a resumed run)."""
@@ -160,9 +181,14 @@ class ElasticLearner(LearnerSide):
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
         self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
         self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
+        self.pull_elements = BUCKET_ELEMENTS  # what one pull from rank 0 carries at most
 
     def _create(self, device: str, **options):
-        return ray.remote(LearnerRank).options(max_restarts=0, **options).remote(*self.rank_args, device)
+        return (
+            ray.remote(LearnerRank)
+            .options(max_restarts=0, runtime_env=rank_env(self.cfg), **options)
+            .remote(*self.rank_args, device)
+        )
 
     def prestart(self, meter: Meter, held_slots: int, groups: int, now: float) -> None:
         """Start the coming phase's ranks now, on the slots free now, so that their cold start
@@ -401,13 +427,34 @@ class ElasticLearner(LearnerSide):
         return self.phase
 
     def _synced(self) -> dict:
-        """The driver's policy (its engine's, the checkpoints') loaded from rank 0."""
+        """The driver's policy (its engine's, the checkpoints') loaded from rank 0, a bucket at a
+        time (`_pull`)."""
         start = time.perf_counter()
-        load_flat_weights(self.policy, ray.get(self.rank0.weights.remote()))
+        parts = buckets(list(self.policy.parameters()), self.pull_elements)
+        with torch.no_grad():
+            for bucket, arrays in zip(parts, self._pull("weight_bucket", len(parts)), strict=True):
+                for p, array in zip(bucket, arrays, strict=True):
+                    p.copy_(from_numpy(array, p.dtype).view_as(p))
         return {"time/learner_sync": time.perf_counter() - start}
 
     def _state(self) -> dict:
-        return land_state(ray.get(self.rank0.shipped_state.remote()))
+        """Rank 0's learner state, its tensors copied into this process a bucket at a time."""
+        layout, count = ray.get(self.rank0.state_layout.remote(self.pull_elements))
+        tensors = [landed(t) for part in self._pull("state_bucket", count) for t in part]
+        return join_state(layout, tensors)
+
+    def _pull(self, method: str, count: int) -> Iterator[list]:
+        """Rank 0's buckets 0..count-1 by `method`, each requested as the one before it arrives:
+        at most three buckets (192 MB) are in the object store at once. Rank 0 writes every object
+        it returns there, and the pages it touched count in its resident memory from then on: a
+        whole state or weight vector at a time, in new places as the store fills, was up to a
+        gigabyte more of it per step."""
+        call = getattr(self.rank0, method)
+        ref = call.remote(0, self.pull_elements) if count else None
+        for k in range(count):
+            ahead = call.remote(k + 1, self.pull_elements) if k + 1 < count else None
+            yield ray.get(ref)
+            ref = ahead
 
     def _restore(self, state: dict) -> None:
         """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
@@ -426,6 +473,13 @@ def _gpu_of(function) -> str:
     """Run inside a held function (Ray's `__ray_call__`): the Ray id of the GPU it was given, which
     is its CUDA index in a process of its node that asked for none (`devices.learner_device`)."""
     return ray.get_gpu_ids()[0]
+
+
+def rank_env(cfg: Config) -> dict | None:
+    """The ranks' runtime_env: glibc's mmap threshold fixed (`runtime.learner_mmap_threshold`), read
+    when the process starts. None with 0: the job's environment as it is."""
+    threshold = cfg.runtime.learner_mmap_threshold
+    return {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(threshold)}} if threshold else None
 
 
 def _any_lost(calls: list) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,22 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
 
 
+BUCKET_ELEMENTS = 1 << 24  # 64 MB of fp32: a collective's, or a pull's from rank 0
+
+
+def buckets(tensors: list[torch.Tensor], elements: int = BUCKET_ELEMENTS) -> list[list[torch.Tensor]]:
+    """`tensors` in order, cut into runs of at most `elements` (a larger one alone)."""
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if out[-1] and size + t.numel() > elements:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return [b for b in out if b]
+
+
 def map_leaves(node, leaf_fn):
     """`node` rebuilt with `leaf_fn` applied to every leaf of its dicts, lists and tuples, in order."""
     if isinstance(node, dict):
@@ -45,24 +62,45 @@ def map_leaves(node, leaf_fn):
 @dataclass(frozen=True)
 class ShippedTensor:
     """A tensor of a state shipped through the object store as a numpy array: Ray moves those
-    without pickling copies (a pickled tensor is copied into bytes on both sides: a gigabyte
-    apiece for the policy's Adam states)."""
+    without pickling copies (a pickled tensor is copied into bytes on both sides)."""
 
     array: np.ndarray
     dtype: torch.dtype
 
 
-def ship_state(state):
-    """`state` (nested dicts and lists) with every CPU tensor made a `ShippedTensor`."""
-    return map_leaves(
-        state, lambda x: ShippedTensor(to_numpy(x), x.dtype) if isinstance(x, torch.Tensor) else x
-    )
+def ship(tensor: torch.Tensor) -> ShippedTensor:
+    return ShippedTensor(to_numpy(tensor), tensor.dtype)
 
 
-def land_state(state):
-    """A `ship_state` tree with its tensors back, sharing the object store's buffers (read-only:
-    for saving, or for loading into a model's own storage)."""
-    return map_leaves(state, lambda x: from_numpy(x.array, x.dtype) if isinstance(x, ShippedTensor) else x)
+def landed(shipped: ShippedTensor) -> torch.Tensor:
+    """A shipped tensor copied out of the object store's read-only buffer, into this process."""
+    return from_numpy(shipped.array, shipped.dtype).clone()
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where a tensor of a state tree sits in the list of its tensors (`split_state`)."""
+
+    index: int
+
+
+def split_state(state) -> tuple[Any, list[torch.Tensor]]:
+    """`state` (nested dicts and lists) with every tensor replaced by a `TensorSlot`, and its
+    tensors in slot order: the layout travels whole, the tensors in buckets."""
+    tensors: list[torch.Tensor] = []
+
+    def strip(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        tensors.append(leaf)
+        return TensorSlot(len(tensors) - 1)
+
+    return map_leaves(state, strip), tensors
+
+
+def join_state(layout, tensors: list[torch.Tensor]):
+    """The inverse of `split_state`."""
+    return map_leaves(layout, lambda leaf: tensors[leaf.index] if isinstance(leaf, TensorSlot) else leaf)
 
 
 def flat_weights(model: torch.nn.Module) -> np.ndarray:
