@@ -114,11 +114,13 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
         got = elastic.learn(samples, whiten_tokens(got_raw), ref)
         critic_state = elastic.state_dict()["critic"]["model"]
         elastic.narrow(time.time())
+        free_after = elastic.functions.cluster().nodes[0].free  # what the next step's plan sees
         _, records = meter.close_step(time.time())
     finally:
         elastic.close()
 
     assert got["learner/width"] == 2
+    assert free_after == 2  # rank 1's slot is free again as soon as the phase is closed
     for a, b in zip(got_raw, raw, strict=True):
         close(a, b)
     for key, value in {**want_critic, **want}.items():

@@ -86,14 +86,21 @@ def _finish(profile: Profile, tokens: float, batch: int, context: float) -> floa
     return tokens * float(profile.decode_step_seconds(max(batch, 1), context))
 
 
-def _drain_s(profile: Profile, longest: float, tokens: float, batch: int, context: float) -> float:
-    """Predicted seconds until an actor's last sequence ends as its batch drains: with a step of
-    alpha + beta * batch, the `longest` steps cost alpha each and every token beta (exact for a
-    step linear in the batch; alpha and beta read from the profile between batch 1 and `batch`)."""
+def _line(profile: Profile, batch: int, context: float) -> tuple[float, float]:
+    """(alpha, beta) of a decode step alpha + beta * batch, read from the profile between batch 1
+    and `batch`."""
     one = float(profile.decode_step_seconds(1, context))
     full = float(profile.decode_step_seconds(max(batch, 2), context))
     beta = max(full - one, 0.0) / (max(batch, 2) - 1)
-    return (one - beta) * longest + beta * tokens
+    return one - beta, beta
+
+
+def _drain_s(profile: Profile, longest: float, tokens: float, batch: int, context: float) -> float:
+    """Predicted seconds until an actor's last sequence ends as its batch drains: with a step of
+    alpha + beta * batch (`_line`), the `longest` steps cost alpha each and every token beta (exact
+    for a step linear in the batch)."""
+    alpha, beta = _line(profile, batch, context)
+    return alpha * longest + beta * tokens
 
 
 def _gain_moves(
@@ -115,9 +122,15 @@ def _gain_moves(
     def step_s(a: int, extra: int) -> float:
         return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
 
+    lines: dict[tuple[int, int], tuple[float, float]] = {}  # (actor, batch) -> `_line`, read once
+
     def drain(a: int, work: float = 0.0) -> float:
+        """`_drain_s` of actor `a` with `work` more tokens in one more sequence."""
         k = batch[a] + (work > 0)
-        return stall[a] + _drain_s(profile, max(longest[a], work), tokens[a] + work, k, actors[a].context)
+        if (a, k) not in lines:
+            lines[a, k] = _line(profile, k, actors[a].context)
+        alpha, beta = lines[a, k]
+        return stall[a] + alpha * max(longest[a], work) + beta * (tokens[a] + work)
 
     step_end = max(drain(a) for a in actors)
     here = {p.actor: step_s(p.actor, 0) for p in sources}  # a source's step, as its batch shrinks

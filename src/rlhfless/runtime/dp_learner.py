@@ -50,6 +50,7 @@ from rlhfless.runtime.executor import LearnerReplica, LearnerSide
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
+from rlhfless.runtime.ray_cluster import await_free, slots_in
 from rlhfless.runtime.transfer import (
     BUCKET_ELEMENTS,
     ShippedTensor,
@@ -63,6 +64,8 @@ from rlhfless.runtime.transfer import (
     split_state,
     to_numpy,
 )
+
+RELEASE_WAIT_S = 2.0  # at most, for Ray to count a phase's released slots as free again
 
 
 class LearnerRank(LearnerReplica):
@@ -356,9 +359,12 @@ class ElasticLearner(LearnerSide):
         if len(self.ranks) > 1:
             ray.get([rank.leave.remote() for rank in self.ranks])
             if not self.serverful:
+                slot = self.functions.slot
+                free = slots_in(ray.available_resources(), slot) + len(self.ranks) - 1
                 for rank in self.ranks[1:]:
                     ray.kill(rank)
                 remove_placement_group(self.group)
+                await_free(slot, free, RELEASE_WAIT_S)  # the next step's plan sees them free
         for inv in self.invocations:
             inv.released = now
         self.ranks, self.invocations, self.group, self.opened = [self.rank0], [], None, False

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -145,6 +146,16 @@ def read_cluster(slot: Resources, held: Mapping[str, int], idle: int) -> Cluster
     """The cluster as Ray reports it now (see `layout`); `idle`: slots our idle warm functions hold."""
     driver = ray.get_runtime_context().get_node_id()
     return layout(ray.nodes(), driver, slot, held, slots_in(ray.available_resources(), slot) + idle)
+
+
+def await_free(slot: Resources, slots: int, timeout_s: float) -> int:
+    """Wait, at most `timeout_s`, until Ray reports `slots` whole slots free; returns how many it
+    reports. Resources we give back (a removed placement group, a killed actor) reach Ray's view
+    of what is free a moment after the call returns: a plan read in between sees a smaller cluster."""
+    deadline = time.monotonic() + timeout_s
+    while (free := slots_in(ray.available_resources(), slot)) < slots and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return free
 
 
 def free_slots(node_id: str, slot: Resources, held: int) -> int:
