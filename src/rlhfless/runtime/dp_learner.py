@@ -24,123 +24,37 @@ being stopped.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import ray
 import torch
-import torch.distributed as dist
 from ray.exceptions import RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
-from rlhfless.models import load_model
 from rlhfless.planner.learning import LearningHistory, learner_width
 from rlhfless.runtime.billing import Invocation, Meter
-from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
-from rlhfless.runtime.executor import LearnerReplica, LearnerSide
-from rlhfless.runtime.functions import Started, function_setup, started
+from rlhfless.runtime.executor import LearnerSide
+from rlhfless.runtime.learner_rank import LearnerRank
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.ray_cluster import await_free, slots_in
 from rlhfless.runtime.transfer import (
     BUCKET_ELEMENTS,
-    ShippedTensor,
     buckets,
     flat_weights,
     from_numpy,
     join_state,
     landed,
-    load_flat_weights,
-    ship,
-    split_state,
-    to_numpy,
 )
 
 RELEASE_WAIT_S = 2.0  # at most, for Ray to count a phase's released slots as free again
-
-
-class LearnerRank(LearnerReplica):
-    """One rank: a replica of the policy (and PPO's critic) with its optimizer, in its own process."""
-
-    def __init__(self, cfg: Config, vocab_size: int, pad_id: int, device: str) -> None:
-        """`device`: the run's (`runtime.device`), as this process sees it: rank 0 the learner's
-        GPU on the driver's node, ranks 1.. the one Ray gave them (their `cuda`)."""
-        self.begin = function_setup(cfg.runtime.threads_per_actor)
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            if self.device.index is None:  # the GPU Ray gave this process
-                self.device = torch.device("cuda", torch.cuda.current_device())
-            torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
-        super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
-        self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
-        self.ready = time.time()
-
-    def hello(self) -> Started:
-        return started(self.begin, self.ready)
-
-    def address(self) -> tuple[str, int]:
-        """Where the phase's process group meets: this node, a port free now."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    def join(self, address: str, port: int, rank: int, width: int) -> None:
-        """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
-        schedule, not its optimizer states (only rank 0 steps)."""
-        url = f"tcp://{address}:{port}"
-        dist.init_process_group(
-            backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
-        )
-        broadcast_params(self.policy)
-        state = broadcast_state(self.phase_state() if rank == 0 else None, device=self.device)
-        if rank:
-            self.load_phase_state(state)
-        self._use(DataParallel(rank, width, self.device))
-
-    def updates(self) -> tuple[int, int]:
-        """Optimizer steps taken so far, the policy's and the critic's: a call that failed when a
-        peer was lost changed nothing if these did not move (rank 0 steps only after the sum)."""
-        return self.learner.scheduler.last_epoch, self.critic.updates if self.critic is not None else 0
-
-    def leave(self) -> None:
-        """Back to width 1: the phase's group is gone."""
-        dist.destroy_process_group()
-        self._use(DataParallel())
-
-    def _use(self, dp: DataParallel) -> None:
-        self.learner.dp = dp
-        if self.critic is not None:
-            self.critic.dp = dp
-
-    def weight_bucket(self, k: int, elements: int) -> list[np.ndarray]:
-        """Bucket `k` (`transfer.buckets` of `elements`) of the policy's parameters, as numpy views
-        of them: Ray copies them straight into the object store, no flat copy first."""
-        return [to_numpy(p) for p in buckets(list(self.policy.parameters()), elements)[k]]
-
-    def state_layout(self, elements: int) -> tuple[Any, int]:
-        """The learner state for a checkpoint without its tensors (`split_state`), and how many
-        buckets of `elements` they make."""
-        layout, tensors = split_state(self.state_dict())
-        return layout, len(buckets(tensors, elements))
-
-    def state_bucket(self, k: int, elements: int) -> list[ShippedTensor]:
-        """Bucket `k` of the learner state's tensors (`state_layout`'s order)."""
-        return [ship(t) for t in buckets(split_state(self.state_dict())[1], elements)[k]]
-
-    def load(self, flat: np.ndarray, state: dict) -> None:
-        """A checkpoint's policy weights and learner state (a resumed run)."""
-        load_flat_weights(self.policy, flat)
-        self.load_state_dict(state)
 
 
 @dataclass(frozen=True)
