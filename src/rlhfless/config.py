@@ -58,6 +58,16 @@ class ModelConfig:
             "resolved with runtime.device when the run starts)"
         },
     )
+    compute_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "the dtype the matmuls run in: bfloat16 keeps the rollout engines' weights and KV "
+            "in bfloat16 and runs the learner's forward and backward under bfloat16 autocast over "
+            "`dtype` master weights (TRL's and OpenRLHF's bf16); auto: bfloat16 where the device "
+            "computes it natively (a GPU, a CPU with AMX or AVX512-BF16), else float32. Resolved "
+            "with runtime.device when the run starts"
+        },
+    )
     cache_dir: str = field(
         default="~/.cache/rlhfless",
         metadata={"help": "where converted GGUF weights are cached as safetensors"},
@@ -71,6 +81,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
+        if self.compute_dtype not in DTYPES:
+            raise ValueError(
+                f"compute_dtype: got {self.compute_dtype!r}, expected one of {', '.join(DTYPES)}"
+            )
         if self.tiny_hidden_size < 8 or self.tiny_hidden_size % 4:
             raise ValueError(f"tiny_hidden_size: got {self.tiny_hidden_size}, expected a multiple of 4, >= 8")
         if self.tiny_layers < 1:

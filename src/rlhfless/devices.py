@@ -1,5 +1,6 @@
 """The run's device, chosen once: `runtime.device` (auto, cpu, cuda) resolved when the run starts,
-and the parameter dtype that goes with it (`model.dtype=auto`: bfloat16 on a GPU, float32 on a CPU).
+and the parameter dtype that goes with it (`model.dtype=auto`: bfloat16 on a GPU, float32 on a CPU),
+and the dtype its matmuls run in (`model.compute_dtype`).
 
 The resolved config is what the run records (config.yaml) and hands to every function, so the
 policy, the reference, the critic, the prefill and decode engines and their KV all live on one
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rlhfless.config import Config, ConfigError
+from rlhfless.config import Config, ConfigError, ModelConfig
 
 
 def param_dtype(name: str, device: str) -> str:
@@ -19,6 +20,31 @@ def param_dtype(name: str, device: str) -> str:
     if name != "auto":
         return name
     return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def native_bfloat16() -> bool:
+    """Whether this machine's CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16):
+    there a bfloat16 matmul runs about twice as fast as a float32 one; elsewhere it is emulated."""
+    import torch
+
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def compute_dtype(name: str, device: str, params: str, native: bool) -> str:
+    """The matmul dtype `model.compute_dtype=name` means on `device` with `params` weights: `auto`
+    is bfloat16 on CUDA or where the CPU computes it `native`ly; never finer than the weights."""
+    if params == "bfloat16":
+        return "bfloat16"
+    if name != "auto":
+        return name
+    return "bfloat16" if device.startswith("cuda") or native else "float32"
+
+
+def rollout_config(model: ModelConfig) -> ModelConfig:
+    """The model section the rollout engines (prefill, decode) load with: their weights, and so
+    their KV, in the resolved compute dtype. They never train, so they need no master copy."""
+    return replace(model, dtype=model.compute_dtype)
 
 
 def resolve_device(cfg: Config, cuda_available: bool | None = None) -> Config:
@@ -36,7 +62,10 @@ def resolve_device(cfg: Config, cuda_available: bool | None = None) -> Config:
         )
     device = "cuda" if asked == "cuda" or (asked == "auto" and cuda_available) else "cpu"
     dtype = param_dtype(cfg.model.dtype, device)
-    return replace(cfg, runtime=replace(cfg.runtime, device=device), model=replace(cfg.model, dtype=dtype))
+    native = cfg.model.compute_dtype == "auto" and device == "cpu" and native_bfloat16()
+    compute = compute_dtype(cfg.model.compute_dtype, device, dtype, native)
+    model = replace(cfg.model, dtype=dtype, compute_dtype=compute)
+    return replace(cfg, runtime=replace(cfg.runtime, device=device), model=model)
 
 
 def learner_device(device: str) -> str:

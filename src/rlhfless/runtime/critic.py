@@ -19,6 +19,7 @@ from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.learner import shuffle_seed, update_order
 from rlhfless.runtime.logprobs import response_hidden
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack
+from rlhfless.runtime.precision import autocast
 from rlhfless.runtime.samples import Sample
 
 
@@ -66,9 +67,11 @@ class Critic:
         pad_id: int,
         seed: int,
         norm_len: int,
+        compute_dtype: str = "float32",
     ) -> None:
-        """`seed` and `norm_len` as for the policy's `Learner`."""
+        """`seed`, `norm_len` and `compute_dtype` as for the policy's `Learner`."""
         self.model, self.algo, self.optim_cfg = model, algo, optim
+        self.compute_dtype = compute_dtype
         self.micro_batch_tokens, self.pad_id = micro_batch_tokens, pad_id
         self.seed, self.norm_len = seed, norm_len
         self.updates = 0  # optimizer steps so far: the shuffle's counter, checkpointed
@@ -92,7 +95,8 @@ class Critic:
         self.model.eval()
         mine = self.dp.rows(samples, list(range(len(samples))))
         for mb in self._batches(samples, mine):
-            values = response_values(self.model, mb)
+            with autocast(self.model, self.compute_dtype):
+                values = response_values(self.model, mb)
             for b, i in enumerate(mb.rows):
                 out[i] = values[b, : len(samples[i].response_ids)].cpu()
         self.model.train()
@@ -128,7 +132,8 @@ class Critic:
             mine = self.dp.rows(samples, rows)
             for mb in self._batches(samples, mine):  # weighed by the whole `rows`
                 width = mb.mask.shape[1]
-                values = response_values(self.model, mb)
+                with autocast(self.model, self.compute_dtype):
+                    values = response_values(self.model, mb)
                 if fused:  # the pre-update values are this very forward's, detached
                     old_v = values.detach()
                     rewards_mb = stack(rewards, mb.rows, width, self.device)

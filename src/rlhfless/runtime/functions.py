@@ -30,6 +30,7 @@ from rlhfless.rewards import RewardConfig, build_reward_fn
 from rlhfless.runtime.executor import score
 from rlhfless.runtime.logprobs import response_logprobs
 from rlhfless.runtime.micro_batch import pack
+from rlhfless.runtime.precision import autocast
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.transfer import KVBundle, from_numpy, load_flat_weights
 
@@ -223,6 +224,7 @@ class PrepareFunction:
         self.started = function_setup(threads)
         self.reward_fn = build_reward_fn(reward_cfg)
         self.reference, self.device = None, device
+        self.compute_dtype = "float32" if model_cfg is None else model_cfg.compute_dtype
         if model_cfg is not None:
             self.reference = load_model(model_cfg, vocab_size, seed, device).requires_grad_(False)
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_token_id
@@ -260,7 +262,8 @@ class PrepareFunction:
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(samples)
         rows = list(range(len(samples)))
         for mb in pack(samples, rows, self.micro_batch_tokens, self.pad_id, self.device):
-            values = response_logprobs(self.reference, mb, self.temperature).cpu()
+            with autocast(self.reference, self.compute_dtype):
+                values = response_logprobs(self.reference, mb, self.temperature).cpu()
             for b, i in enumerate(mb.rows):
                 out[i] = values[b, : len(samples[i].response_ids)].float().numpy()
         return out

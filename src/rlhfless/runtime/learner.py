@@ -20,6 +20,7 @@ from rlhfless.config import AlgorithmConfig, OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.logprobs import response_logprobs
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack
+from rlhfless.runtime.precision import autocast
 from rlhfless.runtime.samples import Sample
 
 
@@ -78,10 +79,13 @@ class Learner:
         pad_id: int,
         seed: int,
         norm_len: int,
+        compute_dtype: str = "float32",
     ) -> None:
         """`seed`: the run's, for the mini-batch shuffle; `norm_len`: the constant that
-        `seq-mean-token-sum-norm` divides by, the longest response (`generation.max_new_tokens`)."""
+        `seq-mean-token-sum-norm` divides by, the longest response (`generation.max_new_tokens`);
+        `compute_dtype`: the forward passes' (`precision.autocast`)."""
         self.model, self.algo, self.optim_cfg = model, algo, optim
+        self.compute_dtype = compute_dtype
         self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_id
         self.seed, self.norm_len = seed, norm_len
         self.device = next(model.parameters()).device  # micro-batches go there; results come back on the CPU
@@ -119,10 +123,11 @@ class Learner:
         was_training = model.training
         model.eval()
         mine = self.dp.rows(samples, list(range(len(samples))))
-        results = [
-            (mb.rows, response_logprobs(model, mb, self.temperature), mb.mask)
-            for mb in self._batches(samples, mine)
-        ]
+        with autocast(model, self.compute_dtype):
+            results = [
+                (mb.rows, response_logprobs(model, mb, self.temperature), mb.mask)
+                for mb in self._batches(samples, mine)
+            ]
         model.train(was_training)
         return self.dp.merge(_scatter(results, len(samples)), mine)
 
@@ -171,7 +176,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         for mb in self._batches(samples, self.dp.rows(samples, rows)):  # weighed by the whole `rows`
             width = mb.mask.shape[1]
-            logp = response_logprobs(self.model, mb, self.temperature)
+            with autocast(self.model, self.compute_dtype):
+                logp = response_logprobs(self.model, mb, self.temperature)
             old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
             adv = stack(advantages, mb.rows, width, self.device)
             loss, metrics = policy_loss(

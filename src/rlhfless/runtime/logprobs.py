@@ -76,10 +76,21 @@ class SelectedLogSoftmax(torch.autograd.Function):
         out, lse = _token_logprobs(hidden, weight, bias, targets, temperature)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature = temperature
+        kind = hidden.device.type
+        ctx.autocast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        # The recomputed logits and the head's gradients in the dtype the forward ran in (autocast
+        # is off in a backward pass unless restored): the same logits the forward's log-probs saw.
+        if ctx.autocast is None:
+            return SelectedLogSoftmax._backward(ctx, grad)
+        with torch.autocast(grad.device.type, dtype=ctx.autocast):
+            return SelectedLogSoftmax._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         # d out / d logits = onehot(target) - softmax, then / temperature through the scaling
         g = _logits(hidden, weight, bias, ctx.temperature).sub_(lse.unsqueeze(-1)).exp_()
@@ -87,9 +98,9 @@ class SelectedLogSoftmax(torch.autograd.Function):
         if ctx.temperature > 0 and ctx.temperature != 1:
             g.div_(ctx.temperature)
         g = g.to(hidden.dtype)
-        grad_hidden = g @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = g.t() @ hidden if ctx.needs_input_grad[1] else None
-        grad_bias = g.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = (g.t() @ hidden).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None
 
 

@@ -33,7 +33,7 @@ from rlhfless.planner import LengthPredictor
 from rlhfless.planner.forecast import LENGTH_RANGE
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import PlanError
-from rlhfless.runtime.executor import build_learner, sampling_params
+from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
 from rlhfless.runtime.planning import StepPlanner, cache_key
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -44,7 +44,7 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     """Seconds per prompt + response token of one step's preparation (reference log-probs) and
     learning, timed once on a synthetic batch of 8 samples on a copy of `policy` and cached."""
     algo = cfg.algorithm
-    key = cache_key(policy, torch.get_num_threads())
+    key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.model.compute_dtype}"
     shape = f"{key}-{cfg.trainer.micro_batch_tokens}-{algo.name}-{algo.epochs}-{algo.mini_batches}-{algo.kl_coef > 0}"
     path = (
         Path(cfg.model.cache_dir).expanduser()
@@ -260,10 +260,18 @@ def forecast_run(
 
 
 def start_forecast(
-    cfg: Config, prompts: list[Prompt], tokenizer, planner: StepPlanner, predictor, engine: Engine, start: int
+    cfg: Config,
+    prompts: list[Prompt],
+    tokenizer,
+    planner: StepPlanner,
+    predictor,
+    policy: torch.nn.Module,
+    engine: Engine,
+    start: int,
 ) -> dict[str, Any]:
-    """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
-    fresh run), then the whole run's forecast from step `start + 1`."""
+    """Prime the forecast's inputs (the learning phase's measured rate, on the `policy`; the
+    length pilot on a fresh run, on the rollout's `engine`), then the whole run's forecast from
+    step `start + 1`."""
     from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
     def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
@@ -271,7 +279,7 @@ def start_forecast(
 
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
-        planner.phases.per_token_s = learning_seconds_per_token(engine.model, cfg, first)
+        planner.phases.per_token_s = learning_seconds_per_token(policy, cfg, first)
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
         pilot = length_pilot(engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
@@ -299,12 +307,7 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
-    engine = Engine(
-        policy,
-        eos_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-        max_running=cfg.generation.max_running,
-    )
-    planner = build_planner(cfg, policy)
+    engine = build_engine(cfg, policy, tokenizer)
+    planner = build_planner(cfg, engine.model)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    return start_forecast(cfg, prompts, tokenizer, planner, predictor, engine, 0)
+    return start_forecast(cfg, prompts, tokenizer, planner, predictor, policy, engine, 0)

@@ -1,0 +1,21 @@
+"""Mixed precision for the models that learn or score: their forward passes run under bfloat16
+autocast when the run computes in bfloat16 over float32 master weights (`model.compute_dtype`),
+and the backward follows the dtypes the forward recorded. Weights, gradients, optimizer states,
+log-probs and losses stay float32, as in TRL's and OpenRLHF's bf16 training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def autocast(model: torch.nn.Module, compute_dtype: str) -> contextlib.AbstractContextManager:
+    """Autocast to `compute_dtype` over `model`'s forward on its device; nothing to do when its
+    weights are already in that dtype."""
+    param = next(model.parameters())
+    dtype = getattr(torch, compute_dtype)
+    if dtype == param.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(param.device.type, dtype=dtype)

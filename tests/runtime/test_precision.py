@@ -1,0 +1,119 @@
+"""`model.compute_dtype`: bfloat16 matmuls over float32 master weights in the learner, and the
+rollout engines' weights and KV in bfloat16, refreshed after every update."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from rlhfless import devices
+from rlhfless.config import ConfigError, load_config
+from rlhfless.devices import compute_dtype, resolve_device
+from rlhfless.models import load_model, load_tokenizer
+from rlhfless.runtime.executor import build_learner
+from rlhfless.runtime.logprobs import SelectedLogSoftmax
+from rlhfless.runtime.samples import Sample
+from rlhfless.runtime.trainer import build_executor
+
+
+def tiny(*overrides: str):
+    return load_config(preset="tiny", overrides=("trainer.progress=false", *overrides))
+
+
+def batch(vocab: int, n: int = 8) -> tuple[list[Sample], list[torch.Tensor]]:
+    rng = np.random.default_rng(0)
+    samples = [
+        Sample(
+            f"p{i // 4}",
+            i % 4,
+            rng.integers(3, vocab, 9).tolist(),
+            rng.integers(3, vocab, 5 + i).tolist(),
+            "stop",
+        )
+        for i in range(n)
+    ]
+    return samples, [torch.full((len(s.response_ids),), float(rng.normal())) for s in samples]
+
+
+def test_auto_computes_in_bfloat16_on_a_gpu_or_a_cpu_that_multiplies_it_natively():
+    assert compute_dtype("auto", "cuda", "float32", native=False) == "bfloat16"
+    assert compute_dtype("auto", "cpu", "float32", native=True) == "bfloat16"
+    assert compute_dtype("auto", "cpu", "float32", native=False) == "float32"
+    assert compute_dtype("bfloat16", "cpu", "float32", native=False) == "bfloat16"
+    assert (
+        compute_dtype("float32", "cpu", "bfloat16", native=False) == "bfloat16"
+    )  # never finer than the weights
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_the_run_records_the_compute_dtype_auto_resolved_to(monkeypatch, native, expected):
+    monkeypatch.setattr(devices, "native_bfloat16", lambda: native)
+    cfg = resolve_device(tiny("model.compute_dtype=auto"), cuda_available=False)
+    assert (cfg.model.dtype, cfg.model.compute_dtype) == ("float32", expected)
+
+
+def test_an_unknown_compute_dtype_is_a_one_line_error_naming_the_key():
+    with pytest.raises(ConfigError) as err:
+        tiny("model.compute_dtype=float16")
+    assert "compute_dtype" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_learner_computes_in_bfloat16_and_keeps_float32_weights_close_to_a_float32_update():
+    cfg = resolve_device(tiny())
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed).train()
+    samples, advantages = batch(len(tokenizer))
+    learners = {}
+    for name in ("float32", "bfloat16"):
+        model = copy.deepcopy(policy)
+        cfg_dtype = load_config(preset="tiny", overrides=(f"model.compute_dtype={name}",))
+        learners[name] = build_learner(resolve_device(cfg_dtype), model, tokenizer.pad_token_id)
+    logp = {name: torch.cat(lr.logprobs(lr.model, samples)) for name, lr in learners.items()}
+    assert not torch.equal(logp["float32"], logp["bfloat16"])  # the matmuls did run in bfloat16
+    assert torch.allclose(logp["float32"], logp["bfloat16"], atol=0.05)
+    metrics = {name: lr.learn(samples, advantages, None) for name, lr in learners.items()}
+    assert metrics["bfloat16"]["grad_norm"] == pytest.approx(metrics["float32"]["grad_norm"], rel=0.05)
+    start = torch.nn.utils.parameters_to_vector(policy.parameters())
+    steps = {
+        name: torch.nn.utils.parameters_to_vector(lr.model.parameters()) - start
+        for name, lr in learners.items()
+    }
+    assert {p.dtype for p in learners["bfloat16"].model.parameters()} == {torch.float32}
+    cosine = torch.nn.functional.cosine_similarity(steps["float32"], steps["bfloat16"], dim=0)
+    assert cosine > 0.95
+
+
+def test_the_heads_backward_under_autocast_is_autograds_through_the_same_bfloat16_logits():
+    torch.manual_seed(0)
+    hidden = torch.randn(6, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (6,))
+    grad_out = torch.randn(6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = SelectedLogSoftmax.apply(hidden, weight, None, targets, 0.7)
+    ours_grads = torch.autograd.grad(ours, (hidden, weight), grad_out)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = torch.nn.functional.linear(hidden, weight).float() / 0.7
+    plain = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+    plain_grads = torch.autograd.grad(plain, (hidden, weight), grad_out)
+    assert torch.allclose(ours, plain, atol=1e-5)
+    for a, b in zip(ours_grads, plain_grads, strict=True):
+        assert a.dtype == torch.float32
+        assert torch.allclose(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_a_bfloat16_rollout_engine_is_a_copy_that_takes_every_update():
+    cfg = resolve_device(tiny("model.compute_dtype=bfloat16"))
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    executor = build_executor(cfg, tokenizer, policy)
+    engine = executor.engine.model
+    assert engine is not policy and {p.dtype for p in engine.parameters()} == {torch.bfloat16}
+    samples, advantages = batch(len(tokenizer))
+    executor.learn(samples, advantages, None)
+    assert executor.engine.weight_version == 1
+    for mine, master in zip(engine.parameters(), policy.parameters(), strict=True):
+        assert torch.equal(mine, master.detach().to(torch.bfloat16))
