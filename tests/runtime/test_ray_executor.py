@@ -4,6 +4,7 @@ One embedded Ray for the module; each scenario runs the first step of the tiny p
 decode functions (placement slot 0 is colocated with the learner) and is compared with the others.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -30,9 +31,12 @@ BASE = (
 pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
 
-def run(*overrides: str, steps: int = 1, full: bool = True, cold_start_s: float = 0.0) -> list[dict]:
+def run(
+    *overrides: str, steps: int = 1, full: bool = True, cold_start_s: float = 0.0, prefill_scale: float = 1.0
+) -> list[dict]:
     """Steps of the tiny preset on the Ray executor, planned for a two-slot machine whose cold
-    starts the planner takes to last `cold_start_s`."""
+    starts the planner takes to last `cold_start_s` (and its prefills `prefill_scale` times the
+    roofline's)."""
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
     tokenizer = load_tokenizer(cfg.model)
     loader = PromptLoader(load_prompts(cfg.data), cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
@@ -41,6 +45,7 @@ def run(*overrides: str, steps: int = 1, full: bool = True, cold_start_s: float 
     predictor = LengthPredictor.from_config(cfg.scheduler)
     shape = ModelShape.from_hf_config(policy.config.to_dict())
     profile = roofline_profile(shape, CPU_SLOT, cold_start_s=cold_start_s)
+    profile = dataclasses.replace(profile, prefill_ms=profile.prefill_ms * prefill_scale)
     planner = StepPlanner(
         cfg.scheduler,
         profile,
@@ -230,6 +235,15 @@ def test_an_actor_cut_at_tau_has_its_sequences_finished_elsewhere_with_the_same_
     [whole] = run(*longer, "scheduler.cut_and_migrate=false", full=False)
     assert cut["metrics"]["migrations"] > 0
     assert tokens(cut["samples"]) == tokens(whole["samples"])
+
+
+def test_the_runtime_cuts_by_the_plans_time_table_moving_no_straggler_that_would_finish_later():
+    """The planner's gain test, as the simulator runs it: re-prefilling a migrant (its KV left
+    behind) would take longer than finishing where it is, so nothing moves."""
+    longer = ("generation.max_new_tokens=400", "scheduler.policy=rlhfless", "scheduler.tau=0.3")
+    [kept] = run(*longer, "runtime.migrate_kv=false", full=False, prefill_scale=1e6)
+    assert kept["plan"].n_actors == 2
+    assert kept["metrics"]["migrations"] == 0
 
 
 def test_killed_and_slowed_functions_are_replaced_and_the_step_is_unchanged(rlhfless):

@@ -93,6 +93,9 @@ class StepPlan:
     )  # {"budget_per_step": $} or {"deadline_per_step": s}
     keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
     floor: dict[str, float] = field(default_factory=dict)  # the forecast generation floor (`Floor`)
+    # The (calibrated) time table this plan was made with: the executor's migration decisions read
+    # it, as the simulator's do. Not part of `to_dict`: the run's profile file holds it.
+    profile: Profile | None = field(default=None, repr=False, compare=False)
 
     def actor_of(self) -> dict[str, int]:
         """uid -> actor index."""
@@ -275,6 +278,7 @@ def plan_step(
         target=target,
         keep_unused_warm=unused_warm,
         floor=floor.to_dict(),
+        profile=profile,
     )
 
 

@@ -74,6 +74,7 @@ class Run:
     assign: object = None  # ObjectRef of the assignment (its prefix KV load)
     kv_bytes: int = 0
     iterations: int = 0  # decode iterations it reported so far this step
+    migrated_in: set[Key] = field(default_factory=set)  # moved here this step: never moved again
     token_s: float | None = None  # seconds per decode iteration, as its last slice measured
     faults: list[DecodeFault] = field(default_factory=list)  # injected (runtime.faults), not fired yet
 
@@ -230,6 +231,13 @@ class DecodeRound:
             done = len(self.last[key].generated) if key in self.last else 0
             return max(1.0, predicted.get(key[0], 1.0) - done)
 
+        def context(keys: set[Key]) -> float:
+            """Mean KV tokens of these running sequences: prompt and generated so far."""
+            if not keys:
+                return 0.0
+            done = sum(len(self.last[k].generated) for k in keys if k in self.last)
+            return (sum(len(self.prompts[uid].prompt_ids) for uid, _ in keys) + done) / len(keys)
+
         return [
             ActorProgress(
                 run.index,
@@ -238,9 +246,19 @@ class DecodeRound:
                 run.free_slots,
                 not run.done,
                 {f"{uid}#{s}": remaining((uid, s)) for uid, s in sorted(run.pending())},
+                context(run.pending()),
+                frozenset(f"{uid}#{s}" for uid, s in run.migrated_in),
             )
             for run in self.runs
         ]
+
+    def _resume_s(self, progress: list[ActorProgress]) -> float:
+        """What a migrant is estimated to wait before it decodes again: its re-prefill at the running
+        sequences' mean context, unless its KV travels with it (`runtime.migrate_kv`)."""
+        contexts = [p.context for p in progress if p.remaining]
+        if self.rt.migrate_kv or self.plan.profile is None or not contexts:
+            return 0.0
+        return float(self.plan.profile.prefill_seconds(sum(contexts) / len(contexts)))
 
     def left_s(self) -> float | None:
         """Seconds until generation is forecast to end, from the functions' last reports
@@ -252,7 +270,9 @@ class DecodeRound:
 
     def _cut(self, source: Run) -> None:
         """Cut `source`'s sequences the planner's rule names and resume each on its target."""
-        moves = [m for m in decide(self._progress(), self.cfg.scheduler) if m.source == source.index]
+        progress = self._progress()  # the simulator's decision: the plan's profile, the gain test
+        decided = decide(progress, self.cfg.scheduler, self.plan.profile, self._resume_s(progress))
+        moves = [m for m in decided if m.source == source.index]
         if not moves:
             return
         by_index = {run.index: run for run in self.runs}
@@ -296,6 +316,7 @@ class DecodeRound:
 
     def _moved_in(self, target: Run, keys: list[Key], now: float) -> None:
         target.assigned |= set(keys)
+        target.migrated_in |= set(keys)
         target.free_slots -= len(keys)
         target.incoming += len(keys)
         target.inv.event(now, "migrate_in", len(keys))
