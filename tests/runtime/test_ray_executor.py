@@ -241,7 +241,8 @@ def test_an_actor_cut_at_tau_has_its_sequences_finished_elsewhere_with_the_same_
     # different moments (with 48 tokens nearly all run to the cap and finish together).
     longer = ("generation.max_new_tokens=400", "scheduler.policy=rlhfless")
     [cut] = run(*longer, "scheduler.tau=0.3", full=False)
-    [whole] = run(*longer, "scheduler.cut_and_migrate=false", full=False)
+    # Uncut: the same step on the learner's own engine, in this process (no functions to start).
+    [whole] = run(*longer, "runtime.executor=inprocess", "scheduler.cut_and_migrate=false", full=False)
     assert cut["metrics"]["migrations"] > 0
     assert tokens(cut["samples"]) == tokens(whole["samples"])
 
