@@ -32,7 +32,7 @@ BASE = (
     "runtime.slice_s=0.005",
     "runtime.learner_width=1",  # learning on the learner's slot: these tests are about generation
 )
-PLACE_TIMEOUT_S = 30
+PLACE_TIMEOUT_S = 10
 FAST_HEALTH_CHECK = {"health_check_period_ms": 200, "health_check_failure_threshold": 3}
 
 
@@ -211,7 +211,8 @@ class Squatter:
 
 def test_a_function_ray_cannot_place_in_time_is_replanned_not_waited_on(cluster, two_then_three):
     first, _, _ = two_then_three
-    # Long enough for a function's process to start on a loaded machine: that is what "placed" is.
+    # The squatted function is stopped at this deadline, so the step lasts at least this long; a
+    # function whose process starts later than it on a loaded machine counts as unplaced too (below).
     driver = Driver(f"runtime.place_timeout_s={PLACE_TIMEOUT_S}")
     worker = cluster.worker.node_id
     try:

@@ -13,6 +13,7 @@ import pytest
 import ray
 
 RAY = str(Path(sys.executable).with_name("ray"))
+POLITE_S = 2  # seconds the head's processes get to exit on SIGTERM
 
 
 def free_port() -> int:
@@ -57,10 +58,12 @@ def _head_node_id(address: str) -> str:
 
 
 def stop(head: subprocess.Popen) -> None:
-    """Stop the head's process group: politely, then for sure."""
+    """Stop the head's process group: politely, then for sure. Once a job has run, `ray start
+    --block` takes over 30 s to wind down after SIGTERM (its raylet is gone in a moment, the GCS
+    and the autoscaler's monitor linger): a short grace, then SIGKILL to the group."""
     os.killpg(head.pid, signal.SIGTERM)
     try:
-        head.wait(timeout=15)
+        head.wait(timeout=POLITE_S)
     except subprocess.TimeoutExpired:
         pass
     try:

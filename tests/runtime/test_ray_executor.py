@@ -1,7 +1,8 @@
 """The Ray executor runs a step's plan on several functions without changing a single token.
 
-One embedded Ray for the module; each scenario runs the first step of the tiny preset on two
-decode functions (placement slot 0 is colocated with the learner) and is compared with the others.
+One embedded Ray for the module; each scenario runs steps of the tiny preset on two decode
+functions (placement slot 0 is colocated with the learner) and is compared with the others. Faults
+strike step 3 of runs whose first two steps, undisturbed, other tests read: a run fewer.
 """
 
 import dataclasses
@@ -76,16 +77,49 @@ def tokens(samples) -> list[tuple]:
     return [(s.uid, s.sample, tuple(s.response_ids)) for s in samples]
 
 
-@pytest.fixture(scope="module")
-def rlhfless():
-    """Two steps whose planner takes a cold start to cost more than idling to the next step."""
-    return run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", steps=2, cold_start_s=100.0)
+RLHFLESS = ("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false")
+# Step 3: the remote decode function (actor 1) killed, the colocated one slowed, the prepare
+# function killed.
+KILLED_AND_SLOWED = (
+    "[{kind: decode_exit, step: 3, actor: 1, after: 12},"
+    " {kind: slow, step: 3, actor: 0, after: 2, seconds: 0.2}, {kind: prepare_exit, step: 3}]"
+)
 
 
 @pytest.fixture(scope="module")
-def verl():
-    """Two steps learning on every slot verl holds (the tiny preset keeps to the learner's)."""
-    return run("scheduler.policy=verl", "runtime.learner_width=0", steps=2)
+def rlhfless_run():
+    """Three steps whose planner takes a cold start to cost more than idling to the next step."""
+    return run(*RLHFLESS, steps=3, cold_start_s=100.0)
+
+
+@pytest.fixture(scope="module")
+def rlhfless(rlhfless_run):
+    return rlhfless_run[:2]
+
+
+@pytest.fixture(scope="module")
+def free_cold_starts():
+    """Three steps whose planner takes cold starts to be free; steps 1 and 2 undisturbed, step 3
+    under `KILLED_AND_SLOWED`."""
+    return run(*RLHFLESS, f"runtime.faults={KILLED_AND_SLOWED}", steps=3)
+
+
+# Step 3's held decode function (its actor 1: step 3 plans the colocated one first) dies, after 12
+# iterations of its own.
+HELD_LOST = "[{kind: decode_exit, step: 3, actor: 1, after: 12}]"
+
+
+@pytest.fixture(scope="module")
+def verl_run():
+    """Three steps learning on every slot verl holds (the tiny preset keeps to the learner's);
+    steps 1 and 2 undisturbed, step 3 loses its held decode function."""
+    return run("scheduler.policy=verl", "runtime.learner_width=0", f"runtime.faults={HELD_LOST}", steps=3)
+
+
+@pytest.fixture(scope="module")
+def verl(verl_run):
+    """Its two undisturbed steps (a fault is armed for its step only)."""
+    return verl_run[:2]
 
 
 def test_plan_runs_on_several_decode_functions_and_yields_every_sample_in_canonical_order(rlhfless):
@@ -159,14 +193,12 @@ def test_verl_is_billed_its_held_slots_for_the_step_and_nothing_more(verl):
     assert warm["started"] == 0 and warm["released"] == pytest.approx(held["started"], abs=1e-3)
 
 
-def test_a_held_function_lost_under_verl_takes_its_resident_rank_with_it():
-    # Step 2's held decode function dies: its sequences finish elsewhere, its rank is stopped,
-    # and the step learns on what verl still holds (a replacement function gets a new rank).
-    faults = "[{kind: decode_exit, step: 2, actor: 0, after: 12}]"  # step 2's actor 0: the held one
-    first, second = run(
-        "scheduler.policy=verl", "runtime.learner_width=0", f"runtime.faults={faults}", steps=2
-    )
-    assert second["metrics"]["faults"] == 1
+def test_a_held_function_lost_under_verl_takes_its_resident_rank_with_it(verl_run):
+    # Step 3's held decode function dies: its sequences finish elsewhere, its rank (living since
+    # step 1) is stopped, and the step learns on what verl still holds (a replacement function
+    # gets a new rank).
+    assert [record["metrics"]["faults"] for record in verl_run] == [0, 0, 1]
+    _, first, second = verl_run  # steps 2 and 3
     functions = {f["name"]: f for f in second["timeline"]["functions"]}
     [dead] = [f for f in functions.values() if any(e["kind"] == "fault" for e in f["events"])]
     assert dead["kind"] == "decode" and not dead["colocated_with"]
@@ -195,9 +227,10 @@ def test_a_function_kept_warm_is_reused_next_step_and_billed_while_idle(rlhfless
     assert first["billing"]["cost/keep_alive"] == pytest.approx(warm["cost"])
 
 
-def test_a_function_whose_next_use_is_far_is_stopped_at_release_and_idles_unbilled():
+def test_a_function_whose_next_use_is_far_is_stopped_at_release_and_idles_unbilled(free_cold_starts):
     # A cold start the planner believes free is never worth an idle bill: stop at release.
-    first, second = run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", steps=2)
+    first, second, _ = free_cold_starts
+    assert first["metrics"]["faults"] == second["metrics"]["faults"] == 0
     remote = [a for a in first["plan"].actors if a.gpu_ids[:1] != [0]]
     assert remote and not any(a.keep_warm for a in remote)
     assert first["billing"]["cost/keep_alive"] == 0
@@ -232,7 +265,8 @@ def test_an_actor_cut_at_tau_has_its_sequences_finished_elsewhere_with_the_same_
     # different moments (with 48 tokens nearly all run to the cap and finish together).
     longer = ("generation.max_new_tokens=400", "scheduler.policy=rlhfless")
     [cut] = run(*longer, "scheduler.tau=0.3", full=False)
-    [whole] = run(*longer, "scheduler.cut_and_migrate=false", full=False)
+    # Uncut: the same step on the learner's own engine, in this process (no functions to start).
+    [whole] = run(*longer, "runtime.executor=inprocess", "scheduler.cut_and_migrate=false", full=False)
     assert cut["metrics"]["migrations"] > 0
     assert tokens(cut["samples"]) == tokens(whole["samples"])
 
@@ -246,12 +280,9 @@ def test_the_runtime_cuts_by_the_plans_time_table_moving_no_straggler_that_would
     assert kept["metrics"]["migrations"] == 0
 
 
-def test_killed_and_slowed_functions_are_replaced_and_the_step_is_unchanged(rlhfless):
-    faults = (
-        "[{kind: decode_exit, step: 1, actor: 1, after: 12},"
-        " {kind: slow, step: 1, actor: 0, after: 2, seconds: 0.2}, {kind: prepare_exit, step: 1}]"
-    )
-    [faulty] = run("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false", f"runtime.faults={faults}")
+def test_killed_and_slowed_functions_are_replaced_and_the_step_is_unchanged(rlhfless_run, free_cold_starts):
+    # Step 3 of both runs: the same prompts and, after two identical learning steps, the same weights.
+    faulty, undisturbed = free_cold_starts[2], rlhfless_run[2]
     metrics, functions = faulty["metrics"], faulty["timeline"]["functions"]
     assert metrics["faults"] == 1 and metrics["faults/rerun_sequences"] > 0
     assert metrics["faults/injected"] == 2  # the exit and the slow-down, each where it was aimed
@@ -260,15 +291,15 @@ def test_killed_and_slowed_functions_are_replaced_and_the_step_is_unchanged(rlhf
     events = {e["kind"] for f in functions for e in f["events"]}
     assert {"fault", "injected:decode_exit", "injected:slow"} <= events
     assert sum(e["kind"] == "fault" for f in functions if f["kind"] == "reference" for e in f["events"]) == 1
-    assert tokens(faulty["samples"]) == tokens(rlhfless[0]["samples"])
-    assert [s.reward for s in faulty["samples"]] == [s.reward for s in rlhfless[0]["samples"]]
+    assert tokens(faulty["samples"]) == tokens(undisturbed["samples"])
+    assert [s.reward for s in faulty["samples"]] == [s.reward for s in undisturbed["samples"]]
 
 
 def test_ppo_critic_runs_under_ray_as_a_colocated_function_billed_through_the_learner(tmp_path):
     cfg = load_config(
         preset="tiny",
         overrides=(
-            *BASE,
+            "runtime.executor=ray",  # the tiny preset's one decode function: the critic is the point
             "algorithm.name=ppo",
             "trainer.steps=1",
             f"output_dir={tmp_path}",
