@@ -1,6 +1,8 @@
-"""float32 against bfloat16 compute (`model.compute_dtype`) on this machine, side by side in one run:
-one decode function's generation of a default step's shape (8 prompts x 4 samples, 160 new tokens)
-and one learning pass of the default learner on 32 samples, each in both dtypes, alternating.
+"""float32 against bfloat16 compute on this machine, side by side in one run: one learning pass of
+the default learner on 32 samples (`model.compute_dtype`), and one decode function's generation of a
+default step's shape (8 prompts x 4 samples, 160 new tokens) on a model in each dtype, alternating.
+Rollouts stay float32 (`runtime/precision.py` says why): the generation row is what a bfloat16
+rollout would buy, not what a run does.
 
     .venv/bin/python benchmarks/bench_precision.py [--repeats 2] [--threads 1] [key=value ...]
 
@@ -28,7 +30,7 @@ from rlhfless.devices import native_bfloat16
 from rlhfless.engine import Engine, SamplingParams
 from rlhfless.engine.sequences import Request
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.runtime.executor import build_learner, rollout_model
+from rlhfless.runtime.executor import build_learner
 from rlhfless.runtime.samples import Sample
 
 DTYPES = ("float32", "bfloat16")
@@ -80,7 +82,8 @@ def main() -> None:
     for r in range(args.repeats):
         for name in DTYPES:
             run = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, compute_dtype=name))
-            gen = generation_s(rollout_model(policy, name), tokenizer, prompts, run)
+            rollout = copy.deepcopy(policy).to(getattr(torch, name))
+            gen = generation_s(rollout, tokenizer, prompts, run)
             learn = learning_s(policy, run, samples, advantages)
             times.setdefault(("generation", name), []).append(gen)
             times.setdefault(("learning", name), []).append(learn)

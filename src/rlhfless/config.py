@@ -61,11 +61,12 @@ class ModelConfig:
     compute_dtype: str = field(
         default="float32",
         metadata={
-            "help": "the dtype the matmuls run in: bfloat16 keeps the rollout engines' weights and KV "
-            "in bfloat16 and runs the learner's forward and backward under bfloat16 autocast over "
-            "`dtype` master weights (TRL's and OpenRLHF's bf16); auto: bfloat16 where the device "
-            "computes it natively (a GPU, a CPU with AMX or AVX512-BF16), else float32. Resolved "
-            "with runtime.device when the run starts"
+            "help": "the dtype the learner's matmuls run in: bfloat16 runs the policy's, the "
+            "reference's and the critic's forward and backward under bfloat16 autocast over `dtype` "
+            "master weights (TRL's and OpenRLHF's bf16); auto: bfloat16 where the device computes it "
+            "natively (a GPU, a CPU with AMX or AVX512-BF16), else float32. Resolved with "
+            "runtime.device when the run starts. Rollouts stay in `dtype`: a bfloat16 engine's "
+            "tokens depend on its batch, so schedules would change samples"
         },
     )
     cache_dir: str = field(

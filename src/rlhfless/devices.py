@@ -1,6 +1,6 @@
 """The run's device, chosen once: `runtime.device` (auto, cpu, cuda) resolved when the run starts,
 and the parameter dtype that goes with it (`model.dtype=auto`: bfloat16 on a GPU, float32 on a CPU),
-and the dtype its matmuls run in (`model.compute_dtype`).
+and the dtype the learner's matmuls run in (`model.compute_dtype`).
 
 The resolved config is what the run records (config.yaml) and hands to every function, so the
 policy, the reference, the critic, the prefill and decode engines and their KV all live on one
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rlhfless.config import Config, ConfigError, ModelConfig
+from rlhfless.config import Config, ConfigError
 
 
 def param_dtype(name: str, device: str) -> str:
@@ -32,19 +32,14 @@ def native_bfloat16() -> bool:
 
 
 def compute_dtype(name: str, device: str, params: str, native: bool) -> str:
-    """The matmul dtype `model.compute_dtype=name` means on `device` with `params` weights: `auto`
-    is bfloat16 on CUDA or where the CPU computes it `native`ly; never finer than the weights."""
+    """The learner's matmul dtype `model.compute_dtype=name` means on `device` with `params`
+    weights: `auto` is bfloat16 on CUDA or where the CPU computes it `native`ly; never finer than
+    the weights."""
     if params == "bfloat16":
         return "bfloat16"
     if name != "auto":
         return name
     return "bfloat16" if device.startswith("cuda") or native else "float32"
-
-
-def rollout_config(model: ModelConfig) -> ModelConfig:
-    """The model section the rollout engines (prefill, decode) load with: their weights, and so
-    their KV, in the resolved compute dtype. They never train, so they need no master copy."""
-    return replace(model, dtype=model.compute_dtype)
 
 
 def resolve_device(cfg: Config, cuda_available: bool | None = None) -> Config:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,12 +107,9 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
         )
     parse = {"int": int, "bool": lambda v: v.lower() in ("1", "true", "yes")}
     cfg = ModelConfig(**{k: parse.get(types[k], str)(v) for k, v in fields.items()})
-    from rlhfless.devices import compute_dtype, native_bfloat16, param_dtype
     from rlhfless.engine.profiling import measure_profile
     from rlhfless.models import load_model, load_tokenizer
 
-    rollout = compute_dtype(cfg.compute_dtype, "cpu", param_dtype(cfg.dtype, "cpu"), native_bfloat16())
-    cfg = replace(cfg, dtype=rollout)  # timed as the rollout engines compute
     model = load_model(cfg, vocab_size=len(load_tokenizer(cfg)))
     return measure_profile(model, **grid, repeats=repeats, memory_fraction=memory_fraction)
 

@@ -180,8 +180,7 @@ class Engine:
             raise RuntimeError("set_weights: sequences are still running; their KV would mix weight versions")
         with torch.no_grad():
             if isinstance(weights, torch.Tensor):
-                dtype = next(self.model.parameters()).dtype  # the engine's own: a rollout may compute finer
-                torch.nn.utils.vector_to_parameters(weights.to(self.device, dtype), self.model.parameters())
+                torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
             else:
                 self.model.load_state_dict(weights, strict=True)
         self.weight_version = version

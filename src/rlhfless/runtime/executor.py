@@ -7,7 +7,6 @@ are drawn from placement-independent random streams.
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Protocol
 
@@ -74,20 +73,11 @@ def sampling_params(cfg: Config) -> SamplingParams:
     )
 
 
-def rollout_model(policy: torch.nn.Module, compute_dtype: str) -> torch.nn.Module:
-    """The model the learner's engine generates with: the policy itself when the rollout computes
-    in its dtype, else a frozen copy in the compute dtype (what the decode functions load)."""
-    dtype = getattr(torch, compute_dtype)
-    if next(policy.parameters()).dtype == dtype:
-        return policy
-    return copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
-
-
 def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer) -> Engine:
-    """The learner's engine, on `rollout_model`: the prefill function (and, in-process, the only
-    decode actor)."""
+    """The learner's engine on the policy's own parameters, in their dtype (never `compute_dtype`:
+    see `precision`): the prefill function (and, in-process, the only decode actor)."""
     return Engine(
-        rollout_model(policy, cfg.model.compute_dtype),
+        policy,
         eos_token_ids=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,
         weight_version=0,
@@ -237,14 +227,8 @@ class LearnerSide:
     ) -> dict:
         metrics = self._run("learn", samples, advantages, ref, old) | self._phase() | self._synced()
         self.version += 1
-        self._refresh_engine()
-        return metrics
-
-    def _refresh_engine(self) -> None:
-        """The engine at the policy's version; a copy in the compute dtype also takes its weights."""
-        if self.engine.model is not self.policy:
-            self.engine.set_weights(self.policy.state_dict(), self.version)
         self.engine.weight_version = self.version
+        return metrics
 
     def state_dict(self) -> dict:
         return {**self._state(), "version": self.version}
@@ -252,7 +236,7 @@ class LearnerSide:
     def load_state_dict(self, state: dict) -> None:
         self._restore(state)
         self.version = state["version"]
-        self._refresh_engine()
+        self.engine.weight_version = self.version
 
 
 class LocalLearner(LearnerSide):

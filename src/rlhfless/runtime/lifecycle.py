@@ -15,7 +15,7 @@ from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorEr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlhfless.config import Config
-from rlhfless.devices import resolve_device, rollout_config
+from rlhfless.devices import resolve_device
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import DecodeFunction, PrepareFunction
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
@@ -169,7 +169,7 @@ class Functions:
                 ray.remote(DecodeFunction)
                 .options(**options)
                 .remote(
-                    rollout_config(cfg.model),
+                    cfg.model,
                     vocab,
                     cfg.seed,
                     [self.tokenizer.eos_token_id],

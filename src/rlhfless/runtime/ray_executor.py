@@ -68,7 +68,7 @@ class RayExecutor:
         self.learner = ElasticLearner(cfg, policy, tokenizer, self.functions)  # and the prefill engine
         self.policy, self.engine = policy, self.learner.engine
         self.meter = Meter(cfg.scheduler.pricing)
-        self.weights = Weights(self.engine.model)  # what the decode functions load: the rollout's
+        self.weights = Weights(policy)
         self.reference_ref = None if reference is None else ray.put(flat_weights(reference))
         self.shape = ModelShape.from_hf_config(policy.config.to_dict())
         if not gpu and not cfg.trainer.threads:
