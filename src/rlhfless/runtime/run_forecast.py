@@ -260,18 +260,10 @@ def forecast_run(
 
 
 def start_forecast(
-    cfg: Config,
-    prompts: list[Prompt],
-    tokenizer,
-    planner: StepPlanner,
-    predictor,
-    policy: torch.nn.Module,
-    engine: Engine,
-    start: int,
+    cfg: Config, prompts: list[Prompt], tokenizer, planner: StepPlanner, predictor, engine: Engine, start: int
 ) -> dict[str, Any]:
-    """Prime the forecast's inputs (the learning phase's measured rate, on the `policy`; the
-    length pilot on a fresh run, on the rollout's `engine`), then the whole run's forecast from
-    step `start + 1`."""
+    """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
+    fresh run), then the whole run's forecast from step `start + 1`."""
     from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
     def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
@@ -279,7 +271,7 @@ def start_forecast(
 
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
-        planner.phases.per_token_s = learning_seconds_per_token(policy, cfg, first)
+        planner.phases.per_token_s = learning_seconds_per_token(engine.model, cfg, first)
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
         pilot = length_pilot(engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
@@ -308,6 +300,6 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     prompts = load_prompts(cfg.data)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     engine = build_engine(cfg, policy, tokenizer)
-    planner = build_planner(cfg, engine.model)
+    planner = build_planner(cfg, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    return start_forecast(cfg, prompts, tokenizer, planner, predictor, policy, engine, 0)
+    return start_forecast(cfg, prompts, tokenizer, planner, predictor, engine, 0)

@@ -203,7 +203,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    planner = build_planner(cfg, executor.engine.model)  # timed on what generates
+    planner = build_planner(cfg, policy)
 
     kl_ctrl = kl_controller(cfg.algorithm)
     start = 0
@@ -219,7 +219,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         kl_ctrl.value = state.get("kl_coef", kl_ctrl.value)
         start = state["step"]
     try:  # before anything is written: an infeasible budget or deadline stops the run here
-        forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, policy, executor.engine, start)
+        forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor.engine, start)
     except PlanError as err:
         executor.close()
         raise TrainError(f"forecast: {err}") from None
