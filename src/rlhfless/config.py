@@ -76,7 +76,18 @@ class ModelConfig:
     tiny_hidden_size: int = field(default=64, metadata={"help": "hidden size of the 'tiny' model"})
     tiny_layers: int = field(default=2, metadata={"help": "decoder layers of the 'tiny' model"})
     gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "trade compute for activation memory in the learner"}
+        default=False,
+        metadata={
+            "help": "trade compute for activation memory in the learner: a checkpointed decoder layer "
+            "keeps only its input and runs again in the backward pass"
+        },
+    )
+    checkpoint_every_n_layers: int = field(
+        default=1,
+        metadata={
+            "help": "with gradient_checkpointing, checkpoint every N-th decoder layer only (1: all); "
+            "the others keep their activations, so memory and the recompute both fall as N grows"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -85,6 +96,10 @@ class ModelConfig:
         if self.compute_dtype not in DTYPES:
             raise ValueError(
                 f"compute_dtype: got {self.compute_dtype!r}, expected one of {', '.join(DTYPES)}"
+            )
+        if self.checkpoint_every_n_layers < 1:
+            raise ValueError(
+                f"checkpoint_every_n_layers: got {self.checkpoint_every_n_layers}, expected an integer >= 1"
             )
         if self.tiny_hidden_size < 8 or self.tiny_hidden_size % 4:
             raise ValueError(f"tiny_hidden_size: got {self.tiny_hidden_size}, expected a multiple of 4, >= 8")

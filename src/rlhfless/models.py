@@ -160,6 +160,8 @@ def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0, device: str = "
         except OSError as err:
             raise ModelError(f"model.path: cannot load a model from {cfg.path!r}: {err}") from err
     model.config.use_cache = False
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if cfg.gradient_checkpointing:  # training passes only; non-reentrant, as torch recommends
+        model.activation_checkpointing_enable(
+            {"use_reentrant": False}, every_n_layers=cfg.checkpoint_every_n_layers
+        )
     return model.to(device).eval()

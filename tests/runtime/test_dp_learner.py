@@ -61,6 +61,13 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def weights_close(a: torch.Tensor, b: torch.Tensor, lr: float) -> None:
+    """Weights after Adam's steps, to 1% of one step: Adam divides a gradient by its root mean
+    square, so where a gradient is float noise (a sum in another order) its step is still about
+    `lr`, of either sign."""
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=0.01 * lr)
+
+
 @pytest.mark.parametrize("epochs,mini_batches,prestarted", [(1, 1, False), (2, 2, True)])
 def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included(
     epochs, mini_batches, prestarted
@@ -126,9 +133,9 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
     for key, value in {**want_critic, **want}.items():
         assert {**got_critic, **got}[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
-        close(a, b)  # the driver's weights, loaded from rank 0
+        weights_close(a, b, cfg.optim.lr)  # the driver's weights, loaded from rank 0
     for name, value in single_critic.model.state_dict().items():
-        close(critic_state[name], value)
+        weights_close(critic_state[name], value, cfg.algorithm.critic_lr)
     moved = [
         float((a - b).detach().abs().max())
         for a, b in zip(policy.parameters(), initial.parameters(), strict=True)
@@ -173,7 +180,7 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
     assert got["learner/width"] == 1 and got["faults/learner"] == 1
     assert got["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-4, abs=1e-6)
     for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
-        close(a, b)
+        weights_close(a, b, cfg.optim.lr)
     lost = {r["name"]: r for r in records}["learner-1"]
     assert any(event["kind"] == "fault" for event in lost["events"])
 
@@ -290,7 +297,7 @@ def test_rank_0s_weights_and_state_reach_the_driver_bucket_by_bucket():
 
     assert len(buckets(list(policy.parameters()), elastic.pull_elements)) > 3
     for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
-        close(a, b)
+        weights_close(a, b, cfg.optim.lr)
     want = single.state_dict()
     assert state["scheduler"] == want["scheduler"]
     assert state["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]

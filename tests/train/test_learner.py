@@ -1,6 +1,7 @@
 """The learner trains on exactly the response tokens, whatever the micro-batching."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from rlhfless.algo import LOSS_AGGREGATIONS
 from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
-from rlhfless.models import tiny_model
+from rlhfless.models import load_model, tiny_model
 from rlhfless.runtime import learner as learner_module
 from rlhfless.runtime import logprobs as logprobs_module
 from rlhfless.runtime.learner import Learner, shuffle_seed
@@ -76,8 +77,8 @@ def test_response_logprobs_match_a_full_forward_pass(model, attention):
         assert torch.all(got[b, len(s.response_ids) :] == 0)
 
 
-def grads_after_one_update(model, samples, budget, agg):
-    model = copy.deepcopy(model)
+def grads_after_one_update(model, samples, budget, agg, copy_model=True):
+    model = copy.deepcopy(model) if copy_model else model
     algo, optim = AlgorithmConfig(loss_agg=agg), OptimConfig(lr=1e-3, grad_clip=0)
     learner = Learner(model, algo, optim, 1, budget, 1.0, pad_id=0, seed=0, norm_len=16)
     adv = [torch.full((len(s.response_ids),), (-1.0) ** i * (i + 1)) for i, s in enumerate(samples)]
@@ -107,6 +108,26 @@ def test_on_policy_loss_is_minus_the_mean_token_advantage(model):
     want = -sum(a * t for a, t in zip(adv, tokens, strict=True)) / sum(tokens)
     assert metrics["loss/policy"] == pytest.approx(want, rel=1e-5)
     assert metrics["actor/clip_frac"] == 0.0
+
+
+def test_activation_checkpointing_recomputes_layers_and_leaves_the_update_unchanged():
+    """`model.gradient_checkpointing` keeps only each layer's input and runs the layer again in the
+    backward pass (the prompt and its group's packed responses run in one pass, with no KV cache
+    for a recompute to append to twice)."""
+    cfg = ModelConfig(path="tiny", tiny_hidden_size=32, tiny_layers=2)
+    samples = make_samples(9, group=3)
+    runs = []
+    for checkpointing in (False, True):
+        model = load_model(dataclasses.replace(cfg, gradient_checkpointing=checkpointing), 64, seed=0)
+        calls, act = [], model.base_model.layers[0].mlp.act_fn
+        act.forward = lambda x, run=act.forward, calls=calls: calls.append(1) or run(x)  # hooks skip a recompute
+        updates, metrics = grads_after_one_update(model, samples, budget=10_000, agg="token-mean", copy_model=False)
+        runs.append((updates, metrics, len(calls)))
+    (plain, m_plain, n_plain), (recomputed, m_recomputed, n_recomputed) = runs
+    assert n_recomputed == 2 * n_plain
+    assert m_recomputed["loss/policy"] == pytest.approx(m_plain["loss/policy"], rel=1e-6)
+    for a, b in zip(plain, recomputed, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
 
 
 def full_logits_logprobs(model, mb, temperature):

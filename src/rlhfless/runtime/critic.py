@@ -16,7 +16,7 @@ from torch import Tensor
 from rlhfless.algo import explained_variance, gae, masked_mean, value_loss
 from rlhfless.config import AlgorithmConfig, OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
-from rlhfless.runtime.learner import shuffle_seed, update_order
+from rlhfless.runtime.learner import adamw, shuffle_seed, update_order
 from rlhfless.runtime.logprobs import response_hidden
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack
 from rlhfless.runtime.precision import autocast
@@ -77,13 +77,7 @@ class Critic:
         self.updates = 0  # optimizer steps so far: the shuffle's counter, checkpointed
         self.device = next(model.parameters()).device  # micro-batches go there; results come back on the CPU
         self.dp = DataParallel()
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=algo.critic_lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )
+        self.optimizer = adamw(list(model.parameters()), algo.critic_lr, optim)
 
     def _batches(self, samples: list[Sample], rows: list[int]) -> list[MicroBatch]:
         return pack(samples, rows, self.micro_batch_tokens, self.pad_id, self.device)

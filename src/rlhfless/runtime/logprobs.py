@@ -15,24 +15,17 @@ from rlhfless.runtime.micro_batch import MicroBatch
 def real_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:
     """Final hidden states [T, H] at the positions that predict each real response token, in
     `mb.mask` order: the last prompt position, then every response token but the last. Each
-    prompt runs once; its KV is shared by the group's samples (with gradients). The policy's LM
-    head and the critic's value head both read these states."""
-    positions = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    prompt runs once, in the same pass as its group's packed responses, which attend to it (with
+    gradients). The policy's LM head and the critic's value head both read these states."""
+    param = next(backbone.parameters())
     out = backbone(
-        input_ids=mb.prompt_ids, attention_mask=mb.prompt_mask, position_ids=positions, use_cache=True
+        input_ids=mb.input_ids(),
+        attention_mask=model_mask(mb.attention(), attention_mask_kind(backbone), param.dtype),
+        position_ids=mb.positions(),
+        use_cache=False,
     )
-    source = [out.last_hidden_state[:, -1]]
-    if mb.packed_ids.shape[1]:
-        param = next(backbone.parameters())
-        follow = backbone(
-            input_ids=mb.packed_ids,
-            attention_mask=model_mask(mb.packed_attention(), attention_mask_kind(backbone), param.dtype),
-            position_ids=mb.packed_positions,
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
-        source.append(follow.last_hidden_state.flatten(0, 1))
-    return torch.cat(source)[mb.sources]
+    hidden, width_p = out.last_hidden_state, mb.prompt_ids.shape[1]
+    return torch.cat((hidden[:, width_p - 1], hidden[:, width_p:].flatten(0, 1)))[mb.sources]
 
 
 def response_hidden(backbone: torch.nn.Module, mb: MicroBatch) -> Tensor:

@@ -62,11 +62,11 @@ def micro_batches(groups: list[Group], token_budget: int) -> list[list[int]]:
 class MicroBatch:
     """K prompts left-padded; each prompt's samples' responses packed into one row after it.
 
-    The prompt pass yields the KV every sample of the group attends to, and the last prompt
-    position's hidden state, which predicts each sample's first response token. The response pass
-    runs row k = the group's responses end to end, each token seeing the prompt and the earlier
-    tokens of its own sample only: no sample is padded to the group's longest, which on GRPO's
-    uneven groups used to be over half the backbone's work.
+    One forward pass runs row k = the group's prompt, then its responses end to end, each response
+    token seeing the prompt and the earlier tokens of its own sample only: no sample is padded to
+    the group's longest, which on GRPO's uneven groups used to be over half the backbone's work.
+    The last prompt position's hidden state predicts each sample's first response token. One pass
+    with no KV cache is what lets activation checkpointing recompute a layer.
     """
 
     rows: list[int]  # sample indices, in micro-batch order
@@ -137,18 +137,31 @@ class MicroBatch:
         )
         return MicroBatch(self.rows, *(t.to(device) for t in tensors))
 
-    def packed_attention(self) -> Tensor:
-        """[K, 1, Q, P + Q] boolean: a packed token sees its group's real prompt tokens and its own
-        sample's tokens up to itself; a padding token sees only itself (never an empty row)."""
-        width_q = self.packed_ids.shape[1]
+    def input_ids(self) -> Tensor:
+        """[K, P + Q]: each group's prompt, then its packed responses."""
+        return torch.cat((self.prompt_ids, self.packed_ids), dim=1)
+
+    def positions(self) -> Tensor:
+        """[K, P + Q] position ids: the prompt's from 0 (left padding at 0), then the packed ones."""
+        return torch.cat(((self.prompt_mask.cumsum(-1) - 1).clamp(min=0), self.packed_positions), dim=1)
+
+    def attention(self) -> Tensor:
+        """[K, 1, P + Q, P + Q] boolean: a prompt token sees its prompt's real tokens up to itself;
+        a packed token sees its group's real prompt tokens and its own sample's tokens up to
+        itself; a padding token sees only itself (never an empty row)."""
+        width_p, width_q = self.prompt_ids.shape[1], self.packed_ids.shape[1]
+        real = self.prompt_mask.bool()
+        p = torch.arange(width_p, device=real.device)
+        prompt = real[:, None, :] & (p[None, :, None] >= p[None, None, :]) & real[:, :, None]
+        prompt = prompt | (~real[:, :, None] & (p[:, None] == p[None, :]))
+        prompt = torch.cat((prompt, prompt.new_zeros((*prompt.shape[:2], width_q))), dim=-1)
         sample = self.packed_sample
-        prompt = self.prompt_mask.bool()[:, None, :].expand(-1, width_q, -1)
         q = torch.arange(width_q, device=sample.device)
         causal = q[None, :, None] >= q[None, None, :]
         own = (sample[:, :, None] == sample[:, None, :]) & (sample[:, :, None] >= 0) & causal
-        pad = (sample < 0)[:, :, None] & (q[:, None] == q[None, :])
-        own = own | pad
-        return torch.cat((prompt & (sample >= 0)[:, :, None], own), dim=-1)[:, None]
+        own = own | ((sample < 0)[:, :, None] & (q[:, None] == q[None, :]))
+        sees_prompt = real[:, None, :].expand(-1, width_q, -1) & (sample >= 0)[:, :, None]
+        return torch.cat((prompt, torch.cat((sees_prompt, own), dim=-1)), dim=1)[:, None]
 
 
 def pack(
