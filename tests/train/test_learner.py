@@ -120,8 +120,12 @@ def test_activation_checkpointing_recomputes_layers_and_leaves_the_update_unchan
     for checkpointing in (False, True):
         model = load_model(dataclasses.replace(cfg, gradient_checkpointing=checkpointing), 64, seed=0)
         calls, act = [], model.base_model.layers[0].mlp.act_fn
-        act.forward = lambda x, run=act.forward, calls=calls: calls.append(1) or run(x)  # hooks skip a recompute
-        updates, metrics = grads_after_one_update(model, samples, budget=10_000, agg="token-mean", copy_model=False)
+        act.forward = lambda x, run=act.forward, calls=calls: (
+            calls.append(1) or run(x)
+        )  # hooks skip a recompute
+        updates, metrics = grads_after_one_update(
+            model, samples, budget=10_000, agg="token-mean", copy_model=False
+        )
         runs.append((updates, metrics, len(calls)))
     (plain, m_plain, n_plain), (recomputed, m_recomputed, n_recomputed) = runs
     assert n_recomputed == 2 * n_plain

@@ -18,9 +18,11 @@ import torch
 
 def autocast(model: torch.nn.Module, compute_dtype: str) -> contextlib.AbstractContextManager:
     """Autocast to `compute_dtype` over `model`'s forward on its device; nothing to do when its
-    weights are already in that dtype."""
+    weights are already in that dtype. Without autocast's cache of weight casts: one forward pass
+    uses each weight once, so the cache reuses nothing and would hold a bfloat16 copy of every
+    layer's weights until the pass ends (a layer that the backward recomputes casts afresh)."""
     param = next(model.parameters())
     dtype = getattr(torch, compute_dtype)
     if dtype == param.dtype:
         return contextlib.nullcontext()
-    return torch.autocast(param.device.type, dtype=dtype)
+    return torch.autocast(param.device.type, dtype=dtype, cache_enabled=False)

@@ -44,7 +44,8 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     """Seconds per prompt + response token of one step's preparation (reference log-probs) and
     learning, timed once on a synthetic batch of 8 samples on a copy of `policy` and cached."""
     algo = cfg.algorithm
-    key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.model.compute_dtype}"
+    recompute = cfg.model.checkpoint_every_n_layers if cfg.model.gradient_checkpointing else 0
+    key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.model.compute_dtype}-recompute{recompute}"
     shape = f"{key}-{cfg.trainer.micro_batch_tokens}-{algo.name}-{algo.epochs}-{algo.mini_batches}-{algo.kl_coef > 0}"
     path = (
         Path(cfg.model.cache_dir).expanduser()
