@@ -9,7 +9,6 @@ import json
 import shutil
 import time
 
-import numpy as np
 import psutil
 import pytest
 import ray
@@ -26,7 +25,7 @@ from rlhfless.runtime.executor import build_critic, build_learner
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
-from rlhfless.runtime.transfer import buckets, flat_weights
+from rlhfless.runtime.transfer import flat_weights
 
 pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
@@ -220,8 +219,9 @@ def test_verl_learns_on_its_held_slot_with_one_rank_living_across_phases():
             elastic.prestart(meter, 1, groups, time.time())  # verl starts no rank on free slots
             elastic.widen(meter, groups, [Host(lease, inv)], time.time())
             got.append(elastic.learn(samples, advantages, None))
-            whole = ray.get(elastic.ranks[1].weight_bucket.remote(0, 1 << 40))  # one bucket: all of it
-            joined_with = torch.from_numpy(np.concatenate([a.ravel() for a in whole]))  # it never steps
+            joined_with = torch.from_numpy(  # the resident rank's weights: it never steps
+                ray.get(elastic.ranks[1].__ray_call__.remote(lambda rank: flat_weights(rank.policy))).copy()
+            )
             pids.append([hello.pid for hello in ray.get([rank.hello.remote() for rank in elastic.ranks])])
             elastic.narrow(time.time())
             records.append({r["name"]: r for r in meter.close_step(time.time())[1]})
@@ -270,9 +270,9 @@ def stopped(handle, within_s: float = 60.0) -> bool:
     return False
 
 
-def test_rank_0s_weights_and_state_reach_the_driver_bucket_by_bucket():
-    """Pulled from rank 0 in buckets far smaller than the model (many of them, a tensor larger
-    than one alone), the driver's weights and the checkpoint's state are the single-process ones."""
+def test_rank_0s_weights_and_state_reach_the_driver_over_the_link():
+    """Sent from rank 0 tensor by tensor over the gloo pair, not the object store, the driver's
+    weights and the checkpoint's state are the single-process ones."""
     cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=1"))
     tokenizer = load_tokenizer(cfg.model)
     samples = make_samples(len(tokenizer))
@@ -283,8 +283,6 @@ def test_rank_0s_weights_and_state_reach_the_driver_bucket_by_bucket():
     single.learn(samples, advantages, None)
 
     elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
-    sizes = sorted(p.numel() for p in policy.parameters())
-    elastic.pull_elements = sizes[len(sizes) // 2]
     meter = Meter(cfg.scheduler.pricing)
     meter.begin_step(time.time())
     try:
@@ -295,7 +293,6 @@ def test_rank_0s_weights_and_state_reach_the_driver_bucket_by_bucket():
     finally:
         elastic.close()
 
-    assert len(buckets(list(policy.parameters()), elastic.pull_elements)) > 3
     for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
         weights_close(a, b, cfg.optim.lr)
     want = single.state_dict()

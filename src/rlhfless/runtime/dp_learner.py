@@ -11,8 +11,9 @@ process group, compute their share of the gradients, which reduces per optimizer
 rank 0 (`data_parallel`: gloo on CPUs, NCCL on GPUs; not sharded with FSDP2, docs/DECISIONS.md),
 and are stopped when the phase ends. Each rank is billed per slot from its start to its stop;
 rank 0 through the learner, whose slot is billed the whole step. After each update the driver
-loads rank 0's weights through the object store, 64 MB buckets at a time: its engine prefills
-with them, and checkpoints save them (and rank 0's optimizer states, pulled the same way).
+receives rank 0's weights over a gloo pair of the two (`rank_link`), not the object store: its
+engine prefills with them, and checkpoints save them (and rank 0's optimizer states, sent the
+same way).
 
 Under a serverful policy (`verl`) the phase's width is instead the allocation it holds, as VERL's
 hybrid engine trains on the same long-lived workers that generate: one resident rank shares each
@@ -25,7 +26,6 @@ being stopped.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -44,15 +44,9 @@ from rlhfless.runtime.executor import LearnerSide
 from rlhfless.runtime.learner_rank import LearnerRank
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
+from rlhfless.runtime.rank_link import RankLink
 from rlhfless.runtime.ray_cluster import await_free, slots_in
-from rlhfless.runtime.transfer import (
-    BUCKET_ELEMENTS,
-    buckets,
-    flat_weights,
-    from_numpy,
-    join_state,
-    landed,
-)
+from rlhfless.runtime.transfer import flat_weights, join_state
 
 RELEASE_WAIT_S = 2.0  # at most, for Ray to count a phase's released slots as free again
 
@@ -98,7 +92,7 @@ class ElasticLearner(LearnerSide):
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
         self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
         self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
-        self.pull_elements = BUCKET_ELEMENTS  # what one pull from rank 0 carries at most
+        self.link: RankLink | None = None  # the driver's line to rank 0, for weights and state
 
     def _create(self, device: str, **options):
         return (
@@ -347,34 +341,24 @@ class ElasticLearner(LearnerSide):
         return self.phase
 
     def _synced(self) -> dict:
-        """The driver's policy (its engine's, the checkpoints') loaded from rank 0, a bucket at a
-        time (`_pull`)."""
+        """The driver's policy (its engine's, the checkpoints') loaded from rank 0 over the link."""
         start = time.perf_counter()
-        parts = buckets(list(self.policy.parameters()), self.pull_elements)
         with torch.no_grad():
-            for bucket, arrays in zip(parts, self._pull("weight_bucket", len(parts)), strict=True):
-                for p, array in zip(bucket, arrays, strict=True):
-                    p.copy_(from_numpy(array, p.dtype).view_as(p))
+            self._link().receive(self.rank0.send_weights.remote(), list(self.policy.parameters()))
         return {"time/learner_sync": time.perf_counter() - start}
 
     def _state(self) -> dict:
-        """Rank 0's learner state, its tensors copied into this process a bucket at a time."""
-        layout, count = ray.get(self.rank0.state_layout.remote(self.pull_elements))
-        tensors = [landed(t) for part in self._pull("state_bucket", count) for t in part]
+        """Rank 0's learner state, its tensors received over the link into this process."""
+        layout, metas = ray.get(self.rank0.state_layout.remote())
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in metas]
+        self._link().receive(self.rank0.send_state.remote(), tensors)
         return join_state(layout, tensors)
 
-    def _pull(self, method: str, count: int) -> Iterator[list]:
-        """Rank 0's buckets 0..count-1 by `method`, each requested as the one before it arrives:
-        at most three buckets (192 MB) are in the object store at once. Rank 0 writes every object
-        it returns there, and the pages it touched count in its resident memory from then on: a
-        whole state or weight vector at a time, in new places as the store fills, was up to a
-        gigabyte more of it per step."""
-        call = getattr(self.rank0, method)
-        ref = call.remote(0, self.pull_elements) if count else None
-        for k in range(count):
-            ahead = call.remote(k + 1, self.pull_elements) if k + 1 < count else None
-            yield ray.get(ref)
-            ref = ahead
+    def _link(self) -> RankLink:
+        """The line to rank 0 (`rank_link`), opened on first use: rank 0 starts meanwhile."""
+        if self.link is None:
+            self.link = RankLink(self.rank0)
+        return self.link
 
     def _restore(self, state: dict) -> None:
         """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
@@ -382,6 +366,7 @@ class ElasticLearner(LearnerSide):
 
     def close(self) -> None:
         """Stop every rank, without waiting on a phase an error may have left in a collective."""
+        self.link = None
         for rank in self.ranks:
             ray.kill(rank)
         self.retire(set())

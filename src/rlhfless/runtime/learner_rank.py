@@ -15,17 +15,11 @@ import torch.distributed as dist
 
 from rlhfless.config import Config
 from rlhfless.models import load_model
+from rlhfless.runtime import rank_link
 from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
 from rlhfless.runtime.executor import LearnerReplica
 from rlhfless.runtime.functions import Started, function_setup, started
-from rlhfless.runtime.transfer import (
-    ShippedTensor,
-    buckets,
-    load_flat_weights,
-    ship,
-    split_state,
-    to_numpy,
-)
+from rlhfless.runtime.transfer import load_flat_weights, split_state
 
 
 class LearnerRank(LearnerReplica):
@@ -82,20 +76,23 @@ class LearnerRank(LearnerReplica):
         if self.critic is not None:
             self.critic.dp = dp
 
-    def weight_bucket(self, k: int, elements: int) -> list[np.ndarray]:
-        """Bucket `k` (`transfer.buckets` of `elements`) of the policy's parameters, as numpy views
-        of them: Ray copies them straight into the object store, no flat copy first."""
-        return [to_numpy(p) for p in buckets(list(self.policy.parameters()), elements)[k]]
+    def link(self, host: str, port: int) -> None:
+        """Join the driver's line (`rank_link`), over which its weights and state go."""
+        self.driver = rank_link.join(host, port)
 
-    def state_layout(self, elements: int) -> tuple[Any, int]:
-        """The learner state for a checkpoint without its tensors (`split_state`), and how many
-        buckets of `elements` they make."""
+    def send_weights(self) -> None:
+        """The policy's parameters to the driver, in `parameters()` order."""
+        rank_link.send(self.driver, list(self.policy.parameters()))
+
+    def state_layout(self) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype]]]:
+        """The learner state for a checkpoint without its tensors (`split_state`), and their shapes
+        and dtypes, in the order `send_state` sends them."""
         layout, tensors = split_state(self.state_dict())
-        return layout, len(buckets(tensors, elements))
+        return layout, [(tuple(t.shape), t.dtype) for t in tensors]
 
-    def state_bucket(self, k: int, elements: int) -> list[ShippedTensor]:
-        """Bucket `k` of the learner state's tensors (`state_layout`'s order)."""
-        return [ship(t) for t in buckets(split_state(self.state_dict())[1], elements)[k]]
+    def send_state(self) -> None:
+        """The learner state's tensors to the driver (`state_layout`'s order)."""
+        rank_link.send(self.driver, split_state(self.state_dict())[1])
 
     def load(self, flat: np.ndarray, state: dict) -> None:
         """A checkpoint's policy weights and learner state (a resumed run)."""

@@ -34,7 +34,7 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
 
 
-BUCKET_ELEMENTS = 1 << 24  # 64 MB of fp32: a collective's, or a pull's from rank 0
+BUCKET_ELEMENTS = 1 << 24  # 64 MB of fp32: what one collective of the learner's ranks carries
 
 
 def buckets(tensors: list[torch.Tensor], elements: int = BUCKET_ELEMENTS) -> list[list[torch.Tensor]]:
@@ -60,24 +60,6 @@ def map_leaves(node, leaf_fn):
 
 
 @dataclass(frozen=True)
-class ShippedTensor:
-    """A tensor of a state shipped through the object store as a numpy array: Ray moves those
-    without pickling copies (a pickled tensor is copied into bytes on both sides)."""
-
-    array: np.ndarray
-    dtype: torch.dtype
-
-
-def ship(tensor: torch.Tensor) -> ShippedTensor:
-    return ShippedTensor(to_numpy(tensor), tensor.dtype)
-
-
-def landed(shipped: ShippedTensor) -> torch.Tensor:
-    """A shipped tensor copied out of the object store's read-only buffer, into this process."""
-    return from_numpy(shipped.array, shipped.dtype).clone()
-
-
-@dataclass(frozen=True)
 class TensorSlot:
     """Where a tensor of a state tree sits in the list of its tensors (`split_state`)."""
 
@@ -86,7 +68,7 @@ class TensorSlot:
 
 def split_state(state) -> tuple[Any, list[torch.Tensor]]:
     """`state` (nested dicts and lists) with every tensor replaced by a `TensorSlot`, and its
-    tensors in slot order: the layout travels whole, the tensors in buckets."""
+    tensors in slot order: the layout travels whole, the tensors one by one."""
     tensors: list[torch.Tensor] = []
 
     def strip(leaf):
