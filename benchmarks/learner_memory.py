@@ -20,8 +20,9 @@ import psutil
 import torch
 
 from rlhfless.config import load_config
+from rlhfless.devices import resolve_device
 from rlhfless.models import load_model, load_tokenizer
-from rlhfless.runtime.learner import Learner
+from rlhfless.runtime.executor import build_learner
 from rlhfless.runtime.samples import Sample
 
 GB = 1e9
@@ -72,24 +73,17 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.micro_batch_tokens=1024")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config(preset="default", overrides=tuple(args.overrides))
+    cfg = resolve_device(load_config(preset="default", overrides=tuple(args.overrides)))
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, len(tokenizer), cfg.seed)
-    gen, algo = cfg.generation, cfg.algorithm
     samples = make_samples(
-        cfg.data.batch_size, algo.group_size, args.prompt_tokens, gen.max_new_tokens, len(tokenizer)
+        cfg.data.batch_size,
+        cfg.algorithm.group_size,
+        args.prompt_tokens,
+        cfg.generation.max_new_tokens,
+        len(tokenizer),
     )
-    learner = Learner(
-        model,
-        algo,
-        cfg.optim,
-        total_steps=1,
-        micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-        temperature=gen.temperature,
-        pad_id=tokenizer.pad_token_id,
-        seed=cfg.seed,
-        norm_len=gen.max_new_tokens,
-    )
+    learner = build_learner(cfg, model, tokenizer.pad_token_id)
     advantages = [torch.randn(len(s.response_ids)) for s in samples]
     tokens = sum(len(s.response_ids) for s in samples)
     print(
