@@ -45,38 +45,42 @@ BUCKETS = 1 << 16  # most buckets a `_Cells` table holds (a grid needing more is
 
 class _Cells:
     """`np.searchsorted(grid[1:-1], x, side="right")` for many x at once, without a binary
-    search per x: the range of the inner points is cut into buckets half their smallest gap
-    wide, a table gives the count at each bucket's low end, and since a rounding can put x at
-    most one bucket off, one step up and one step down make the count exact."""
+    search per x: the range of the inner points is cut into buckets an eighth of their smallest
+    gap wide. A rounding can put x at most one bucket off, so the three buckets around the one
+    it lands in, well under a gap wide, hold x and at most one point: per bucket, a table gives
+    the count of points below those three and the point among them (NaN: none), and one
+    comparison with it makes the count exact."""
 
     def __init__(self, grid: np.ndarray) -> None:
         inner = grid[1:-1]
         self.inner = inner
-        self.table: np.ndarray | None = None
+        self.below: np.ndarray | None = None
         # Buckets far wider than a rounding of the grid's values, and not too many of them.
         if inner.size < 2 or np.diff(inner).min() <= 1e-9 * np.abs(inner).max():
             return
         with np.errstate(over="ignore"):  # a tiny gap: more buckets than any table holds
-            self.low, self.scale = inner[0], 2.0 / np.diff(inner).min()
+            self.scale = 8.0 / np.diff(inner).min()
             if not (inner[-1] - inner[0]) * self.scale <= BUCKETS:
                 return
-        self.buckets = int(np.ceil((inner[-1] - inner[0]) * self.scale)) + 2
-        bucket_low = self.low + (np.arange(self.buckets + 1) - 1.0) / self.scale
-        self.table = np.searchsorted(inner, bucket_low, side="right")
-        # Below every point nothing counts; above the last, NaN (x >= NaN is never true).
-        self.bounds = np.r_[-np.inf, inner, np.nan]
+        # x lands in bucket floor(x * scale + shift): 3 + its place, in buckets, past inner[0].
+        self.shift = 3.0 - inner[0] * self.scale
+        place = (inner - inner[0]) * self.scale
+        self.buckets = int(np.ceil(place[-1])) + 5  # what lands in the last is past every point
+        lands = np.arange(self.buckets + 1.0)  # x in bucket j is within [j - 4, j - 1) in place
+        self.below = np.searchsorted(place, lands - 4.0)
+        near = np.searchsorted(place, lands - 1.0) > self.below
+        self.point = np.where(near, inner[np.minimum(self.below, inner.size - 1)], np.nan)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.table is None:
+        if self.below is None:
             return np.searchsorted(self.inner, x, side="right")
         with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN land in an end bucket
-            at = x - self.low
-            at *= self.scale
-            at += 1.0
+            at = np.multiply(x, self.scale)
+            at += self.shift
             np.clip(at, 0.0, self.buckets, out=at)
-            count = self.table.take(at.astype(np.intp), mode="clip")
-        count += x >= self.bounds.take(count + 1)
-        count -= x < self.bounds.take(count)
+            bucket = at.astype(np.intp)
+        count = self.below.take(bucket, mode="clip")
+        count += x >= self.point.take(bucket, mode="clip")  # x >= NaN: never
         return count
 
 

@@ -131,19 +131,18 @@ class RangeModel:
         longest: np.ndarray,
         cap: np.ndarray,
         mean_prompt: np.ndarray,
-        steps: np.ndarray,
-        step_s: np.ndarray,
-    ) -> None:
-        """Fill `steps` and `step_s` (decode steps and seconds per step, per range and segment).
+        reached: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode steps and seconds per step of each range in the first `reached` segments.
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
         A segment past a range's longest sequence has no tokens, so batch 0, whose step the
         profile prices at 0: it adds nothing. Operations run in place, in the order that fixes
         every rounding."""
-        start, width = self.edges[:-1], np.diff(self.edges)
-        tokens = self._tokens[ends]
-        tokens -= self._tokens[starts]
-        np.subtract(longest[:, None], start, out=steps)
+        start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
+        tokens = self._tokens[ends, :reached]
+        tokens -= self._tokens[starts, :reached]
+        steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
         batch = np.maximum(steps, 1e-12)
@@ -154,23 +153,34 @@ class RangeModel:
         context = np.minimum(steps, width)
         context *= 0.5
         context += mean_prompt[:, None] + start
-        step_s[...] = self.profile.decode_step_seconds(batch, context)
+        return steps, self.profile.decode_step_seconds(batch, context)
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
-        tokens it receives, decode tokens."""
+        tokens it receives, decode tokens.
+
+        A segment that starts at or past a range's longest sequence has neither steps nor tokens
+        (both exactly 0): ranges are timed in order of the segments they reach, each block only
+        over the segments its ranges reach, the rest left 0."""
         prompts = (ends - starts).astype(float)
         seqs = prompts * self.group_size
         work = self._work[ends] - self._work[starts]
         mean_prompt = (self._context[ends] - self._context[starts]) / np.maximum(prompts, 1)
         cap = self.profile.concurrency(mean_prompt + work / np.maximum(seqs, 1))
         longest = self.range_max(starts, ends)
-        steps = np.empty((starts.size, self.edges.size - 1))
-        step_s = np.empty_like(steps)
+        reach = np.searchsorted(self.edges[:-1], longest, side="left")
+        by_reach = np.argsort(reach, kind="stable")
+        steps = np.zeros((starts.size, self.edges.size - 1))
+        step_s = np.zeros_like(steps)
         for lo in range(0, starts.size, BLOCK):
-            at = slice(lo, lo + BLOCK)
-            self._segments(starts[at], ends[at], longest[at], cap[at], mean_prompt[at], steps[at], step_s[at])
-        decode = np.einsum("ij,ij->i", steps, step_s)
+            rows = by_reach[lo : lo + BLOCK]
+            reached = int(reach[rows[-1]])
+            at = (slice(lo, lo + BLOCK), slice(0, reached))
+            steps[at], step_s[at] = self._segments(
+                starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached
+            )
+        decode = np.empty(starts.size)
+        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s)
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
             "decode": decode,
