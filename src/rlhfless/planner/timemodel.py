@@ -66,10 +66,10 @@ def _prefix(x: np.ndarray) -> np.ndarray:
 
 
 def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """Per length and segment: the part of [start, start + width) it covers."""
-    out = np.subtract(lengths[:, None], start)
+    """Per segment (rows) and length (columns): the part of [start, start + width) it covers."""
+    out = np.subtract(lengths, start[:, None])
     np.maximum(out, 0.0, out=out)
-    return np.minimum(out, width, out=out)
+    return np.minimum(out, width[:, None], out=out)
 
 
 class RangeModel:
@@ -92,12 +92,14 @@ class RangeModel:
             more = _clipped(rest, start, width)
             more *= g - 1
             overlap += more
-        self._tokens = _prefix(overlap)
+        self._tokens = _prefix(overlap.T)
         self._work = _prefix(longest + (g - 1) * rest)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
         self._prefill = _prefix(w.decode_prefill[order].astype(float))
         self._kv = _prefix(w.kv_tokens[order].astype(float))
-        self._max_table = self._sparse_max(longest)
+        self._longest = longest
+        # In order of length (the sorted assignment's), a range's longest sequence is its last.
+        self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
 
     @staticmethod
     def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
@@ -115,6 +117,8 @@ class RangeModel:
         return self._work
 
     def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        if self._max_table is None:
+            return self._longest[ends - 1]
         size = ends - starts
         level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
         out = np.empty(starts.size)
