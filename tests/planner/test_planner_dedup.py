@@ -110,6 +110,17 @@ def test_negative_token_ids_are_refused(as_array):
         PackedPrompts.pack([np.array(p) for p in prompts] if as_array else prompts)
 
 
+@pytest.mark.parametrize("as_array", [False, True])
+@pytest.mark.parametrize("bad", [2**32 - 1, 2**32])
+def test_token_ids_past_the_range_are_refused_and_the_last_one_in_it_is_kept(as_array, bad):
+    def pack(ids):
+        return PackedPrompts.pack([np.array(p, dtype=np.int64) for p in ids] if as_array else ids)
+
+    with pytest.raises(ValueError, match=f"token id {bad}"):
+        pack([[1, bad], [1, 2]])
+    assert pack([[1, 2**32 - 2], [1, 2]]).order.tolist() == [1, 0]
+
+
 def test_tokens_past_where_a_prompt_differs_are_not_read():
     """They cannot change the plan, so they are neither converted nor checked."""
     packed = PackedPrompts.pack([[1, 2, "x"], [1, 3, None]], first_chunk=2)

@@ -81,17 +81,24 @@ class PackedPrompts:
 
 def _stable_rank(columns: np.ndarray) -> np.ndarray:
     """Stable lexicographic order of the rows of `columns` (integers in [0, 2**32)). Constant
-    columns are dropped; a few varying ones are packed two to a uint64 and sorted key by key
-    (`lexsort` is stable), more are sorted at once as big-endian byte strings."""
+    columns are dropped; a few varying ones are packed into uint64 keys, as many to a key as
+    their bit widths allow, and sorted key by key (`lexsort` is stable), more are sorted at once
+    as big-endian byte strings."""
     columns = columns[:, (columns != columns[0]).any(axis=0)]
     width = columns.shape[1]
     if width == 0:
         return np.arange(columns.shape[0])
     if width <= 2 * PACKED_KEYS:
-        wide = np.zeros((columns.shape[0], width + width % 2), dtype=np.uint64)
-        wide[:, :width] = columns
-        packed = (wide[:, 0::2] << np.uint64(32)) | wide[:, 1::2]
-        return np.lexsort(packed.T[::-1])
+        keys, used = [np.zeros(columns.shape[0], dtype=np.uint64)], 0
+        for column, top in zip(columns.T, columns.max(axis=0).tolist(), strict=True):
+            bits = int(top).bit_length()
+            if used + bits > 64:
+                keys.append(np.zeros_like(keys[0]))
+                used = 0
+            keys[-1] <<= np.uint64(bits)
+            keys[-1] |= column.astype(np.uint64)
+            used += bits
+        return np.lexsort(keys[::-1])
     ranked = np.ascontiguousarray(columns, dtype=">u4")
     return np.argsort(ranked.view(f"V{4 * width}").ravel(), kind="stable")
 
@@ -100,10 +107,10 @@ class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
     past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
     for: touching an int object is what costs. Each window is sliced and appended, in C, by
-    `array.fromlist`, which takes only integers (a float, a string or None is a TypeError, a
-    negative id an OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again
-    by the checked reader, which names it. Numpy arrays of one dtype are joined as bytes
-    (anything else is concatenated) and checked once."""
+    `array.fromlist` as unsigned ints, which takes only integers (a float, a string or None is
+    a TypeError, a negative id or one past 2**32 - 1 an OverflowError); whatever it refuses, or
+    the id 2**32 - 1, is read again by the checked reader, which names it. Numpy arrays of one
+    dtype are joined as bytes (anything else is concatenated) and checked once."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths
@@ -134,7 +141,7 @@ class _TokenReader:
             return keys
         lists = list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
-        read = array("L")  # unsigned long: PyLong_AsUnsignedLong's fast path for small ints
+        read = array("I")  # unsigned int: an id past 2**32 - 1 is an OverflowError
         try:
             any(map(read.fromlist, map(getitem, lists, cut)))
             tokens = np.frombuffer(read, dtype=f"u{read.itemsize}")
@@ -142,7 +149,7 @@ class _TokenReader:
             tokens = None
         if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
             tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
-        tokens = tokens.astype(np.uint32)
+        tokens = tokens.astype(np.uint32, copy=False)
         tokens += 1
         if full:  # the tokens are the rows, end to end
             return tokens.reshape(rows.size, width)
