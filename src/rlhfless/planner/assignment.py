@@ -11,10 +11,12 @@ import heapq
 
 import numpy as np
 
+from rlhfless.planner.ordering import lex_order
+
 
 def sorted_order(group_max: np.ndarray, group_mean: np.ndarray) -> np.ndarray:
     """Prompts by predicted group max, then mean, then input position (deterministic)."""
-    return np.lexsort((group_mean, group_max))  # lexsort is stable: ties keep input order
+    return lex_order((group_mean, group_max))  # stable: ties keep input order
 
 
 def _interior(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rlhfless.planner.ordering import lex_order
+
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
 PACKED_KEYS = 4  # rows whose varying columns fit this many uint64 keys sort key by key
 
@@ -98,7 +100,7 @@ def _stable_rank(columns: np.ndarray) -> np.ndarray:
             keys[-1] <<= np.uint64(bits)
             keys[-1] |= column.astype(np.uint64)
             used += bits
-        return np.lexsort(keys[::-1])
+        return lex_order(keys[::-1])
     ranked = np.ascontiguousarray(columns, dtype=">u4")
     return np.argsort(ranked.view(f"V{4 * width}").ravel(), kind="stable")
 
@@ -240,7 +242,7 @@ class Dedup:
 
     def groups(self, uids: Sequence[str]) -> list[list[str]]:
         """Each unique prefix's uids, largest group first (ties by first uid)."""
-        order = np.argsort(self.group_of, kind="stable")
+        order = lex_order((self.group_of,))
         cuts = np.flatnonzero(np.diff(self.group_of[order])) + 1
         groups = [[uids[i] for i in part.tolist()] for part in np.split(order, cuts)] if order.size else []
         return sorted(groups, key=lambda g: (-len(g), g[0]))

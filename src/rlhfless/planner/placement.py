@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.planner.ordering import lex_order
+
 
 @dataclass
 class ClusterSpec:
@@ -84,7 +86,7 @@ class ClusterSpec:
 
 def rank_within(groups: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """Rank of each item inside its group by descending weight (ties: earlier item first)."""
-    order = np.lexsort((np.arange(weight.size), -weight, groups))
+    order = lex_order((-weight, groups))
     group_sorted = groups[order]
     first = np.flatnonzero(np.r_[True, group_sorted[1:] != group_sorted[:-1]])
     counts = np.diff(np.r_[first, group_sorted.size])
