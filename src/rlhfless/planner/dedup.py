@@ -28,7 +28,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from rlhfless.planner.ordering import lex_order
 
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
-PACKED_KEYS = 4  # rows whose varying columns fit this many uint64 keys sort key by key
+PACKED_COLUMNS = 8  # rows of at most this many varying columns sort as bit-packed uint64 keys
 
 
 @dataclass
@@ -61,9 +61,10 @@ class PackedPrompts:
             keys = reader.keys(rows, depth, chunk)
             # Columns equal in every row (a shared system prompt) cannot order or split rows.
             cols = np.flatnonzero((keys != keys[0]).any(axis=0))
-            perm = _stable_rank(np.column_stack((run >> 32, run & 0xFFFFFFFF, keys[:, cols])))
+            varying = keys[:, cols]
+            perm = _stable_rank(run, varying)
             order[tied] = rows[perm]
-            varying = keys[perm[:, None], cols]
+            varying = varying[perm]
             same_run = run[1:] == run[:-1]  # neighbours in sorted order, equal through `depth`
             differs = varying[1:] != varying[:-1]
             split = differs.any(axis=1)
@@ -81,28 +82,24 @@ class PackedPrompts:
         return cls(lengths, order, lcp)
 
 
-def _stable_rank(columns: np.ndarray) -> np.ndarray:
-    """Stable lexicographic order of the rows of `columns` (integers in [0, 2**32)). Constant
-    columns are dropped; a few varying ones are packed into uint64 keys, as many to a key as
-    their bit widths allow, and sorted key by key (`lexsort` is stable), more are sorted at once
-    as big-endian byte strings."""
-    columns = columns[:, (columns != columns[0]).any(axis=0)]
-    width = columns.shape[1]
-    if width == 0:
-        return np.arange(columns.shape[0])
-    if width <= 2 * PACKED_KEYS:
-        keys, used = [np.zeros(columns.shape[0], dtype=np.uint64)], 0
-        for column, top in zip(columns.T, columns.max(axis=0).tolist(), strict=True):
-            bits = int(top).bit_length()
-            if used + bits > 64:
-                keys.append(np.zeros_like(keys[0]))
-                used = 0
-            keys[-1] <<= np.uint64(bits)
-            keys[-1] |= column.astype(np.uint64)
-            used += bits
-        return lex_order(keys[::-1])
-    ranked = np.ascontiguousarray(columns, dtype=">u4")
-    return np.argsort(ranked.view(f"V{4 * width}").ravel(), kind="stable")
+def _stable_rank(run: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """Stable order of rows by `run` (integers >= 0), then lexicographically by the rows of
+    `columns` (integers in [0, 2**32)). The run and a few columns are packed into uint64 keys,
+    as many to a key as their bit widths allow; more columns are sorted at once as big-endian
+    byte strings."""
+    if columns.shape[1] > PACKED_COLUMNS:
+        ranked = np.ascontiguousarray(np.column_stack((run >> 32, run & 0xFFFFFFFF, columns)), ">u4")
+        return np.argsort(ranked.view(f"V{4 * ranked.shape[1]}").ravel(), kind="stable")
+    keys, used = [np.zeros(run.size, dtype=np.uint64)], 0
+    for field in (run, *columns.T):
+        bits = int(field.max()).bit_length()
+        if used + bits > 64:
+            keys.append(np.zeros_like(keys[0]))
+            used = 0
+        keys[-1] <<= np.uint64(bits)
+        keys[-1] |= field.astype(np.uint64)
+        used += bits
+    return lex_order(keys[::-1])
 
 
 class _TokenReader:
