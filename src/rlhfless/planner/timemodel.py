@@ -140,9 +140,8 @@ class RangeModel:
         """Decode steps and seconds per step of each range in the first `reached` segments.
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
-        A segment past a range's longest sequence has no tokens, so batch 0, whose step the
-        profile prices at 0: it adds nothing. Operations run in place, in the order that fixes
-        every rounding."""
+        A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
+        adds nothing. Operations run in place, in the order that fixes every rounding."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
         tokens = self._tokens[ends, :reached]
         tokens -= self._tokens[starts, :reached]
