@@ -30,13 +30,12 @@ from typing import Any
 import numpy as np
 
 
-def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells) -> tuple[np.ndarray, np.ndarray]:
     """Grid cell of each x and its offset from the cell's low point: 0 below the grid (clamped),
-    past the last point the last cell goes on (linear extrapolation). `cells`: a `_Cells` of
-    `grid` for x of one dimension."""
+    past the last point the last cell goes on (linear extrapolation). `cells`: `grid`'s."""
     if grid.size == 1:
         return np.zeros(x.shape, dtype=np.intp), np.zeros(x.shape)
-    cell = np.searchsorted(grid[1:-1], x, side="right") if cells is None else cells(x)
+    cell = cells(x)
     return cell, np.maximum(x - grid[cell], 0.0)
 
 
@@ -72,7 +71,7 @@ class _Cells:
         self.point = np.where(near, inner[np.minimum(self.below, inner.size - 1)], np.nan)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.below is None:
+        if self.below is None or x.ndim == 0:  # no table, or one x
             return np.searchsorted(self.inner, x, side="right")
         with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN land in an end bucket
             at = np.multiply(x, self.scale)
@@ -143,7 +142,7 @@ class Profile:
         return float(self.prefill_chunk or self.prefill_tokens[-1])
 
     def _prefill_ms(self, x: np.ndarray) -> np.ndarray:
-        cell, offset = _cell(self.prefill_tokens, x)
+        cell, offset = _cell(self.prefill_tokens, x, self._cells[2])
         return np.maximum(self.prefill_ms[cell] + offset * self._prefill_slope[cell], 0.0)
 
     @cached_property
@@ -192,8 +191,9 @@ class Profile:
         return ms.reshape(shape)[()]
 
     @cached_property
-    def _cells(self) -> tuple[_Cells, _Cells]:
-        return _Cells(self.decode_batch), _Cells(self.decode_context)
+    def _cells(self) -> tuple[_Cells, _Cells, _Cells]:
+        """Cell finders of the decode batch, decode context and prefill token grids."""
+        return _Cells(self.decode_batch), _Cells(self.decode_context), _Cells(self.prefill_tokens)
 
     @cached_property
     def _bilinear(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
