@@ -239,7 +239,7 @@ class Dedup:
 
     def groups(self, uids: Sequence[str]) -> list[list[str]]:
         """Each unique prefix's uids, largest group first (ties by first uid)."""
-        order = lex_order((self.group_of,))
+        order = np.argsort(self.group_of, kind="stable")
         cuts = np.flatnonzero(np.diff(self.group_of[order])) + 1
         groups = [[uids[i] for i in part.tolist()] for part in np.split(order, cuts)] if order.size else []
         return sorted(groups, key=lambda g: (-len(g), g[0]))

@@ -25,7 +25,6 @@ from rlhfless.planner.assignment import (
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
 from rlhfless.planner.floor import generation_floor
-from rlhfless.planner.ordering import lex_order
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import keep_warm
@@ -336,7 +335,7 @@ def _chosen_actors(
     sizes = actors.ends[rows] - actors.starts[rows]
     held = np.concatenate([order[s:e] for s, e in zip(actors.starts[rows], actors.ends[rows], strict=True)])
     if admission is not None:  # within each actor (stable: ties keep assignment order)
-        held = held[lex_order((-admission[held], np.repeat(np.arange(rows.size), sizes)))]
+        held = held[np.lexsort((-admission[held], np.repeat(np.arange(rows.size), sizes)))]
     names = list(map(uids.__getitem__, held.tolist()))
     cuts = np.r_[0, np.cumsum(sizes)].tolist()
     floats = ("time", "cost", "delay", "work", "prefill_tokens", "cold")
