@@ -54,17 +54,20 @@ def common_prefix(a, b):
     return k
 
 
+token_ids = st.integers(0, 2) | st.sampled_from([2**31, 2**32 - 2])  # big ones fill a packed key
+
+
 @settings(max_examples=80, deadline=None)
 @given(
-    system=st.lists(st.integers(0, 2), max_size=9),
-    tails=st.lists(st.lists(st.integers(0, 2), max_size=9), min_size=1, max_size=12),
+    system=st.lists(token_ids, max_size=9),
+    tails=st.lists(st.lists(token_ids, max_size=9), min_size=1, max_size=12),
     shared=st.lists(st.booleans(), min_size=12, max_size=12),
     first_chunk=st.integers(1, 12),
     as_array=st.booleans(),
 )
 def test_pack_sorts_and_measures_prefixes_as_python_does(system, tails, shared, first_chunk, as_array):
-    """Chunked reading (any first chunk, lists or arrays; few varying columns sorted as packed
-    keys, many as byte strings) gives Python's stable sort and the brute-force common prefixes
+    """Chunked reading (any first chunk, lists or arrays; few varying columns sorted as keys
+    packed by bit width, many as byte strings) gives Python's stable sort and the brute-force common prefixes
     of sorted neighbours (longest + 1 for identical prompts)."""
     prompts = [(system if s else []) + t for t, s in zip(tails, shared, strict=False)]
     tokens = [np.array(p, dtype=np.int64) for p in prompts] if as_array else prompts
@@ -108,6 +111,17 @@ def test_negative_token_ids_are_refused(as_array):
     prompts = [[1, -3], [1, 2]]
     with pytest.raises(ValueError, match="token id -3"):
         PackedPrompts.pack([np.array(p) for p in prompts] if as_array else prompts)
+
+
+@pytest.mark.parametrize("as_array", [False, True])
+@pytest.mark.parametrize("bad", [2**32 - 1, 2**32])
+def test_token_ids_past_the_range_are_refused_and_the_last_one_in_it_is_kept(as_array, bad):
+    def pack(ids):
+        return PackedPrompts.pack([np.array(p, dtype=np.int64) for p in ids] if as_array else ids)
+
+    with pytest.raises(ValueError, match=f"token id {bad}"):
+        pack([[1, bad], [1, 2]])
+    assert pack([[1, 2**32 - 2], [1, 2]]).order.tolist() == [1, 0]
 
 
 def test_tokens_past_where_a_prompt_differs_are_not_read():

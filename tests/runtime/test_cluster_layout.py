@@ -1,5 +1,6 @@
 """The planner's cluster is what Ray reports: alive nodes, their free slots, the driver's node first."""
 
+import numpy as np
 import pytest
 
 from rlhfless.planner.hardware import ModelShape
@@ -44,13 +45,11 @@ def test_the_driver_node_must_be_alive():
 def test_a_cluster_of_unequal_nodes_places_slots_node_by_node():
     spec = ClusterSpec(node_gpus=(2, 3, 1))
     assert (spec.nodes, spec.gpus_per_node, spec.total_gpus) == (3, 3, 6)
-    assert [spec.slot_gpus(s, 1) for s in range(6)] == [
-        (0, [0]),
-        (0, [1]),
-        (1, [2]),
-        (1, [3]),
-        (1, [4]),
-        (2, [5]),
-    ]
+    nodes, first_gpus = spec.slot_gpus(np.arange(7), 1)
+    assert nodes.tolist() == [0, 0, 1, 1, 1, 2, 2]  # a slot past the cluster's stays on the last node
+    assert first_gpus.tolist() == [0, 1, 2, 3, 4, 5, 6]
     uniform = ClusterSpec(nodes=2, gpus_per_node=4)
-    assert uniform.node_slots(2) == [2, 2] and uniform.slot_gpus(3, 2) == (1, [6, 7])
+    assert uniform.node_slots(2) == [2, 2]
+    assert [x.tolist() for x in uniform.slot_gpus(np.array([0, 3]), 2)] == [[0, 1], [0, 6]]
+    skipped = ClusterSpec(node_gpus=(1, 4))  # node 0 holds no 2-GPU actor
+    assert [x.tolist() for x in skipped.slot_gpus(np.array([0, 1]), 2)] == [[1, 1], [1, 3]]

@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rlhfless.planner.ordering import lex_order
+
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
-PACKED_KEYS = 4  # rows whose varying columns fit this many uint64 keys sort key by key
+PACKED_COLUMNS = 8  # rows of at most this many varying columns sort as bit-packed uint64 keys
 
 
 @dataclass
@@ -59,9 +61,10 @@ class PackedPrompts:
             keys = reader.keys(rows, depth, chunk)
             # Columns equal in every row (a shared system prompt) cannot order or split rows.
             cols = np.flatnonzero((keys != keys[0]).any(axis=0))
-            perm = _stable_rank(np.column_stack((run >> 32, run & 0xFFFFFFFF, keys[:, cols])))
+            varying = keys[:, cols]
+            perm = _stable_rank(run, varying)
             order[tied] = rows[perm]
-            varying = keys[perm[:, None], cols]
+            varying = varying[perm]
             same_run = run[1:] == run[:-1]  # neighbours in sorted order, equal through `depth`
             differs = varying[1:] != varying[:-1]
             split = differs.any(axis=1)
@@ -79,31 +82,34 @@ class PackedPrompts:
         return cls(lengths, order, lcp)
 
 
-def _stable_rank(columns: np.ndarray) -> np.ndarray:
-    """Stable lexicographic order of the rows of `columns` (integers in [0, 2**32)). Constant
-    columns are dropped; a few varying ones are packed two to a uint64 and sorted key by key
-    (`lexsort` is stable), more are sorted at once as big-endian byte strings."""
-    columns = columns[:, (columns != columns[0]).any(axis=0)]
-    width = columns.shape[1]
-    if width == 0:
-        return np.arange(columns.shape[0])
-    if width <= 2 * PACKED_KEYS:
-        wide = np.zeros((columns.shape[0], width + width % 2), dtype=np.uint64)
-        wide[:, :width] = columns
-        packed = (wide[:, 0::2] << np.uint64(32)) | wide[:, 1::2]
-        return np.lexsort(packed.T[::-1])
-    ranked = np.ascontiguousarray(columns, dtype=">u4")
-    return np.argsort(ranked.view(f"V{4 * width}").ravel(), kind="stable")
+def _stable_rank(run: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """Stable order of rows by `run` (integers >= 0), then lexicographically by the rows of
+    `columns` (integers in [0, 2**32)). The run and a few columns are packed into uint64 keys,
+    as many to a key as their bit widths allow; more columns are sorted at once as big-endian
+    byte strings."""
+    if columns.shape[1] > PACKED_COLUMNS:
+        ranked = np.ascontiguousarray(np.column_stack((run >> 32, run & 0xFFFFFFFF, columns)), ">u4")
+        return np.argsort(ranked.view(f"V{4 * ranked.shape[1]}").ravel(), kind="stable")
+    keys, used = [np.zeros(run.size, dtype=np.uint64)], 0
+    for field in (run, *columns.T):
+        bits = int(field.max()).bit_length()
+        if used + bits > 64:
+            keys.append(np.zeros_like(keys[0]))
+            used = 0
+        keys[-1] <<= np.uint64(bits)
+        keys[-1] |= field.astype(np.uint64)
+        used += bits
+    return lex_order(keys[::-1])
 
 
 class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
     past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
     for: touching an int object is what costs. Each window is sliced and appended, in C, by
-    `array.fromlist`, which takes only integers (a float, a string or None is a TypeError, a
-    negative id an OverflowError); whatever it refuses, or an id past 2**32 - 2, is read again
-    by the checked reader, which names it. Numpy arrays of one dtype are joined as bytes
-    (anything else is concatenated) and checked once."""
+    `array.fromlist` as unsigned ints, which takes only integers (a float, a string or None is
+    a TypeError, a negative id or one past 2**32 - 1 an OverflowError); whatever it refuses, or
+    the id 2**32 - 1, is read again by the checked reader, which names it. Numpy arrays of one
+    dtype are joined as bytes (anything else is concatenated) and checked once."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
         self.lengths = lengths
@@ -134,7 +140,7 @@ class _TokenReader:
             return keys
         lists = list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
-        read = array("L")  # unsigned long: PyLong_AsUnsignedLong's fast path for small ints
+        read = array("I")  # unsigned int: an id past 2**32 - 1 is an OverflowError
         try:
             any(map(read.fromlist, map(getitem, lists, cut)))
             tokens = np.frombuffer(read, dtype=f"u{read.itemsize}")
@@ -142,7 +148,7 @@ class _TokenReader:
             tokens = None
         if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
             tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
-        tokens = tokens.astype(np.uint32)
+        tokens = tokens.astype(np.uint32, copy=False)
         tokens += 1
         if full:  # the tokens are the rows, end to end
             return tokens.reshape(rows.size, width)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.planner.ordering import lex_order
+
 
 @dataclass
 class ClusterSpec:
@@ -70,21 +72,21 @@ class ClusterSpec:
         bandwidth = np.where(same_node, self.intra_node_bandwidth, self.inter_node_bandwidth)
         return np.asarray(nbytes, dtype=float) / (bandwidth * gpus_per_actor)
 
-    def slot_gpus(self, slot: int, gpus_per_actor: int) -> tuple[int, list[int]]:
-        """(node, global GPU ids) of placement slot `slot` (0 = the learner's GPUs)."""
-        gpus = self.node_gpus or (self.gpus_per_node,) * self.nodes
-        node, local, first = 0, slot, 0
-        while node < len(gpus) - 1 and local >= gpus[node] // gpus_per_actor:
-            local -= gpus[node] // gpus_per_actor
-            first += gpus[node]
-            node += 1
-        first += local * gpus_per_actor
-        return node, list(range(first, first + gpus_per_actor))
+    def slot_gpus(self, slots: Any, gpus_per_actor: int) -> tuple[np.ndarray, np.ndarray]:
+        """(node, first global GPU id) of each placement slot (0 = the learner's GPUs), slots
+        filling node 0 first; an actor's GPUs are `gpus_per_actor` from its first. Slots past
+        the cluster's stay on the last node."""
+        gpus = np.array(self.node_gpus or (self.gpus_per_node,) * self.nodes)
+        slots_of = gpus // gpus_per_actor
+        past = np.cumsum(slots_of)  # each node's slots end before this one
+        node = np.minimum(np.searchsorted(past, slots, side="right"), gpus.size - 1)
+        local = slots - (past - slots_of)[node]
+        return node, (np.cumsum(gpus) - gpus)[node] + local * gpus_per_actor
 
 
 def rank_within(groups: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """Rank of each item inside its group by descending weight (ties: earlier item first)."""
-    order = np.lexsort((np.arange(weight.size), -weight, groups))
+    order = lex_order((-weight, groups))
     group_sorted = groups[order]
     first = np.flatnonzero(np.r_[True, group_sorted[1:] != group_sorted[:-1]])
     counts = np.diff(np.r_[first, group_sorted.size])

@@ -339,22 +339,23 @@ def _chosen_actors(
     names = list(map(uids.__getitem__, held.tolist()))
     cuts = np.r_[0, np.cumsum(sizes)].tolist()
     floats = ("time", "cost", "delay", "work", "prefill_tokens", "cold")
+    nodes, first_gpus = cluster.slot_gpus(actors.slot[rows], profile.gpus)
     columns = zip(
-        actors.slot[rows].astype(int).tolist(),
+        nodes.tolist(),
+        first_gpus.tolist(),
         *(getattr(actors, f)[rows].astype(float).tolist() for f in floats),
         actors.hidden[rows].astype(bool).tolist(),
         table.warm[rows].astype(bool).tolist(),
         strict=True,
     )
     out = []
-    for i, (slot, time_s, cost, delay, work, prefill, cold, hidden, warm) in enumerate(columns):
-        node, gpu_ids = cluster.slot_gpus(slot, profile.gpus)
+    for i, (node, first, time_s, cost, delay, work, prefill, cold, hidden, warm) in enumerate(columns):
         out.append(
             ActorPlan(
                 actor=i,
                 uids=names[cuts[i] : cuts[i + 1]],
                 gpus=profile.gpus,
-                gpu_ids=gpu_ids,
+                gpu_ids=list(range(first, first + profile.gpus)),
                 node=node,
                 predicted_time=time_s,
                 predicted_cost=cost,

@@ -267,11 +267,8 @@ class LengthPredictor:
         it fits the prompt's source (or the prompt names no source), else a draw from the source's
         recent groups, else the default."""
         n = len(uids)
-        answers = (
-            np.array([np.nan if a is None else a for a in answer_tokens], dtype=float)
-            if answer_tokens is not None
-            else np.full(n, np.nan)
-        )
+        # As floats, None (no answer) is NaN.
+        answers = np.array(answer_tokens, dtype=float) if answer_tokens is not None else np.full(n, np.nan)
         out_max = np.full(n, float(self.default_length))
         out_mean = out_max.copy()
         default = np.ones(n, dtype=bool)

@@ -30,13 +30,12 @@ from typing import Any
 import numpy as np
 
 
-def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells) -> tuple[np.ndarray, np.ndarray]:
     """Grid cell of each x and its offset from the cell's low point: 0 below the grid (clamped),
-    past the last point the last cell goes on (linear extrapolation). `cells`: a `_Cells` of
-    `grid` for x of one dimension."""
+    past the last point the last cell goes on (linear extrapolation). `cells`: `grid`'s."""
     if grid.size == 1:
         return np.zeros(x.shape, dtype=np.intp), np.zeros(x.shape)
-    cell = np.searchsorted(grid[1:-1], x, side="right") if cells is None else cells(x)
+    cell = cells(x)
     return cell, np.maximum(x - grid[cell], 0.0)
 
 
@@ -45,38 +44,42 @@ BUCKETS = 1 << 16  # most buckets a `_Cells` table holds (a grid needing more is
 
 class _Cells:
     """`np.searchsorted(grid[1:-1], x, side="right")` for many x at once, without a binary
-    search per x: the range of the inner points is cut into buckets half their smallest gap
-    wide, a table gives the count at each bucket's low end, and since a rounding can put x at
-    most one bucket off, one step up and one step down make the count exact."""
+    search per x: the range of the inner points is cut into buckets an eighth of their smallest
+    gap wide. A rounding can put x at most one bucket off, so the three buckets around the one
+    it lands in, well under a gap wide, hold x and at most one point: per bucket, a table gives
+    the count of points below those three and the point among them (NaN: none), and one
+    comparison with it makes the count exact."""
 
     def __init__(self, grid: np.ndarray) -> None:
         inner = grid[1:-1]
         self.inner = inner
-        self.table: np.ndarray | None = None
+        self.below: np.ndarray | None = None
         # Buckets far wider than a rounding of the grid's values, and not too many of them.
         if inner.size < 2 or np.diff(inner).min() <= 1e-9 * np.abs(inner).max():
             return
         with np.errstate(over="ignore"):  # a tiny gap: more buckets than any table holds
-            self.low, self.scale = inner[0], 2.0 / np.diff(inner).min()
+            self.scale = 8.0 / np.diff(inner).min()
             if not (inner[-1] - inner[0]) * self.scale <= BUCKETS:
                 return
-        self.buckets = int(np.ceil((inner[-1] - inner[0]) * self.scale)) + 2
-        bucket_low = self.low + (np.arange(self.buckets + 1) - 1.0) / self.scale
-        self.table = np.searchsorted(inner, bucket_low, side="right")
-        # Below every point nothing counts; above the last, NaN (x >= NaN is never true).
-        self.bounds = np.r_[-np.inf, inner, np.nan]
+        # x lands in bucket floor(x * scale + shift): 3 + its place, in buckets, past inner[0].
+        self.shift = 3.0 - inner[0] * self.scale
+        place = (inner - inner[0]) * self.scale
+        self.buckets = int(np.ceil(place[-1])) + 5  # what lands in the last is past every point
+        lands = np.arange(self.buckets + 1.0)  # x in bucket j is within [j - 4, j - 1) in place
+        self.below = np.searchsorted(place, lands - 4.0)
+        near = np.searchsorted(place, lands - 1.0) > self.below
+        self.point = np.where(near, inner[np.minimum(self.below, inner.size - 1)], np.nan)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.table is None:
+        if self.below is None or x.ndim == 0:  # no table, or one x
             return np.searchsorted(self.inner, x, side="right")
         with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN land in an end bucket
-            at = x - self.low
-            at *= self.scale
-            at += 1.0
+            at = np.multiply(x, self.scale)
+            at += self.shift
             np.clip(at, 0.0, self.buckets, out=at)
-            count = self.table.take(at.astype(np.intp), mode="clip")
-        count += x >= self.bounds.take(count + 1)
-        count -= x < self.bounds.take(count)
+            bucket = at.astype(np.intp)
+        count = self.below.take(bucket, mode="clip")
+        count += x >= self.point.take(bucket, mode="clip")  # x >= NaN: never
         return count
 
 
@@ -139,7 +142,7 @@ class Profile:
         return float(self.prefill_chunk or self.prefill_tokens[-1])
 
     def _prefill_ms(self, x: np.ndarray) -> np.ndarray:
-        cell, offset = _cell(self.prefill_tokens, x)
+        cell, offset = _cell(self.prefill_tokens, x, self._cells[2])
         return np.maximum(self.prefill_ms[cell] + offset * self._prefill_slope[cell], 0.0)
 
     @cached_property
@@ -188,8 +191,9 @@ class Profile:
         return ms.reshape(shape)[()]
 
     @cached_property
-    def _cells(self) -> tuple[_Cells, _Cells]:
-        return _Cells(self.decode_batch), _Cells(self.decode_context)
+    def _cells(self) -> tuple[_Cells, _Cells, _Cells]:
+        """Cell finders of the decode batch, decode context and prefill token grids."""
+        return _Cells(self.decode_batch), _Cells(self.decode_context), _Cells(self.prefill_tokens)
 
     @cached_property
     def _bilinear(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

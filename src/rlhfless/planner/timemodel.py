@@ -66,10 +66,10 @@ def _prefix(x: np.ndarray) -> np.ndarray:
 
 
 def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """Per length and segment: the part of [start, start + width) it covers."""
-    out = np.subtract(lengths[:, None], start)
+    """Per segment (rows) and length (columns): the part of [start, start + width) it covers."""
+    out = np.subtract(lengths, start[:, None])
     np.maximum(out, 0.0, out=out)
-    return np.minimum(out, width, out=out)
+    return np.minimum(out, width[:, None], out=out)
 
 
 class RangeModel:
@@ -92,12 +92,14 @@ class RangeModel:
             more = _clipped(rest, start, width)
             more *= g - 1
             overlap += more
-        self._tokens = _prefix(overlap)
+        self._tokens = _prefix(overlap.T)
         self._work = _prefix(longest + (g - 1) * rest)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
         self._prefill = _prefix(w.decode_prefill[order].astype(float))
         self._kv = _prefix(w.kv_tokens[order].astype(float))
-        self._max_table = self._sparse_max(longest)
+        self._longest = longest
+        # In order of length (the sorted assignment's), a range's longest sequence is its last.
+        self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
 
     @staticmethod
     def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
@@ -115,6 +117,8 @@ class RangeModel:
         return self._work
 
     def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        if self._max_table is None:
+            return self._longest[ends - 1]
         size = ends - starts
         level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
         out = np.empty(starts.size)
@@ -131,19 +135,17 @@ class RangeModel:
         longest: np.ndarray,
         cap: np.ndarray,
         mean_prompt: np.ndarray,
-        steps: np.ndarray,
-        step_s: np.ndarray,
-    ) -> None:
-        """Fill `steps` and `step_s` (decode steps and seconds per step, per range and segment).
+        reached: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode steps and seconds per step of each range in the first `reached` segments.
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
-        A segment past a range's longest sequence has no tokens, so batch 0, whose step the
-        profile prices at 0: it adds nothing. Operations run in place, in the order that fixes
-        every rounding."""
-        start, width = self.edges[:-1], np.diff(self.edges)
-        tokens = self._tokens[ends]
-        tokens -= self._tokens[starts]
-        np.subtract(longest[:, None], start, out=steps)
+        A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
+        adds nothing. Operations run in place, in the order that fixes every rounding."""
+        start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
+        tokens = self._tokens[ends, :reached]
+        tokens -= self._tokens[starts, :reached]
+        steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
         batch = np.maximum(steps, 1e-12)
@@ -154,23 +156,34 @@ class RangeModel:
         context = np.minimum(steps, width)
         context *= 0.5
         context += mean_prompt[:, None] + start
-        step_s[...] = self.profile.decode_step_seconds(batch, context)
+        return steps, self.profile.decode_step_seconds(batch, context)
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
-        tokens it receives, decode tokens."""
+        tokens it receives, decode tokens.
+
+        A segment that starts at or past a range's longest sequence has neither steps nor tokens
+        (both exactly 0): ranges are timed in order of the segments they reach, each block only
+        over the segments its ranges reach, the rest left 0."""
         prompts = (ends - starts).astype(float)
         seqs = prompts * self.group_size
         work = self._work[ends] - self._work[starts]
         mean_prompt = (self._context[ends] - self._context[starts]) / np.maximum(prompts, 1)
         cap = self.profile.concurrency(mean_prompt + work / np.maximum(seqs, 1))
         longest = self.range_max(starts, ends)
-        steps = np.empty((starts.size, self.edges.size - 1))
-        step_s = np.empty_like(steps)
+        reach = np.searchsorted(self.edges[:-1], longest, side="left")
+        by_reach = np.argsort(reach, kind="stable")
+        steps = np.zeros((starts.size, self.edges.size - 1))
+        step_s = np.zeros_like(steps)
         for lo in range(0, starts.size, BLOCK):
-            at = slice(lo, lo + BLOCK)
-            self._segments(starts[at], ends[at], longest[at], cap[at], mean_prompt[at], steps[at], step_s[at])
-        decode = np.einsum("ij,ij->i", steps, step_s)
+            rows = by_reach[lo : lo + BLOCK]
+            reached = int(reach[rows[-1]])
+            at = (slice(lo, lo + BLOCK), slice(0, reached))
+            steps[at], step_s[at] = self._segments(
+                starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached
+            )
+        decode = np.empty(starts.size)
+        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s)
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
             "decode": decode,
