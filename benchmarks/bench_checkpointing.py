@@ -1,4 +1,4 @@
-"""Activation checkpointing on and off, side by side in one run: one learner rank's share of a
+"""Activation checkpointing off, on every second layer and on every layer, side by side in one run: one learner rank's share of a
 default step (SmolLM2-135M, GRPO, 4 prompts x 4 samples of at most 160 tokens, Adam's states
 allocated), its update's seconds and its process's peak resident memory.
 
@@ -23,7 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner_memory import GB, make_samples, peak_rss  # noqa: E402
 
-SETTINGS = {"off": "model.gradient_checkpointing=false", "on": "model.gradient_checkpointing=true"}
+SETTINGS = {
+    "off": ["model.gradient_checkpointing=false"],
+    "every 2nd layer": ["model.gradient_checkpointing=true", "model.checkpoint_every_n_layers=2"],
+    "on": ["model.gradient_checkpointing=true"],
+}
 
 
 def child(threads: int, overrides: list[str]) -> None:
@@ -71,7 +75,7 @@ def main() -> None:
                 "--threads",
                 str(args.threads),
                 *args.overrides,
-                setting,
+                *setting,
             ]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
@@ -81,14 +85,14 @@ def main() -> None:
                 flush=True,
             )
     mean = {n: {k: statistics.mean(x[k] for x in v) for k in ("seconds", "peak_gb")} for n, v in runs.items()}
-    print(
-        f"update: {mean['on']['seconds']:.1f} s on against {mean['off']['seconds']:.1f} s off "
-        f"({mean['on']['seconds'] / mean['off']['seconds']:.2f}x the time)"
-    )
-    print(
-        f"peak resident: {mean['on']['peak_gb']:.2f} GB on against {mean['off']['peak_gb']:.2f} GB off "
-        f"({mean['off']['peak_gb'] - mean['on']['peak_gb']:.2f} GB less)"
-    )
+    off = mean["off"]
+    for name in list(SETTINGS)[1:]:
+        m = mean[name]
+        print(
+            f"checkpointing {name}: update {m['seconds']:.1f} s against {off['seconds']:.1f} s off "
+            f"({m['seconds'] / off['seconds']:.2f}x the time), peak {m['peak_gb']:.2f} GB against "
+            f"{off['peak_gb']:.2f} GB ({off['peak_gb'] - m['peak_gb']:.2f} GB less)"
+        )
     print(f"load average (1 min) before {load_before:.1f}, after {os.getloadavg()[0]:.1f}")
 
 
