@@ -1,6 +1,7 @@
-"""Activation checkpointing off, on every second layer and on every layer, side by side in one run: one learner rank's share of a
-default step (SmolLM2-135M, GRPO, 4 prompts x 4 samples of at most 160 tokens, Adam's states
-allocated), its update's seconds and its process's peak resident memory.
+"""Activation checkpointing off, on every second layer and on every layer, side by side in one
+run: one learner rank's share of a default step (SmolLM2-135M, GRPO, 4 prompts x 4 samples of at
+most 160 tokens, Adam's states allocated), its update's seconds and its process's peak resident
+memory.
 
     .venv/bin/python benchmarks/bench_checkpointing.py [--repeats 2] [--threads 1] [key=value ...]
 
