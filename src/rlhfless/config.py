@@ -298,8 +298,7 @@ class TrainerConfig:
         default=512,
         metadata={
             "help": "learner token budget per micro-batch: K prompts x (longest prompt + longest row "
-            "of their packed responses), a prompt's group cut into parts that fit (its prompt run "
-            "again for each); the backbone's saved activations grow with it: one rank's "
+            "of their packed responses); the backbone's saved activations grow with it: one rank's "
             "share of a default step (16 samples) peaked at 3.7 GB resident with 512 and 4.1 GB "
             "with 1024, at the same speed on a CPU"
         },

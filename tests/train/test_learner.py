@@ -33,22 +33,6 @@ def test_micro_batches_cover_every_group_once_within_the_budget(groups, budget):
         assert len(b) == 1 or len(b) * (longest_prompt + longest_row) <= budget
 
 
-@given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=30),
-    st.integers(8, 200),
-)
-def test_a_group_over_the_budget_is_cut_into_parts_that_fit(rows, budget):
-    """Each part keeps its samples in order under one prompt; a part over the budget is one sample."""
-    samples = [Sample(f"u{u}", i, [1] * (5 * u + 3), [2] * r, "stop") for i, (u, _, r) in enumerate(rows)]
-    groups = prompt_groups(samples, list(range(len(samples))), budget)
-    assert sorted(i for g in groups for i in g.rows) == list(range(len(samples)))
-    for g in groups:
-        assert len({samples[i].uid for i in g.rows}) == 1 and g.rows == sorted(g.rows)
-        assert len(g.rows) == 1 or g.prompt_len + sum(g.response_lens) <= budget
-    whole = prompt_groups(samples, list(range(len(samples))))
-    assert len(whole) == len({s.uid for s in samples})
-
-
 def make_samples(n=6, vocab=64, seed=0, group=2):
     """Groups of `group` samples share a prompt (as GRPO's G samples do); lengths vary."""
     g = torch.Generator().manual_seed(seed)

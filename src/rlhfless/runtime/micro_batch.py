@@ -25,28 +25,14 @@ class Group:
         return self.prompt_len, sum(self.response_lens)
 
 
-def prompt_groups(samples: list[Sample], rows: list[int], token_budget: int | None = None) -> list[Group]:
-    """`rows` grouped by prompt. With a `token_budget`, a group whose prompt and packed responses
-    exceed it is cut into consecutive parts that fit (a sample alone may not): each part runs
-    the prompt again, so that the budget bounds a micro-batch's activations. Each sample still
-    attends to its prompt and its own tokens only, so its log-probs and gradients are the same."""
+def prompt_groups(samples: list[Sample], rows: list[int]) -> list[Group]:
     by_uid: dict[str, list[int]] = {}
     for i in rows:
         by_uid.setdefault(samples[i].uid, []).append(i)
-    groups = []
-    for idx in by_uid.values():
-        prompt = len(samples[idx[0]].prompt_ids)
-        parts: list[list[int]] = [[]]
-        used = prompt
-        for i in idx:
-            length = len(samples[i].response_ids)
-            if parts[-1] and token_budget is not None and used + length > token_budget:
-                parts.append([])
-                used = prompt
-            parts[-1].append(i)
-            used += length
-        groups += [Group(part, prompt, [len(samples[i].response_ids) for i in part]) for part in parts]
-    return groups
+    return [
+        Group(idx, len(samples[idx[0]].prompt_ids), [len(samples[i].response_ids) for i in idx])
+        for idx in by_uid.values()
+    ]
 
 
 def micro_batches(groups: list[Group], token_budget: int) -> list[list[int]]:
@@ -183,7 +169,7 @@ def pack(
 ) -> list[MicroBatch]:
     """The micro-batches of `rows` on `device`: samples grouped by prompt, groups packed under the
     budget."""
-    groups = prompt_groups(samples, rows, token_budget)
+    groups = prompt_groups(samples, rows)
     return [
         MicroBatch.build(samples, [groups[g] for g in chosen], pad_id).to(device)
         for chosen in micro_batches(groups, token_budget)
