@@ -3,7 +3,6 @@ optimizer, in a Ray function of its own; `dp_learner.ElasticLearner` starts, joi
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -43,10 +42,7 @@ class LearnerRank(LearnerReplica):
 
     def address(self) -> tuple[str, int]:
         """Where the phase's process group meets: this node, a port free now."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), rank_link.free_port()
 
     def join(self, address: str, port: int, rank: int, width: int) -> None:
         """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and

@@ -22,7 +22,8 @@ TIMEOUT = timedelta(seconds=300)  # a send or receive whose peer hangs (one that
 DRIVER, RANK0 = 0, 1  # ranks in the pair
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` now (all of this node's addresses by default)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -34,7 +35,7 @@ class RankLink:
 
     def __init__(self, rank0) -> None:
         host = ray.util.get_node_ip_address()
-        port = _free_port(host)
+        port = free_port(host)
         self.store = dist.TCPStore(host, port, 2, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
         joined = rank0.link.remote(host, port)
         self.group = dist.ProcessGroupGloo(self.store, DRIVER, 2, TIMEOUT)
