@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless.planner.dedup import PackedPrompts, deduplicate
+from rlhfless.planner.prefix_tree import _shared
 
 prompts_st = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=12)
 
@@ -108,28 +109,54 @@ def test_tree_levels_build_on_their_parents_and_cover_each_prompts_shared_prefix
     assert lv.tokens == brute_unique(list(seen.values()))
 
 
+def shared_by_brute_force(prompts, m):
+    """Per prompt, its longest prefix that m prompts (itself among them) share: the (m-1)-th
+    largest common prefix with another prompt, capped by its length."""
+    out = []
+    for i, p in enumerate(prompts):
+        others = sorted((common_prefix(p, q) for j, q in enumerate(prompts) if j != i), reverse=True)
+        out.append(min(others[m - 2], len(p)) if len(others) >= m - 1 else 0)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(prompts=tree_prompts, m=st.integers(2, 12))
+def test_a_prompts_prefix_shared_by_m_prompts_is_found_in_its_sorted_windows(prompts, m):
+    packed = PackedPrompts.pack(prompts)
+    lengths = packed.lengths[packed.order]
+    got = _shared(lengths, np.minimum(packed.lcp, lengths.max()), m)
+    expected = shared_by_brute_force(prompts, m)
+    assert got.tolist() == [expected[i] for i in packed.order.tolist()]
+
+
 @settings(max_examples=150, deadline=None)
 @given(prompts=tree_prompts, capacity=st.integers(1, 8))
-def test_tree_cut_is_the_deepest_whose_shared_prefixes_fit(prompts, capacity):
-    """C(L) against brute force: the runs of equal non-empty prefixes P_i[:min(s_i, L)] in sorted
-    order, s_i the longest prefix P_i shares with another prompt."""
+def test_tree_keeps_every_shared_prefix_when_they_fit(prompts, capacity):
+    """Runs of equal prefixes P_i[:s_i] in sorted order (s_i: the longest prefix P_i shares
+    with another prompt) within the capacity: each prompt receives all of s_i but its last
+    token (past the capacity, the levels test bounds the trie's leaves)."""
     d = deduplicate(PackedPrompts.pack(prompts), capacity, "tree")
-    n = len(prompts)
-    shared = [
-        min(max([common_prefix(p, q) for j, q in enumerate(prompts) if j != i] + [0]), len(p))
-        for i, p in enumerate(prompts)
-    ]
-    order = sorted(range(n), key=prompts.__getitem__)
+    shared = shared_by_brute_force(prompts, 2)
+    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    cuts = [tuple(prompts[i][: shared[i]]) for i in order]
+    runs = sum(1 for a, c in enumerate(cuts) if c and (a == 0 or c != cuts[a - 1]))
+    if runs <= capacity:
+        assert d.prefix_tokens.tolist() == [min(s, len(p) - 1) for s, p in zip(shared, prompts, strict=True)]
 
-    def runs(cut: int) -> int:
-        cuts = [tuple(prompts[i][: min(shared[i], cut)]) for i in order]
-        return sum(1 for a, c in enumerate(cuts) if c and (a == 0 or c != cuts[a - 1]))
 
-    longest = max(map(len, prompts))
-    assert d.d_curve.tolist() == [runs(cut) for cut in range(longest + 1)]
-    fits = [cut for cut in range(1, longest + 1) if runs(cut) <= capacity]
-    cut = max(fits) if fits else 0
-    assert d.prefix_tokens.tolist() == [min(s, cut, len(p) - 1) for s, p in zip(shared, prompts, strict=True)]
+def test_over_capacity_a_widely_shared_long_template_stays_whole_beside_a_short_one():
+    """Task A's 30-token template under the system prompt, task B's 2-token one whose prompts
+    pair up after it: more pairs than the capacity, so a common depth would cut A's template at
+    B's branching depth; the tree drops B's pairs (shared by 2) and keeps A's template (by 6)."""
+    system, long_template, short_template = [1] * 5, list(range(100, 130)), [7, 8]
+    a = [system + long_template + [200 + i] for i in range(6)]
+    b = [system + short_template + [300 + i, 9, 9, 9, 400 + j] for i in range(6) for j in range(2)]
+    prompts = a + b
+    tree = deduplicate(PackedPrompts.pack(prompts), 4, "tree")
+    assert tree.prefix_tokens.tolist() == [35] * 6 + [7] * 12
+    assert tree.levels.tokens == 5 + 30 + 2
+    paper = deduplicate(PackedPrompts.pack(prompts), 4, "paper")
+    assert paper.prefix_length == 7 and paper.tokens(1)["dedup"] > tree.tokens(1)["dedup"]
 
 
 @settings(max_examples=150, deadline=None)

@@ -212,7 +212,7 @@ class Dedup:
 
     rule: str  # tree or paper (`planner.prefix_tree`)
     prefix_length: int  # no prompt receives more KV than this (paper: the chosen L)
-    d_curve: np.ndarray  # d_curve[L]: shared prefixes at cut L = 0..longest (paper: D(L))
+    d_curve: np.ndarray  # paper: d_curve[L] = D(L) for L = 0..longest (tree: empty)
     node_of: np.ndarray  # per prompt (input order): the node whose KV it starts from, -1: none
     prefix_tokens: np.ndarray  # per prompt: tokens it receives as KV (at most its length - 1)
     levels: Levels
@@ -286,5 +286,4 @@ def deduplicate(prompts: PackedPrompts, capacity: int, rule: str = "tree") -> De
     k = np.empty_like(shared.k)
     k[order] = shared.k
     unique = _tree_tokens(sorted_lengths, e) if lengths.size else 0
-    deepest = shared.length if rule == "paper" else int(shared.k.max(initial=0))
-    return Dedup(rule, deepest, shared.curve, node_of, k, shared.levels, lengths, unique)
+    return Dedup(rule, shared.deepest, shared.curve, node_of, k, shared.levels, lengths, unique)

@@ -8,15 +8,15 @@ actor computes at least that one), and the levels that compute those prefixes on
 - **paper**: the largest L whose D(L) distinct L-prefixes fit the capacity; every prompt gets
   its first min(L, length - 1) tokens, and each distinct prefix is one level computed from
   scratch. A system prompt shared by prompts that differ before L is computed once per group.
-- **tree**: every prompt gets its longest prefix shared with any other prompt (the larger of its
-  two neighbours' `e`), cut at the largest depth whose distinct shared prefixes fit the capacity.
-  The compressed trie over those prefixes is the levels: each node's tokens are computed once,
-  starting from its parent's KV, so every shared token is computed once and each prompt's own
-  part once, by its decode actor.
+- **tree**: every prefix that two prompts share, or, when those do not fit the capacity, the
+  better of a common depth cut and a cut to the prefixes at least m prompts share. The
+  compressed trie over them is the levels: each node's tokens are computed once, starting from
+  its parent's KV, so every shared token is computed once and each prompt's own part once, by
+  its decode actor.
 
-Sorted order groups equal truncated prefixes into runs, so the counts for every cut come from a
-histogram (numpy, O(n)); the trie is built with one stack over the distinct shared prefixes (at
-most the capacity of them).
+Sorted order keeps every shared prefix's prompts contiguous, so the counts are histograms and
+window minima over `e` (numpy, O(n) per candidate); the trie is built with one stack over the
+distinct shared prefixes (at most the capacity of them).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class Shared:
     k: np.ndarray
     node: np.ndarray
     levels: Levels
-    curve: np.ndarray  # curve[L]: shared prefixes (paper: D(L)) at cut L = 0..longest
-    length: int  # the chosen cut
+    curve: np.ndarray  # paper: D(L) for L = 0..longest (tree: empty)
+    deepest: int  # no prompt's shared prefix is longer (paper: the chosen L)
 
 
 def paper(lengths_sorted: np.ndarray, e: np.ndarray, capacity: int) -> Shared:
@@ -78,37 +78,72 @@ def paper(lengths_sorted: np.ndarray, e: np.ndarray, capacity: int) -> Shared:
 
 
 def tree(lengths_sorted: np.ndarray, e: np.ndarray, capacity: int) -> Shared:
-    """Each prompt's longest prefix shared with another, s_i = min(max(e_{i-1}, e_i), len_i), cut
-    at the largest L whose C(L) fits `capacity`; the compressed trie over P_i[:min(s_i, L)]. A
-    prompt receives k_i = min(s_i, L, len_i - 1) tokens of its node's path.
+    """The compressed trie over every prefix two prompts share (each prompt's t_i: its longest
+    prefix shared with another) when that fits `capacity`; else the better (fewer prompt tokens
+    computed) of two cuts that fit: the deepest common depth L (`_depth_cut`, which never
+    computes more than the paper's rule) and the fewest prompts m a level must be shared by
+    (`_shared_by_cut`, which keeps a widely shared level whole however deep it runs, a long task
+    template beside short ones). A prompt receives k_i = min(t_i, len_i - 1) tokens of its
+    node's path.
 
-    C(L) counts the runs of equal non-empty P_i[:min(s_i, L)] in sorted order (at least the
-    distinct ones, so at least the trie's leaves: no level's forward is wider): a prompt starts
-    a run when its prefix differs from its predecessor's, which with m = min(s_{i-1}, s_i,
-    e_{i-1}) happens exactly when L > m, unless s_{i-1} = s_i <= e_{i-1} (the same prefix at
-    every cut). C is non-decreasing in L, like D, and C(L) <= D(L)."""
+    The fit counts the runs of equal non-empty P_i[:t_i] in sorted order, at least the trie's
+    leaves, so no level's forward is wider than `capacity`."""
     n = lengths_sorted.size
-    longest = int(lengths_sorted.max()) if n else 0
-    edges = np.concatenate(([0], e, [0]))
-    s = np.minimum(np.maximum(edges[:-1], edges[1:]), lengths_sorted)
-    thr = np.zeros(n, dtype=np.int64)
-    if n > 1:
-        thr[1:] = np.minimum(np.minimum(s[1:], s[:-1]), e)
-        thr[1:][(s[1:] == s[:-1]) & (e >= s[1:])] = longest + 1
-    hist = np.bincount(thr[s > 0], minlength=longest + 2)
-    curve = np.concatenate(([0], np.cumsum(hist[:longest])))
-    fits = np.flatnonzero(curve[1:] <= capacity)
-    length = int(fits[-1] + 1) if fits.size else 0
-    t = np.minimum(s, length)
-    k = np.clip(np.minimum(t, lengths_sorted - 1), 0, None)
     if not n:
-        return Shared(k, k, _no_levels(), curve, 0)
+        return Shared(lengths_sorted, lengths_sorted, _no_levels(), np.zeros(0, dtype=np.int64), 0)
+    e = np.minimum(e, lengths_sorted.max())  # identical prompts: any value >= their length
+    full = _shared(lengths_sorted, e, 2)
+    if _run_starts(full, e).size <= capacity:
+        return _levels(lengths_sorted, e, full)
+    by_depth = _levels(lengths_sorted, e, _depth_cut(full, e, capacity))
+    by_count = _levels(lengths_sorted, e, _shared_by_cut(lengths_sorted, e, capacity))
+    computed = [s.levels.tokens - int(s.k.sum()) for s in (by_depth, by_count)]
+    return by_depth if computed[0] <= computed[1] else by_count
+
+
+def _levels(lengths_sorted: np.ndarray, e: np.ndarray, t: np.ndarray) -> Shared:
+    """The trie over the prefixes P_i[:t_i] and what each prompt receives of it."""
+    k = np.clip(np.minimum(t, lengths_sorted - 1), 0, None)
     run, first, shared = _runs(t, e)
     levels, node_of_run = _trie(t[first], shared)
-    node = np.full(n, -1)
+    node = np.full(t.size, -1)
     node[run >= 0] = node_of_run[run[run >= 0]]
     levels, node = _trimmed(levels, node, k)
-    return Shared(k, np.where(k > 0, node, -1), levels, curve, length)
+    return Shared(k, np.where(k > 0, node, -1), levels, np.zeros(0, dtype=np.int64), int(k.max()))
+
+
+def _depth_cut(s: np.ndarray, e: np.ndarray, capacity: int) -> np.ndarray:
+    """min(s_i, L) for the largest L whose C(L) fits: C(L) counts the prompts whose prefix
+    P_i[:min(s_i, L)] is non-empty and differs from its predecessor's, which with
+    m = min(s_{i-1}, s_i, e_{i-1}) happens exactly when L > m, unless s_{i-1} = s_i <= e_{i-1}
+    (the same prefix at every cut). C is non-decreasing in L, like D, and C(L) <= D(L)."""
+    longest = int(s.max())
+    thr = np.zeros(s.size, dtype=np.int64)
+    thr[1:] = np.minimum(np.minimum(s[1:], s[:-1]), e)
+    thr[1:][(s[1:] == s[:-1]) & (e >= s[1:])] = longest + 1
+    curve = np.cumsum(np.bincount(thr[s > 0], minlength=longest + 1)[:longest])  # C(1), ..., C(longest)
+    fits = np.flatnonzero(curve <= capacity)
+    return np.minimum(s, int(fits[-1] + 1) if fits.size else 0)
+
+
+def _shared_by_cut(lengths_sorted: np.ndarray, e: np.ndarray, capacity: int) -> np.ndarray:
+    """Each prompt's longest prefix that m prompts share, for the least m whose runs fit (found
+    galloping up from m = 3, then bisecting; a leaf holds m prompts, so m > 2n / capacity fits)."""
+
+    def fit(m: int) -> np.ndarray | None:
+        t = _shared(lengths_sorted, e, m)
+        return t if _run_starts(t, e).size <= capacity else None
+
+    lo, hi = 2, 3
+    while (t := fit(hi)) is None:
+        lo, hi = hi, 2 * hi - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (found := fit(mid)) is not None:
+            hi, t = mid, found
+        else:
+            lo = mid
+    return t
 
 
 def _trimmed(levels: Levels, node: np.ndarray, k: np.ndarray) -> tuple[Levels, np.ndarray]:
@@ -131,14 +166,42 @@ def _trimmed(levels: Levels, node: np.ndarray, k: np.ndarray) -> tuple[Levels, n
     return Levels(parent, levels.start[~gone], end[~gone]), node
 
 
+def _shared(lengths_sorted: np.ndarray, e: np.ndarray, m: int) -> np.ndarray:
+    """Per prompt, its longest prefix that m prompts share (itself among them): the most similar
+    prompts sit around it in sorted order, so it is the largest over the windows of m sorted
+    prompts that hold it of the least `e` inside the window; capped by its length."""
+    n = lengths_sorted.size
+    if m > n:
+        return np.zeros(n, dtype=np.int64)
+    inside = _window(e, m - 1, np.minimum)  # windows of prompts j .. j + m - 1
+    pad = np.zeros(m - 1, dtype=inside.dtype)
+    return np.minimum(_window(np.concatenate((pad, inside, pad)), m, np.maximum), lengths_sorted)
+
+
+def _window(x: np.ndarray, width: int, op: np.ufunc) -> np.ndarray:
+    """`op` (np.minimum or np.maximum) over every x[j : j + width]: windows doubled up to the
+    largest power of two within `width`, then two overlapping ones joined (O(n log width))."""
+    out, span = x, 1
+    while 2 * span <= width:
+        out = op(out[:-span], out[span:])
+        span *= 2
+    return out if span == width else op(out[: x.size - width + 1], out[width - span :])
+
+
+def _run_starts(t: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Sorted positions that start a run of equal non-empty prefixes P_i[:t_i]."""
+    same = (t[1:] == t[:-1]) & (e >= t[1:])
+    return np.flatnonzero((t > 0) & np.concatenate(([True], ~same)))
+
+
 def _runs(k: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Runs of equal non-empty prefixes P_i[:k_i] in sorted order: each prompt's run (-1 when
     k_i = 0), the runs' first positions, and the common prefix of consecutive runs."""
-    same = (k[1:] == k[:-1]) & (e >= k[1:])
-    first = (k > 0) & np.concatenate(([True], ~same))
+    starts = _run_starts(k, e)
+    first = np.zeros(k.size, dtype=bool)
+    first[starts] = True
     run = np.cumsum(first) - 1
     run[k == 0] = -1
-    starts = np.flatnonzero(first)
     if starts.size < 2:
         return run, starts, np.zeros(0, dtype=np.int64)
     between = np.minimum.reduceat(np.concatenate((e, [0])), starts)[:-1]
