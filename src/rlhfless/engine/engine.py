@@ -179,7 +179,8 @@ class Engine:
         with torch.inference_mode():
             for level in levels.values():
                 rows = [(i, list(prefixes[i]), out[parents[i]] if parents[i] >= 0 else None) for i in level]
-                for chunk in self._chunks(rows, lambda row: len(row[1]) - (len(row[2]) if row[2] else 0)):
+                # chunked by whole length: each row's forward also holds its parent's KV
+                for chunk in self._chunks(rows, lambda row: len(row[1])):
                     _, cache, span = prefill_forward(
                         self.model, [row[1:] for row in chunk], self.pad_token_id, self.mask_kind
                     )

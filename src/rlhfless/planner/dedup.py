@@ -280,7 +280,10 @@ def deduplicate(prompts: PackedPrompts, capacity: int, rule: str = "tree") -> De
     at most `capacity` (B_prefill) of them."""
     lengths, order, e = prompts.lengths, prompts.order, prompts.lcp
     sorted_lengths = lengths[order]
-    shared = (prefix_tree.tree if rule == "tree" else prefix_tree.paper)(sorted_lengths, e, capacity)
+    rules = {"tree": prefix_tree.tree, "paper": prefix_tree.paper}
+    if rule not in rules:
+        raise ValueError(f"prefix_rule: got {rule!r}, expected one of {', '.join(rules)}")
+    shared = rules[rule](sorted_lengths, e, capacity)
     node_of = np.empty_like(shared.node)
     node_of[order] = shared.node
     k = np.empty_like(shared.k)

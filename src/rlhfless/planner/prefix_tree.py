@@ -25,8 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RULES = ("tree", "paper")
-
 
 @dataclass
 class Levels:
@@ -115,7 +113,7 @@ def _levels(lengths_sorted: np.ndarray, e: np.ndarray, t: np.ndarray) -> Shared:
 def _depth_cut(s: np.ndarray, e: np.ndarray, capacity: int) -> np.ndarray:
     """min(s_i, L) for the largest L whose C(L) fits: C(L) counts the prompts whose prefix
     P_i[:min(s_i, L)] is non-empty and differs from its predecessor's, which with
-    m = min(s_{i-1}, s_i, e_{i-1}) happens exactly when L > m, unless s_{i-1} = s_i <= e_{i-1}
+    c = min(s_{i-1}, s_i, e_{i-1}) happens exactly when L > c, unless s_{i-1} = s_i <= e_{i-1}
     (the same prefix at every cut). C is non-decreasing in L, like D, and C(L) <= D(L)."""
     longest = int(s.max())
     thr = np.zeros(s.size, dtype=np.int64)
