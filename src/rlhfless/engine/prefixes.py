@@ -36,10 +36,3 @@ class PrefixTree:
             len(t) - (len(self.tokens[p]) if p >= 0 else 0)
             for t, p in zip(self.tokens, self.parents, strict=True)
         )
-
-    def depth(self) -> list[int]:
-        """Each node's level: 0 for a root's child, then one more per ancestor."""
-        depth: list[int] = []
-        for p in self.parents:
-            depth.append(depth[p] + 1 if p >= 0 else 0)
-        return depth

@@ -220,11 +220,6 @@ class Dedup:
     unique_tokens: int = 0  # tokens of the step's prefix tree: each shared prefix counted once
 
     @property
-    def n_groups(self) -> int:
-        """Shared prefixes some prompt starts from."""
-        return int(np.unique(self.node_of[self.node_of >= 0]).size)
-
-    @property
     def remaining_tokens(self) -> np.ndarray:
         """Per prompt: tokens its decode actor still prefills (once, shared by its samples)."""
         return self.lengths - self.prefix_tokens

@@ -94,7 +94,8 @@ class StepPlan:
     keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
     floor: dict[str, float] = field(default_factory=dict)  # the forecast generation floor (`Floor`)
     # The prefill actor's levels, parents first: {parent, start, end, group} (`Dedup.layout`); a
-    # prompt of prefix_groups[g] receives the KV of node g's path, less its own last token.
+    # prompt of prefix_groups[g] receives the KV of the path to the node of group g (less its
+    # own last token, which it computes).
     prefix_tree: list[dict[str, int]] = field(default_factory=list)
     # The (calibrated) time table this plan was made with: the executor's migration decisions read
     # it, as the simulator's do. Not part of `to_dict`: the run's profile file holds it.
