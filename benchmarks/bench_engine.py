@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import torch
 
-from rlhfless.engine import Engine, Request, SamplingParams, SequenceResult, rollout
+from rlhfless.engine import Engine, PrefixTree, Request, SamplingParams, SequenceResult, rollout
 from rlhfless.models import ModelConfig, load_model, load_tokenizer
 
 SYSTEM = (
@@ -130,6 +130,7 @@ def main() -> None:
     model = load_model(cfg, len(tokenizer)).to(args.device)
     prompts = encode_prompts(tokenizer)
     shared = common_prefix_length([ids for _, ids in prompts])
+    system = PrefixTree([prompts[0][1][:shared]], [-1], {uid: 0 for uid, _ in prompts})  # one level
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, seed=11)
     n_seq, group = len(prompts) * args.group, args.group
 
@@ -154,9 +155,9 @@ def main() -> None:
     best = {"on": [float("inf")] * 2, "off": [float("inf")] * 2}
     computed = {}
     for _ in range(args.repeats):
-        for side, length in (("on", shared), ("off", None)):
+        for side, tree in (("on", system), ("off", None)):
             (_, stats), _, cpu = timed(
-                lambda length=length: rollout(engine(), prompts, group, first_token, 1, length)
+                lambda tree=tree: rollout(engine(), prompts, group, first_token, 1, tree)
             )
             best[side] = [min(best[side][0], stats.prefill_seconds), min(best[side][1], cpu)]
             computed[side] = stats.prompt_tokens_computed
@@ -175,7 +176,7 @@ def main() -> None:
     )
 
     (off, off_stats), off_wall, off_cpu = timed(lambda: rollout(engine(), prompts, group, params, 1, None))
-    (on, on_stats), on_wall, on_cpu = timed(lambda: rollout(engine(), prompts, group, params, 1, shared))
+    (on, on_stats), on_wall, on_cpu = timed(lambda: rollout(engine(), prompts, group, params, 1, system))
     lengths = sorted(len(r.response_ids) for r in off)
     print(
         f"\nresponse lengths (engine): median {lengths[len(lengths) // 2]}, max {lengths[-1]}, "

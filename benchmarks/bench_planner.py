@@ -90,7 +90,8 @@ def main() -> None:
             run(lambda: PackedPrompts.pack([p.prompt_tokens for p in prompts])),
         ),
         ("pack Python lists", run(lambda: PackedPrompts.pack([p.prompt_tokens for p in as_lists]))),
-        ("dedup (D(L), groups)", run(lambda: deduplicate(packed, config.prefill_capacity))),
+        ("dedup: prefix tree (default)", run(lambda: deduplicate(packed, config.prefill_capacity, "tree"))),
+        ("dedup: paper's D(L)", run(lambda: deduplicate(packed, config.prefill_capacity, "paper"))),
         ("full plan", run(lambda: plan_step(prompts, predictor, profile, cluster, config, g))),
         (
             "full plan from Python lists",
@@ -105,6 +106,10 @@ def main() -> None:
     print(f"{args.prompts} prompts x {g} samples, {tokens} prompt tokens, N in [1, {len(plan.candidates)}]")
     print(
         f"chosen N = {plan.n_actors}, prefix length {plan.prefix_length}, predicted step {plan.predicted_time:.1f} s"
+    )
+    print(
+        f"prefill ({plan.prefill['rule']}): {len(plan.prefix_tree)} levels, {plan.prefill['tokens_computed']} "
+        f"prompt tokens computed, {plan.prefill['tokens_unique']} unique: ratio {plan.prefill['tree_ratio']:.4f}"
     )
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (timings scale with contention)")
     print(f"{'phase':34s} {'best ms':>9s} {'median':>9s} {'best / goal':>12s}")

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlhfless.engine import (
     Engine,
     PrefixKV,
+    PrefixTree,
     Request,
     SamplingParams,
     SequenceResult,
@@ -154,8 +155,9 @@ BODIES = [[30, 31, 32, 33], [40, 41, 42, 43, 44, 45], [50, 51, 52, 53, 54]]
 
 def test_dedup_on_and_off_give_the_same_sequences_and_count_prompt_tokens(model):
     group = [(f"q{i}", SYSTEM + body) for i, body in enumerate(BODIES)]  # lengths 12, 14, 13
-    on, on_stats = rollout(make_engine(model), group, 4, SAMPLED, step=2, prefix_length=8)
-    off, off_stats = rollout(make_engine(model), group, 4, SAMPLED, step=2, prefix_length=None)
+    tree = PrefixTree([SYSTEM], [-1], {uid: 0 for uid, _ in group})
+    on, on_stats = rollout(make_engine(model), group, 4, SAMPLED, step=2, tree=tree)
+    off, off_stats = rollout(make_engine(model), group, 4, SAMPLED, step=2, tree=None)
     assert key(on) == key(off)
     assert [(r.uid, r.sample) for r in on] == [(f"q{i}", g) for i in range(3) for g in range(4)]
     # dedup: the 8-token system prompt once, then each prompt's own 4 + 6 + 5 tokens once
@@ -163,6 +165,58 @@ def test_dedup_on_and_off_give_the_same_sequences_and_count_prompt_tokens(model)
     assert on_stats.prompt_tokens_naive == 4 * (12 + 14 + 13)
     assert off_stats.prompt_tokens_computed == off_stats.prompt_tokens_naive == 4 * (12 + 14 + 13)
     assert on_stats.metrics()["prefill/tokens_computed"] == 23
+
+
+TASK = [60, 61, 62]  # a second level: a task's instruction after the shared system prompt
+LEVELED = [
+    ("a", SYSTEM + TASK + [70, 71]),
+    ("b", SYSTEM + TASK + [72]),
+    ("c", SYSTEM + TASK),  # the second level is this whole prompt
+    ("d", SYSTEM + [80, 81, 82, 83]),
+    ("e", [90, 91, 92]),  # shares nothing
+]
+
+
+def test_a_child_levels_kv_computed_from_its_parents_is_the_whole_prefixs_kv(model):
+    engine = make_engine(model)
+    system, task = engine.prefill([SYSTEM, SYSTEM + TASK], parents=[-1, 0])
+    [scratch] = make_engine(model).prefill([SYSTEM + TASK])
+    assert task.token_ids == SYSTEM + TASK and engine.stats.prompt_tokens_computed == 8 + 3
+    for a, b in zip(task.keys + task.values, scratch.keys + scratch.values, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="parents"):
+        engine.prefill([SYSTEM, [1] + TASK], parents=[-1, 0])
+
+
+def test_prefix_tree_levels_give_the_same_sequences_as_one_level_and_as_no_dedup(model):
+    """The system prompt once, the task's instruction once from its KV, each prompt's own part
+    once; the paper's single level (whole prompts) and no dedup sample the same tokens."""
+    tree = PrefixTree([SYSTEM, SYSTEM + TASK], [-1, 0], {"a": 1, "b": 1, "c": 1, "d": 0})
+    paper = PrefixTree([ids for _, ids in LEVELED], [-1] * 5, {uid: i for i, (uid, _) in enumerate(LEVELED)})
+    runs = {
+        name: rollout(make_engine(model), LEVELED, 3, SAMPLED, step=4, tree=t)
+        for name, t in (("tree", tree), ("paper", paper), ("off", None))
+    }
+    assert key(runs["tree"][0]) == key(runs["paper"][0]) == key(runs["off"][0])
+    few_slots = rollout(make_engine(model, max_running=4), LEVELED, 3, SAMPLED, step=4, tree=tree)[0]
+    assert key(few_slots) == key(runs["off"][0])
+    lengths = [len(ids) for _, ids in LEVELED]
+    # the tree: 8 + 3 by the levels; a 2, b 1, c its last token again, d 4, e 3 by the prompts
+    assert runs["tree"][1].prompt_tokens_computed == 8 + 3 + (2 + 1 + 1 + 4 + 3)
+    assert runs["paper"][1].prompt_tokens_computed == sum(lengths) + 5  # every last token twice
+    assert runs["off"][1].prompt_tokens_computed == 3 * sum(lengths)
+
+
+def test_a_prefix_tree_must_build_on_earlier_shorter_prefixes():
+    with pytest.raises(ValueError, match="an earlier node"):
+        PrefixTree([SYSTEM], [0], {})
+    with pytest.raises(ValueError, match="its parent's tokens"):
+        PrefixTree([SYSTEM + TASK, SYSTEM], [-1, 0], {})
+    with pytest.raises(ValueError, match="its parent's tokens"):
+        PrefixTree([SYSTEM, TASK + [1]], [-1, 0], {})
+    with pytest.raises(ValueError, match="node_of"):
+        PrefixTree([SYSTEM], [-1], {"a": 1})
+    assert PrefixTree([SYSTEM, SYSTEM + TASK], [-1, 0], {}).computed_tokens() == 11
 
 
 def test_prefix_as_long_as_the_prompt_still_computes_its_last_token(model):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.scaling import ActorEstimates, Billing, candidate_table, choose
@@ -159,8 +159,27 @@ def test_dedup_feeds_the_prefill_actor():
     assert without.prefill["tokens_computed"] == 2 * 10 * 41
 
 
+def test_plan_reports_each_prompts_prefix_kv_and_the_tokens_against_the_tree():
+    """A plan's prefix tree says what each prompt receives (its longest prefix shared with
+    another, less its last token); a plan read back from before the tree gets min(L, len - 1)."""
+    system = list(range(50, 80))
+    rows = [system + [1, 2, i] for i in range(4)] + [system + [3, i] for i in range(4)] + [[9, 9]]
+    prompts = [PromptSpec(f"p{i}", r) for i, r in enumerate(rows)]
+    p = plan(prompts, LengthPredictor())
+    lengths = np.array([len(r) for r in rows])
+    assert p.prefix_tokens([q.uid for q in prompts], lengths).tolist() == [32] * 4 + [31] * 4 + [0]
+    assert sorted((n["start"], n["end"]) for n in p.prefix_tree) == [(0, 30), (30, 31), (30, 32)]
+    assert p.prefill["rule"] == "tree" and p.prefill["tokens"] == 30 + 1 + 2
+    assert p.prefill["tokens_computed"] == p.prefill["tokens_unique"] and p.prefill["tree_ratio"] == 1.0
+    old = StepPlan.from_dict({**p.to_dict(), "prefix_tree": [], "prefix_length": 31})
+    assert old.prefix_tokens(["p0", "p8"], np.array([33, 2])).tolist() == [31, 1]
+    without = plan(prompts, LengthPredictor(), dedup_prefill=False)
+    assert without.prefix_tokens(["p0"], lengths[:1]).tolist() == [0] and without.prefix_tree == []
+
+
 def test_config_rejects_out_of_range_values_by_name():
     for field, value, message in (
+        ("prefix_rule", "trie", "prefix_rule: got 'trie', expected one of tree, paper"),
         ("tau", 1.5, "tau: got 1.5, expected a number in (0, 1]"),
         ("policy", "x", "policy: got 'x'"),
         ("lam", -1, "lam: got -1"),

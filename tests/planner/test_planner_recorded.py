@@ -1,8 +1,9 @@
 """The planner's decisions on seeded workloads are the ones recorded before its speed-ups.
 
 `data/recorded_plans.json` holds, per case, the whole plan (`StepPlan.to_dict` less its
-`plan_seconds`) that commit 6a509e5 made: speed work must leave every decision, figure and
-rounding as it was. Workloads come from `random.Random(seed).random()` alone, whose stream
+`plan_seconds`) that commit 6a509e5 made, re-recorded when the prefix tree became the default
+dedup rule (its plans compute fewer prompt tokens): speed work must leave every decision, figure
+and rounding as it was. Workloads come from `random.Random(seed).random()` alone, whose stream
 Python keeps across versions. A change meant to change plans records them anew:
 `PYTHONPATH=src python tests/planner/test_planner_recorded.py`.
 """
@@ -68,6 +69,7 @@ def measured_like() -> Profile:
 
 CASES = {
     "default": (1, 8, {}),
+    "paper_rule": (1, 8, {"prefix_rule": "paper"}),  # the default's workload, the paper's D(L) rule
     "verl": (1, 8, {"policy": "verl"}),
     "group_of_one": (2, 1, {}),
     "rlhfuse": (9, 8, {"policy": "rlhfuse"}),

@@ -131,6 +131,9 @@ def test_plan_runs_on_several_decode_functions_and_yields_every_sample_in_canoni
     assert len(samples) == first["n_prompts"] * 4
     assert [s.key for s in samples] == sorted(s.key for s in samples)
     assert first["metrics"]["prefill/tokens_computed"] < first["metrics"]["prefill/tokens_naive"]
+    # the learner computed the plan's prefix levels once, each function its prompts' own parts
+    assert first["metrics"]["prefill/tokens_computed"] == first["plan"].prefill["tokens_computed"]
+    assert first["plan"].prefix_tree and first["metrics"]["prefill/tree_ratio"] < 1.1
 
 
 def test_billing_adds_up_and_the_learner_is_billed_the_whole_step(rlhfless, verl):

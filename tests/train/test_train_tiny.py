@@ -25,6 +25,8 @@ REQUIRED = (
     "time/learning",
     "prefill/tokens_computed",
     "prefill/tokens_naive",
+    "prefill/tokens_unique",
+    "prefill/tree_ratio",
     "time/prefill",
     "time/decode",
 )
@@ -52,6 +54,8 @@ def test_two_step_tiny_run_writes_the_run_directory(tmp_path):
         for key in REQUIRED:
             assert isinstance(row[key], int | float) and math.isfinite(row[key]), key
         assert row["prefill/tokens_computed"] < row["prefill/tokens_naive"]
+        # the prefix tree's levels and each prompt's own part, as planned: near the unique tokens
+        assert row["prefill/tree_ratio"] == row["plan/tree_ratio"] < 1.1
     assert (run / "config.yaml").exists()
     rollouts = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(rollouts) == 4 * 4

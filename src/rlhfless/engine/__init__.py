@@ -3,7 +3,8 @@
 from rlhfless.engine.base import GenerationEngine
 from rlhfless.engine.engine import Engine
 from rlhfless.engine.kv import PrefixKV, StaleCacheError
-from rlhfless.engine.rollout import RolloutStats, rollout, shared_prefix
+from rlhfless.engine.prefixes import PrefixTree
+from rlhfless.engine.rollout import RolloutStats, rollout
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import EngineStats, Progress, Request, SequenceResult, SequenceState
 
@@ -12,6 +13,7 @@ __all__ = [
     "EngineStats",
     "GenerationEngine",
     "PrefixKV",
+    "PrefixTree",
     "Progress",
     "Request",
     "RolloutStats",
@@ -20,5 +22,4 @@ __all__ = [
     "SequenceState",
     "StaleCacheError",
     "rollout",
-    "shared_prefix",
 ]

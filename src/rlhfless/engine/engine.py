@@ -54,6 +54,7 @@ class _Row:
     tokens: list[int]
     prefix: PrefixKV | None
     seqs: list[_Seq]
+    resumed: bool = False  # cut elsewhere: its prefill is resume work, not prompt work
 
 
 class Engine:
@@ -148,31 +149,55 @@ class Engine:
             if self._finish_reason(seq) is not None:
                 self._finish(seq)
             else:
-                self._queue.append(_Row(tokens, st.kv, [seq]))
+                self._queue.append(_Row(tokens, st.kv, [seq], resumed=True))
 
-    def prefill(self, prefixes: Sequence[Sequence[int]]) -> list[PrefixKV]:
-        """KV caches of `prefixes`, each computed once, tagged with the current weight version."""
+    def prefill(
+        self, prefixes: Sequence[Sequence[int]], parents: Sequence[int] | None = None
+    ) -> list[PrefixKV]:
+        """KV caches of `prefixes`, each computed once, tagged with the current weight version.
+
+        With `parents` (`PrefixTree.parents`: an earlier prefix of each, or -1), a prefix's forward
+        starts from its parent's KV and computes only its own tokens; forwards go level by level."""
         if any(len(p) == 0 for p in prefixes):
             raise ValueError("prefixes: got an empty prefix, expected >= 1 token each")
-        out: list[PrefixKV] = []
-        rows = [(list(p), None) for p in prefixes]
+        parents = list(parents) if parents is not None else [-1] * len(prefixes)
+        if len(parents) != len(prefixes):
+            raise ValueError(f"parents: got {len(parents)}, expected one per prefix ({len(prefixes)})")
+        for i, p in enumerate(parents):
+            above = list(prefixes[p]) if 0 <= p < i else None
+            if p != -1 and (
+                above is None or len(above) >= len(prefixes[i]) or list(prefixes[i][: len(above)]) != above
+            ):
+                raise ValueError(f"parents[{i}]: got {p}, expected -1 or an earlier, shorter prefix of it")
+        out: list[PrefixKV | None] = [None] * len(prefixes)
+        levels: dict[int, list[int]] = {}
+        depth: list[int] = []
+        for i, p in enumerate(parents):
+            depth.append(depth[p] + 1 if p >= 0 else 0)
+            levels.setdefault(depth[-1], []).append(i)
         start = time.perf_counter()
         with torch.inference_mode():
-            for chunk in self._chunks(rows, lambda row: len(row[0])):
-                _, cache, span = prefill_forward(self.model, chunk, self.pad_token_id, self.mask_kind)
-                for r, (tokens, _) in enumerate(chunk):
-                    n = len(tokens)
-                    out.append(
-                        PrefixKV(
-                            tokens,
-                            [k[r, :, span - n :].clone() for k in cache.new_keys],
-                            [v[r, :, span - n :].clone() for v in cache.new_values],
-                            self.weight_version,
-                        )
+            for level in levels.values():
+                rows = [(i, list(prefixes[i]), out[parents[i]] if parents[i] >= 0 else None) for i in level]
+                # chunked by whole length: each row's forward also holds its parent's KV
+                for chunk in self._chunks(rows, lambda row: len(row[1])):
+                    _, cache, span = prefill_forward(
+                        self.model, [row[1:] for row in chunk], self.pad_token_id, self.mask_kind
                     )
-                    self.stats.prompt_tokens_computed += n
+                    for r, (i, tokens, above) in enumerate(chunk):
+                        p = len(above) if above is not None else 0
+                        new = len(tokens) - p
+                        keys = [k[r, :, span - new :] for k in cache.new_keys]
+                        values = [v[r, :, span - new :] for v in cache.new_values]
+                        if above is not None:
+                            keys = [torch.cat(kv, dim=1) for kv in zip(above.keys, keys, strict=True)]
+                            values = [torch.cat(kv, dim=1) for kv in zip(above.values, values, strict=True)]
+                        else:
+                            keys, values = [k.clone() for k in keys], [v.clone() for v in values]
+                        out[i] = PrefixKV(tokens, keys, values, self.weight_version)
+                        self.stats.prompt_tokens_computed += new
         self.stats.prefill_seconds += time.perf_counter() - start
-        return out
+        return out  # type: ignore[return-value]
 
     def set_weights(self, weights: dict[str, torch.Tensor] | torch.Tensor, version: int) -> None:
         """Load new policy weights (a state dict or one flat vector); older caches become stale."""
@@ -295,7 +320,7 @@ class Engine:
             if take == 0:
                 break
             if take < len(row.seqs):
-                admitted.append(_Row(row.tokens, row.prefix, row.seqs[:take]))
+                admitted.append(replace(row, seqs=row.seqs[:take]))
                 row.seqs = row.seqs[take:]
             else:
                 admitted.append(self._queue.popleft())
@@ -337,8 +362,11 @@ class Engine:
                 self._running.append(seq)
                 joined.append(seq)
                 row_of.append(r)
-            self.stats.prompt_tokens_computed += s
-            self.stats.prompt_tokens_naive += len(row.tokens) * len(row.seqs)
+            if row.resumed:
+                self.stats.resume_tokens_computed += s
+            else:
+                self.stats.prompt_tokens_computed += s
+                self.stats.prompt_tokens_naive += len(row.tokens) * len(row.seqs)
         self._sample(joined, logits[torch.tensor(row_of, device=logits.device)])
         self._retire()
 

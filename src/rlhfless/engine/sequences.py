@@ -76,7 +76,8 @@ class Progress:
 
 @dataclass
 class EngineStats:
-    """Work counters. `prompt_tokens_naive` is what prefilling every sample's full prompt would cost."""
+    """Work counters. `prompt_tokens_naive` is what prefilling every sample's full prompt would
+    cost; `resume_tokens_computed` what resuming cut sequences re-prefilled (not prompt work)."""
 
     prompt_tokens_computed: int = 0
     prompt_tokens_naive: int = 0
@@ -84,6 +85,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     tokens_generated: int = 0
+    resume_tokens_computed: int = 0
 
     def minus(self, before: EngineStats) -> EngineStats:
         """The work done since `before` (a copy taken earlier)."""
@@ -94,4 +96,5 @@ class EngineStats:
             self.decode_seconds - before.decode_seconds,
             self.decode_steps - before.decode_steps,
             self.tokens_generated - before.tokens_generated,
+            self.resume_tokens_computed - before.resume_tokens_computed,
         )

@@ -12,6 +12,7 @@ PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
 MIGRATIONS = ("gain", "gather", "paper")
 NORMALISATIONS = ("relative", "range")
+PREFIX_RULES = ("tree", "paper")
 
 
 @dataclass
@@ -48,7 +49,12 @@ class SchedulerConfig:
         default=1, metadata={"help": "GPUs per decode actor (its tensor parallelism)"}
     )
     prefill_capacity: int = field(
-        default=256, metadata={"help": "B_prefill: most unique prefixes the prefill actor computes at once"}
+        default=256,
+        metadata={
+            "help": "B_prefill: most shared prefixes the prefill actor computes (paper: distinct "
+            "prefixes of the chosen length; tree: the deepest shared prefixes, at most this many "
+            "runs of them in sorted order, so no level's forward is wider)"
+        },
     )
     price_per_gpu_hour: float = field(
         default=1.95,
@@ -81,6 +87,15 @@ class SchedulerConfig:
         },
     )
     dedup_prefill: bool = field(default=True, metadata={"help": "rlhfless: prefill shared prefixes once"})
+    prefix_rule: str = field(
+        default="tree",
+        metadata={
+            "help": "dedup: tree (a prefix tree over the step's prompts: every shared prefix's "
+            "tokens once, each level from its parent's KV, then each prompt's own part once) or "
+            "paper (the largest L whose D(L) distinct L-prefixes fit prefill_capacity, each from "
+            "scratch: a system prompt is computed once per group)"
+        },
+    )
     sorted_assignment: bool = field(
         default=True,
         metadata={"help": "rlhfless: split prompts sorted by predicted length (else even split)"},
@@ -168,6 +183,12 @@ class SchedulerConfig:
             self.assignment_method,
             f"one of {', '.join(METHODS)}",
         )
+        check(
+            self.prefix_rule in PREFIX_RULES,
+            "prefix_rule",
+            self.prefix_rule,
+            f"one of {', '.join(PREFIX_RULES)}",
+        )
         check(self.migration in MIGRATIONS, "migration", self.migration, f"one of {', '.join(MIGRATIONS)}")
         check(
             self.normalise in NORMALISATIONS,
@@ -228,6 +249,7 @@ class SchedulerConfig:
         if self.policy == "rlhfless":
             return {
                 "dedup_prefill": self.dedup_prefill,
+                "prefix_rule": self.prefix_rule if self.dedup_prefill else "none",
                 "sorted_assignment": self.sorted_assignment,
                 "balance_rounds": self.balance_rounds if self.sorted_assignment else 0,
                 "longest_first": self.longest_first,
@@ -238,6 +260,7 @@ class SchedulerConfig:
             }
         return {
             "dedup_prefill": False,
+            "prefix_rule": "none",
             "sorted_assignment": False,
             "balance_rounds": 0,
             "longest_first": False,

@@ -1,10 +1,10 @@
-"""Prefix deduplication: which shared prompt prefixes the prefill actor computes once.
+"""Prefix deduplication: the step's prompts in sorted order with the common prefix of sorted
+neighbours, and from them what the prefill actor computes once (`planner.prefix_tree`: the
+paper's D(L) rule or a prefix tree).
 
-D(L) is the number of distinct length-L prefixes (a prompt shorter than L counts as its whole
-prompt). Sorting the prompts groups every shared prefix into a contiguous run, so with e_i the
-length of the common prefix of neighbours i and i+1 in sorted order (infinite when identical),
-D(L) = 1 + #{i : e_i < L} for every L at once. The chosen prefix length is the largest L with
-D(L) <= B_prefill (D is non-decreasing in L).
+Sorting the prompts groups every shared prefix into a contiguous run, so with e_i the length of
+the common prefix of neighbours i and i+1 in sorted order (longest + 1 when identical) every
+prefix count, and the step's unique tokens, is a histogram or a sum over e.
 
 The sort is most-significant-chunk first, in numpy: the prompts' first `FIRST_CHUNK` tokens are
 sorted as rows of token id + 1 (zero past the end), and only prompts still tied with a
@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rlhfless.planner import prefix_tree
 from rlhfless.planner.ordering import lex_order
+from rlhfless.planner.prefix_tree import Levels
 
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
 PACKED_COLUMNS = 8  # rows of at most this many varying columns sort as bit-packed uint64 keys
@@ -205,23 +207,17 @@ def _checked(flat: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Dedup:
-    """The chosen prefix length, the D(L) curve and the prefix groups."""
+    """Which prompt tokens the prefill actor computes (the levels of a prefix tree, each once) and
+    which each prompt's decode actor still computes (the rest, once, shared by its samples)."""
 
-    prefix_length: int
-    d_curve: np.ndarray  # d_curve[L] = D(L) for L = 0..longest prompt (D(0) = 1)
-    group_of: np.ndarray  # prefix group id of each prompt (input order)
-    group_prefix_tokens: np.ndarray  # tokens of each group's shared prefix
+    rule: str  # tree or paper (`planner.prefix_tree`)
+    prefix_length: int  # no prompt receives more KV than this (paper: the chosen L)
+    d_curve: np.ndarray  # paper: d_curve[L] = D(L) for L = 0..longest (tree: empty)
+    node_of: np.ndarray  # per prompt (input order): the node whose KV it starts from, -1: none
+    prefix_tokens: np.ndarray  # per prompt: tokens it receives as KV (at most its length - 1)
+    levels: Levels
     lengths: np.ndarray  # prompt token counts (input order)
     unique_tokens: int = 0  # tokens of the step's prefix tree: each shared prefix counted once
-
-    @property
-    def n_groups(self) -> int:
-        return int(self.group_prefix_tokens.size)
-
-    @property
-    def prefix_tokens(self) -> np.ndarray:
-        """Per prompt: tokens it gets from the prefill actor."""
-        return np.minimum(self.lengths, self.prefix_length)
 
     @property
     def remaining_tokens(self) -> np.ndarray:
@@ -234,15 +230,34 @@ class Dedup:
         return {
             "naive": total * group_size,
             "per_prompt": total,
-            "dedup": int(self.group_prefix_tokens.sum() + self.remaining_tokens.sum()),
+            "dedup": self.levels.tokens + int(self.remaining_tokens.sum()),
         }
 
-    def groups(self, uids: Sequence[str]) -> list[list[str]]:
-        """Each unique prefix's uids, largest group first (ties by first uid)."""
-        order = np.argsort(self.group_of, kind="stable")
-        cuts = np.flatnonzero(np.diff(self.group_of[order])) + 1
-        groups = [[uids[i] for i in part.tolist()] for part in np.split(order, cuts)] if order.size else []
-        return sorted(groups, key=lambda g: (-len(g), g[0]))
+    def layout(self, uids: Sequence[str]) -> tuple[list[list[str]], list[dict[str, int]]]:
+        """The plan's `prefix_groups` (the uids starting from each node, largest group first,
+        ties by first uid) and `prefix_tree` (per node, parents first: its parent, its tokens
+        [start, end) and its group, -1 for a branch node no prompt starts from)."""
+        has = np.flatnonzero(self.node_of >= 0)
+        order = has[np.argsort(self.node_of[has], kind="stable")]
+        nodes = self.node_of[order]
+        cuts = np.flatnonzero(np.diff(nodes)) + 1
+        parts = np.split(order, cuts) if order.size else []
+        groups = [[uids[i] for i in part.tolist()] for part in parts]
+        rank = sorted(range(len(groups)), key=lambda j: (-len(groups[j]), groups[j][0]))
+        group_of_node = np.full(self.levels.end.size, -1)
+        if order.size:
+            group_of_node[nodes[np.r_[0, cuts]]] = np.argsort(rank)
+        tree = [
+            {"parent": p, "start": s, "end": e, "group": g}
+            for p, s, e, g in zip(
+                self.levels.parent.tolist(),
+                self.levels.start.tolist(),
+                self.levels.end.tolist(),
+                group_of_node.tolist(),
+                strict=True,
+            )
+        ]
+        return [groups[j] for j in rank], tree
 
 
 def _tree_tokens(lengths_sorted: np.ndarray, e: np.ndarray) -> int:
@@ -255,26 +270,18 @@ def tree_tokens(prompts: PackedPrompts) -> int:
     return _tree_tokens(prompts.lengths[prompts.order], prompts.lcp)
 
 
-def deduplicate(prompts: PackedPrompts, capacity: int) -> Dedup:
-    """Choose the largest prefix length whose distinct prefixes fit `capacity` (B_prefill)."""
-    lengths = prompts.lengths
-    n = lengths.size
-    longest = int(lengths.max()) if n else 0
-    order, e = prompts.order, prompts.lcp
-    # D(L) = 1 + #{e_i < L} = 1 + #{e_i <= L - 1}
-    hist = np.bincount(e, minlength=longest + 2)
-    d_curve = np.concatenate(([1], 1 + np.cumsum(hist[:longest]))) if n else np.ones(1, dtype=np.int64)
-    fits = np.flatnonzero(d_curve[1:] <= capacity)
-    prefix_length = int(fits[-1] + 1) if fits.size else 0
-    if prefix_length == 0:
-        group_sorted = np.arange(n)
-    else:
-        breaks = np.concatenate(([0], (e < prefix_length).astype(np.int64)))
-        group_sorted = np.cumsum(breaks)
-    group_of = np.empty(n, dtype=np.int64)
-    group_of[order] = group_sorted
-    n_groups = int(group_sorted[-1] + 1) if n else 0
-    group_prefix = np.zeros(n_groups, dtype=np.int64)
-    group_prefix[group_sorted] = np.minimum(lengths[order], prefix_length)
-    unique = _tree_tokens(lengths[order], e) if n else 0
-    return Dedup(prefix_length, d_curve, group_of, group_prefix, lengths, unique)
+def deduplicate(prompts: PackedPrompts, capacity: int, rule: str = "tree") -> Dedup:
+    """The shared prefixes the prefill actor computes under `rule` (`planner.prefix_tree`), with
+    at most `capacity` (B_prefill) of them."""
+    lengths, order, e = prompts.lengths, prompts.order, prompts.lcp
+    sorted_lengths = lengths[order]
+    rules = {"tree": prefix_tree.tree, "paper": prefix_tree.paper}
+    if rule not in rules:
+        raise ValueError(f"prefix_rule: got {rule!r}, expected one of {', '.join(rules)}")
+    shared = rules[rule](sorted_lengths, e, capacity)
+    node_of = np.empty_like(shared.node)
+    node_of[order] = shared.node
+    k = np.empty_like(shared.k)
+    k[order] = shared.k
+    unique = _tree_tokens(sorted_lengths, e) if lengths.size else 0
+    return Dedup(rule, shared.deepest, shared.curve, node_of, k, shared.levels, lengths, unique)

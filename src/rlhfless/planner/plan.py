@@ -73,9 +73,9 @@ class StepPlan:
 
     policy: str
     n_actors: int
-    prefix_length: int
-    unique_prefixes: int
-    prefix_groups: list[list[str]]
+    prefix_length: int  # no prompt receives a longer prefix KV (the paper rule's L)
+    unique_prefixes: int  # shared prefixes some prompt starts from
+    prefix_groups: list[list[str]]  # the uids that start from each, largest group first
     actors: list[ActorPlan]
     candidates: list[dict[str, Any]]
     predicted_time: float
@@ -93,6 +93,10 @@ class StepPlan:
     )  # {"budget_per_step": $} or {"deadline_per_step": s}
     keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
     floor: dict[str, float] = field(default_factory=dict)  # the forecast generation floor (`Floor`)
+    # The prefill actor's levels, parents first: {parent, start, end, group} (`Dedup.layout`); a
+    # prompt of prefix_groups[g] receives the KV of the path to the node of group g (less its
+    # own last token, which it computes).
+    prefix_tree: list[dict[str, int]] = field(default_factory=list)
     # The (calibrated) time table this plan was made with: the executor's migration decisions read
     # it, as the simulator's do. Not part of `to_dict`: the run's profile file holds it.
     profile: Profile | None = field(default=None, repr=False, compare=False)
@@ -109,6 +113,7 @@ class StepPlan:
             "prefix_length": self.prefix_length,
             "unique_prefixes": self.unique_prefixes,
             "prefix_groups": self.prefix_groups,
+            "prefix_tree": self.prefix_tree,
             "actors": [asdict(a) for a in self.actors],
             "candidates": self.candidates,
             "predicted_time": self.predicted_time,
@@ -129,6 +134,19 @@ class StepPlan:
     def from_dict(cls, data: dict[str, Any]) -> StepPlan:
         """Read back `to_dict` (a run's `plans/step_*.json`), e.g. to replay it in the simulator."""
         return cls(**{**data, "actors": [ActorPlan(**a) for a in data["actors"]]})
+
+    def prefix_tokens(self, uids: Sequence[str], lengths: np.ndarray) -> np.ndarray:
+        """Prompt tokens each of `uids` (of `lengths` tokens) receives as prefix KV."""
+        if not self.features.get("dedup_prefill"):
+            return np.zeros(len(uids), dtype=np.int64)
+        if not self.prefix_tree:  # a plan written before the tree: every group's prefix is L long
+            return np.minimum(np.maximum(np.asarray(lengths) - 1, 0), self.prefix_length)
+        node_end = {}
+        for node in self.prefix_tree:
+            if node["group"] >= 0:
+                node_end.update(dict.fromkeys(self.prefix_groups[node["group"]], node["end"]))
+        ends = np.fromiter((node_end.get(u, 0) for u in uids), dtype=np.int64, count=len(uids))
+        return np.minimum(ends, np.maximum(np.asarray(lengths) - 1, 0))
 
 
 def candidate_bounds(
@@ -204,8 +222,9 @@ def plan_step(
     if max_length is not None:
         gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
 
+    rule = str(feats["prefix_rule"]) if feats["dedup_prefill"] else None
     lengths, dedup, decode_prefill, kv_tokens, prefill = _prefill_work(
-        prompts, bool(feats["dedup_prefill"]), config.prefill_capacity, group_size
+        prompts, rule, config.prefill_capacity, group_size
     )
     prefill_s = float(profile.prefill_seconds(prefill["tokens"]))
     workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size)
@@ -257,12 +276,13 @@ def plan_step(
         if v is not None
     }
 
+    prefix_groups, prefix_tree = dedup.layout(uids) if dedup else ([], [])
     return StepPlan(
         policy=config.policy,
         n_actors=int(table.n[pick]),
         prefix_length=dedup.prefix_length if dedup else 0,
-        unique_prefixes=dedup.n_groups if dedup and dedup.prefix_length else 0,
-        prefix_groups=dedup.groups(uids) if dedup and dedup.prefix_length else [],
+        unique_prefixes=len(prefix_groups),
+        prefix_groups=prefix_groups,
         actors=chosen,
         candidates=table.rows(),
         predicted_time=float(table.time[pick]),
@@ -278,43 +298,41 @@ def plan_step(
         target=target,
         keep_unused_warm=unused_warm,
         floor=floor.to_dict(),
+        prefix_tree=prefix_tree,
         profile=profile,
     )
 
 
 def _prefill_work(
-    prompts: Sequence[PromptSpec], dedup_on: bool, capacity: int, g: int
-) -> tuple[np.ndarray, Dedup | None, np.ndarray, np.ndarray, dict[str, int]]:
-    """Who computes which prompt tokens: prompt lengths; per prompt, the tokens its decode actor
-    prefills and the prefix tokens it receives as KV; the prefill actor's tokens; and the step's
-    token counts (`tokens_computed` = prefill actor + every decode actor's own prefill;
-    `tokens_unique` = the prefix tree's, the least any prefill computes)."""
+    prompts: Sequence[PromptSpec], rule: str | None, capacity: int, g: int
+) -> tuple[np.ndarray, Dedup | None, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Who computes which prompt tokens under `rule` (None: no dedup): prompt lengths; per prompt,
+    the tokens its decode actor prefills and the prefix tokens it receives as KV; the prefill
+    actor's tokens; and the step's token counts (`tokens_computed` = prefill actor + every decode
+    actor's own prefill; `tokens_unique` = the prefix tree's, the least any prefill computes;
+    `tree_ratio` = computed / unique, 1.0 at best)."""
     packed = PackedPrompts.pack(list(map(attrgetter("prompt_tokens"), prompts)))
     lengths = packed.lengths
     total = int(lengths.sum())
-    counts = {"tokens_naive": total * g, "tokens_per_prompt": total}
-    if not dedup_on:  # every sample prefills its whole prompt
-        counts["tokens_unique"] = tree_tokens(packed)
-        return (
-            lengths,
-            None,
-            lengths * g,
-            np.zeros_like(lengths),
-            {"tokens": 0, **counts, "tokens_computed": total * g},
-        )
-    dedup = deduplicate(packed, capacity)
-    counts["tokens_unique"] = dedup.unique_tokens
-    prefill_tokens = int(dedup.group_prefix_tokens.sum())
-    computed = dedup.tokens(g)["dedup"]
+    counts: dict[str, Any] = {"rule": rule or "none", "tokens_naive": total * g, "tokens_per_prompt": total}
+    if rule is None:  # every sample prefills its whole prompt
+        unique = tree_tokens(packed)
+        work = (lengths, None, lengths * g, np.zeros_like(lengths))
+        computed, prefill_tokens = total * g, 0
+    else:
+        dedup = deduplicate(packed, capacity, rule)
+        unique = dedup.unique_tokens
+        work = (lengths, dedup, dedup.remaining_tokens, dedup.prefix_tokens)
+        computed, prefill_tokens = dedup.tokens(g)["dedup"], dedup.levels.tokens
+    ratio = computed / unique if unique else 1.0
     return (
-        lengths,
-        dedup,
-        dedup.remaining_tokens,
-        dedup.prefix_tokens,
+        *work,
         {
             "tokens": prefill_tokens,
             **counts,
+            "tokens_unique": unique,
             "tokens_computed": computed,
+            "tree_ratio": ratio,
         },
     )
 

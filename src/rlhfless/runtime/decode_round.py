@@ -154,7 +154,7 @@ class DecodeRound:
             for uid in a.uids:
                 ids = self.prompts[uid].prompt_ids
                 if kv is not None:
-                    work.append((uid, ids, list(range(self.group)), kv.index_of[uid]))
+                    work.append((uid, ids, list(range(self.group)), kv.index_of.get(uid)))
                 else:  # no dedup: every sample prefills its whole prompt
                     work.extend((uid, ids, [s], None) for s in range(self.group))
             run.assigned = {(uid, s) for uid in a.uids for s in range(self.group)}

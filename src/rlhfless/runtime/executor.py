@@ -19,6 +19,7 @@ from rlhfless.planner import ClusterSpec, StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.learner import Learner
+from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 
 
@@ -273,14 +274,15 @@ class InProcessExecutor(LocalLearner):
             self.cfg.algorithm.group_size,
             self.params,
             step,
-            plan.prefix_length if self.cfg.scheduler.dedup_prefill else None,
+            prefix_tree(plan, prompts),
         )
         texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
         samples = [
             Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
             for r, text in zip(results, texts, strict=True)
         ]
-        return canonical(samples), stats.metrics()
+        metrics = stats.metrics()
+        return canonical(samples), {**metrics, **prefill_metrics(plan, metrics["prefill/tokens_computed"])}
 
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
         start = time.perf_counter()

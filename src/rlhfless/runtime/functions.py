@@ -34,7 +34,7 @@ from rlhfless.runtime.precision import autocast
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.transfer import KVBundle, from_numpy, load_flat_weights
 
-# (uid, prompt ids, sample indices, index of its prefix in the step's KV bundle or None)
+# (uid, prompt ids, sample indices, its prefix tree node in the step's KV bundle or None)
 Work = tuple[str, list[int], list[int], int | None]
 
 
@@ -146,14 +146,13 @@ class DecodeFunction:
         step: int,
         faults: list[DecodeFault],
     ) -> float:
-        """Queue this step's prompts; their prefix KV views the bundle; arm this step's injected
-        faults (`runtime.faults`). Returns seconds spent."""
+        """Queue this step's prompts, each from its prefix tree node's KV (the node's levels joined
+        once per node); arm this step's injected faults (`runtime.faults`). Returns seconds spent."""
         start = time.perf_counter()
         self.params, self.step, self.faults, self.iterations = params, step, list(faults), 0
-        requests = [
-            Request(uid, ids, len(samples), None if p is None else bundle.get(p), samples)
-            for uid, ids, samples, p in work
-        ]
+        nodes = {p for *_, p in work if p is not None}
+        kv = {p: bundle.get(p) for p in sorted(nodes)} if bundle is not None else {}
+        requests = [Request(uid, ids, len(samples), kv.get(p), samples) for uid, ids, samples, p in work]
         self.engine.add(requests, params, step)
         return time.perf_counter() - start
 

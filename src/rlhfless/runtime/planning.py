@@ -306,6 +306,7 @@ def plan_metrics(plan: StepPlan) -> dict[str, float]:
         "plan/predicted_time": plan.predicted_time,
         "plan/predicted_cost": plan.predicted_cost,
         "plan/prefix_length": float(plan.prefix_length),
+        "plan/tree_ratio": float(plan.prefill["tree_ratio"]),
         "time/plan": plan.plan_seconds,
     }
 

@@ -1,5 +1,5 @@
 """What the learner publishes to the functions through Ray's object store: the policy's weights, put
-once per version, and the step's unique prefix KV, computed on the learner and put once per step.
+once per version, and the step's prefix tree KV, computed on the learner and put once per step.
 
 Functions on the driver's node read both from shared memory (no copy); others get one copy per node.
 """
@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from rlhfless.engine import Engine
-from rlhfless.runtime.samples import StepPrompt
+from rlhfless.engine import Engine, PrefixTree
 from rlhfless.runtime.transfer import KVBundle, flat_weights
 
 
@@ -40,8 +39,8 @@ class Weights:
 
 @dataclass
 class PrefixKV:
-    """The step's unique prefix KV: the bundle, its object-store ref, each prompt's prefix index,
-    and when it was computed and put."""
+    """The step's prefix tree KV: the bundle, its object-store ref, the node each prompt starts
+    from (absent: it shares no prefix), and when it was computed and put."""
 
     bundle: KVBundle
     ref: ray.ObjectRef
@@ -52,22 +51,18 @@ class PrefixKV:
     put: float
 
     def nbytes(self, uids: list[str]) -> int:
-        """Bytes of the prefixes these prompts use."""
-        return sum(self.bundle.nbytes(i) for i in {self.index_of[u] for u in uids})
+        """Bytes of the levels these prompts start from, each once."""
+        return self.bundle.nbytes({self.index_of[u] for u in uids if u in self.index_of})
 
 
-def publish_prefix_kv(engine: Engine, prompts: list[StepPrompt], length: int) -> PrefixKV | None:
-    """Prefill every unique `length`-token prefix on `engine` (the learner's, current weights) and
-    put the bundle once for all functions; None without dedup (`length` <= 0)."""
-    if length <= 0:
+def publish_prefix_kv(engine: Engine, tree: PrefixTree | None) -> PrefixKV | None:
+    """Prefill the plan's prefix tree on `engine` (the learner's, current weights), each level
+    from its parent's KV, and put the bundle once for all functions; None without dedup."""
+    if tree is None:
         return None
     start = time.time()
-    index: dict[tuple[int, ...], int] = {}
-    for p in prompts:
-        index.setdefault(tuple(p.prompt_ids[:length]), len(index))
-    kvs = engine.prefill([list(key) for key in index])
+    kvs = engine.prefill(tree.tokens, tree.parents)
     computed = time.time()
-    bundle = KVBundle.pack(kvs)
+    bundle = KVBundle.pack(kvs, tree.parents)
     ref = ray.put(bundle)
-    index_of = {p.uid: index[tuple(p.prompt_ids[:length])] for p in prompts}
-    return PrefixKV(bundle, ref, index_of, sum(len(k) for k in index), start, computed, time.time())
+    return PrefixKV(bundle, ref, dict(tree.node_of), tree.computed_tokens(), start, computed, time.time())

@@ -39,6 +39,7 @@ from rlhfless.runtime.decode_round import DecodeRound
 from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
+from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
 from rlhfless.runtime.ray_cluster import ClusterView, start_ray
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
@@ -111,8 +112,7 @@ class RayExecutor:
             pool = self.functions.pool
             pool.stop_idle([lease for lease in pool.idle if lease.units > 0], time.time())
 
-        length = plan.prefix_length if plan.features.get("dedup_prefill") else 0
-        kv = publish_prefix_kv(self.learner.engine, prompts, length)
+        kv = publish_prefix_kv(self.learner.engine, prefix_tree(plan, prompts))
         if kv is not None:
             self._on_learner("prefill", kv.start, kv.computed, kv.put)
         round_.assign(kv)
@@ -133,6 +133,7 @@ class RayExecutor:
         metrics["prefill/tokens_naive"] = float(
             self.cfg.algorithm.group_size * sum(len(p.prompt_ids) for p in prompts)
         )
+        metrics.update(prefill_metrics(plan, metrics["prefill/tokens_computed"]))
         metrics["actors/planned"] = float(len(plan.actors))
         metrics["cluster/nodes"] = float(len(view.nodes))
         ordered = [results[key] for key in sorted(results)]

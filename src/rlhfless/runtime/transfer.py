@@ -123,24 +123,46 @@ class Transfer:
 
 @dataclass
 class KVBundle:
-    """Prefix KV caches of one step: `arrays[i]` is [2, layers, heads, len, dim] for `tokens[i]`."""
+    """The prefix tree's KV of one step, each level once: `arrays[i]` is [2, layers, heads, n, dim]
+    for node i's own `tokens[i]`, which follow its parent's (`parents[i]`, -1 at the root)."""
 
     tokens: list[list[int]]
+    parents: list[int]
     arrays: list[np.ndarray]
     weight_version: int
     bfloat16: bool
 
     @classmethod
-    def pack(cls, prefixes: list[PrefixKV]) -> KVBundle:
-        arrays = [to_numpy(torch.stack((torch.stack(p.keys), torch.stack(p.values)))) for p in prefixes]
+    def pack(cls, prefixes: list[PrefixKV], parents: list[int]) -> KVBundle:
+        """From each node's whole-prefix KV (`Engine.prefill`), keeping only its own part."""
+        starts = [len(prefixes[p]) if p >= 0 else 0 for p in parents]
+        arrays = [
+            to_numpy(torch.stack((torch.stack(p.keys), torch.stack(p.values)))[:, :, :, s:])
+            for p, s in zip(prefixes, starts, strict=True)
+        ]
+        tokens = [list(p.token_ids[s:]) for p, s in zip(prefixes, starts, strict=True)]
         version = prefixes[0].weight_version if prefixes else 0
         bf16 = bool(prefixes) and prefixes[0].keys[0].dtype == torch.bfloat16
-        return cls([list(p.token_ids) for p in prefixes], arrays, version, bf16)
+        return cls(tokens, list(parents), arrays, version, bf16)
+
+    def path(self, index: int) -> list[int]:
+        """Node `index` and its ancestors, root first."""
+        out = []
+        while index >= 0:
+            out.append(index)
+            index = self.parents[index]
+        return out[::-1]
 
     def get(self, index: int) -> PrefixKV:
-        """Prefix `index` as a PrefixKV whose tensors view the bundle's memory."""
-        kv = from_numpy(self.arrays[index], torch.bfloat16 if self.bfloat16 else torch.float32)
-        return PrefixKV(self.tokens[index], list(kv[0].unbind(0)), list(kv[1].unbind(0)), self.weight_version)
+        """Node `index`'s whole prefix as a PrefixKV: its levels joined (a root's child views the
+        bundle's memory)."""
+        dtype = torch.bfloat16 if self.bfloat16 else torch.float32
+        path = self.path(index)
+        parts = [from_numpy(self.arrays[i], dtype) for i in path]
+        kv = parts[0] if len(parts) == 1 else torch.cat(parts, dim=3)
+        tokens = [t for i in path for t in self.tokens[i]]
+        return PrefixKV(tokens, list(kv[0].unbind(0)), list(kv[1].unbind(0)), self.weight_version)
 
-    def nbytes(self, index: int) -> int:
-        return int(self.arrays[index].nbytes)
+    def nbytes(self, indices: set[int]) -> int:
+        """Bytes of the levels these nodes' prefixes are made of, each once."""
+        return sum(int(self.arrays[i].nbytes) for i in {i for j in indices for i in self.path(j)})

@@ -38,6 +38,8 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
             "mean_floor_latency": mean_of(steps, "floor_latency"),
             "mean_floor_throughput": mean_of(steps, "floor_throughput"),
             "mean_floor_cost": mean_of(steps, "floor_cost"),
+            # prompt tokens computed over the prefix tree's unique ones (1.0 is the least)
+            "prefill_tree_ratio": sum(r.prefill_tokens for r in steps) / sum(r.prefill_unique for r in steps),
         }
         row["generation_over_floor"] = row["mean_generation_time"] / row["mean_floor_time"]
         row["cost_over_floor"] = row["mean_generation_cost"] / row["mean_floor_cost"]

@@ -98,7 +98,7 @@ class Generation:
         self.migrations = 0
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
-        prefix = np.minimum(plen, plan.prefix_length) if dedup else np.zeros_like(plen)
+        prefix = plan.prefix_tokens(prompts.uids, plen)  # KV each prompt receives (tree or paper)
         self.prefill_s = float(profile.prefill_seconds(plan.prefill["tokens"])) if dedup else 0.0
         index = {u: i for i, u in enumerate(prompts.uids)}
         cluster = stage.cluster

@@ -44,7 +44,7 @@ class StepResult:
     cost_generation: float
     n_actors: int
     migrations: int
-    prefill_tokens: int
+    prefill_tokens: int  # prompt tokens computed: the prefill actor's levels + each prompt's own part
     plan_seconds: float
     predicted_time: float
     predicted_cost: float
@@ -62,6 +62,8 @@ class StepResult:
     forecast_floor_time: float = 0.0  # the plan's floor, from predicted lengths
     cost_after: float = 0.0  # preparation and learning, USD (the whole-step bound adds it to the floor)
     preparation_overlapped: float = 0.0  # preparation run during generation, in all-GPU seconds
+    prefill_unique: int = 0  # the step's unique prompt tokens (its prefix tree's)
+    prefill_tree_ratio: float = 1.0  # prefill_tokens / prefill_unique: 1.0 is the least
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -153,6 +155,8 @@ class Simulator:
             n_actors=len(gen.runs),
             migrations=gen.migrations,
             prefill_tokens=int(plan.prefill["tokens_computed"]),
+            prefill_unique=int(plan.prefill["tokens_unique"]),
+            prefill_tree_ratio=float(plan.prefill["tree_ratio"]),
             plan_seconds=plan.plan_seconds,
             predicted_time=plan.predicted_time,
             predicted_cost=plan.predicted_cost,
