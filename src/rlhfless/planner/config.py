@@ -10,7 +10,7 @@ from rlhfless.planner.pricing import Pricing
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
-MIGRATIONS = ("gain", "gather", "paper")
+MIGRATIONS = ("auto", "gain", "gather", "paper")
 NORMALISATIONS = ("relative", "range")
 
 
@@ -32,6 +32,13 @@ class SchedulerConfig:
         },
     )
     lam: float = field(default=0.7, metadata={"help": "actor scaling weight: 1 favours step time, 0 cost"})
+    max_slowdown: float | None = field(
+        default=1.0,
+        metadata={
+            "help": "actor scaling: lam chooses among the N whose predicted generation time is at most "
+            "this many times that of an even split over every actor (what verl runs); null = among all"
+        },
+    )
     normalise: str = field(
         default="relative",
         metadata={
@@ -99,6 +106,22 @@ class SchedulerConfig:
             "generation by under 1% and costs the planner ~10 ms); 0 = the paper's equal work"
         },
     )
+    refine_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "sorted assignment: more balance rounds for the chosen N alone (cheap: one N's "
+            "ranges), until its actors' predicted times are within 0.5%; 0 = none"
+        },
+    )
+    backfill: bool = field(
+        default=True,
+        metadata={
+            "help": "sorted assignment: prompts short enough to run in several waves on an actor "
+            "(predicted max under the steps an actor's share takes at its full batch) are spread so "
+            "that each actor gets a mix of them, whose short ones backfill the slots its long ones "
+            "leave (else every actor gets a run of similar lengths)"
+        },
+    )
     overlap_preparation: bool = field(
         default=True,
         metadata={
@@ -115,6 +138,14 @@ class SchedulerConfig:
             "backfill the tail (else in assignment order)"
         },
     )
+    probe_admission: bool = field(
+        default=True,
+        metadata={
+            "help": "rlhfless: an actor holding more sequences than it decodes at once admits one "
+            "sample of every prompt first, then each free slot takes the queued sample whose "
+            "prompt's running and finished samples say it is longest (planner.admission)"
+        },
+    )
     actor_scaling: bool = field(
         default=True, metadata={"help": "rlhfless: choose N by time/cost (else N = n_max)"}
     )
@@ -122,9 +153,10 @@ class SchedulerConfig:
         default=True, metadata={"help": "rlhfless: cut actors at tau and migrate their stragglers"}
     )
     migration: str = field(
-        default="gain",
+        default="auto",
         metadata={
-            "help": "per-actor cut: gain (a straggler moves once, only where it finishes sooner, "
+            "help": "per-actor cut: auto (gather while every actor holds no more sequences than it "
+            "decodes at once, where a receiver's step is bound by reading its weights; else gain), gain (a straggler moves once, only where it finishes sooner, "
             "resume and the receiver's slowdown counted; needs the time table), gather (a cut "
             "actor's stragglers all move, or none, where they fit without ending after the step's "
             "predicted end, and the emptied actor is released) or paper (every straggler to the "
@@ -177,6 +209,12 @@ class SchedulerConfig:
         )
         check(0 < self.tau <= 1, "tau", self.tau, "a number in (0, 1]")
         check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
+        check(
+            self.max_slowdown is None or self.max_slowdown > 0,
+            "max_slowdown",
+            self.max_slowdown,
+            "null or a number > 0",
+        )
         check(self.ewma_window >= 1, "ewma_window", self.ewma_window, "an integer >= 1")
         check(self.n_min >= 1, "n_min", self.n_min, "an integer >= 1")
         check(
@@ -217,6 +255,7 @@ class SchedulerConfig:
         check(self.length_pilot >= 0, "length_pilot", self.length_pilot, "an integer >= 0")
         check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
         check(self.balance_rounds >= 0, "balance_rounds", self.balance_rounds, "an integer >= 0")
+        check(self.refine_rounds >= 0, "refine_rounds", self.refine_rounds, "an integer >= 0")
 
     @property
     def pricing(self) -> Pricing:
@@ -230,7 +269,9 @@ class SchedulerConfig:
                 "dedup_prefill": self.dedup_prefill,
                 "sorted_assignment": self.sorted_assignment,
                 "balance_rounds": self.balance_rounds if self.sorted_assignment else 0,
+                "backfill": self.backfill and self.sorted_assignment,
                 "longest_first": self.longest_first,
+                "probe_admission": self.probe_admission,
                 "actor_scaling": self.actor_scaling,
                 "cut": "actor" if self.cut_and_migrate else "none",
                 "migration": self.migration if self.cut_and_migrate else "none",
@@ -240,7 +281,9 @@ class SchedulerConfig:
             "dedup_prefill": False,
             "sorted_assignment": False,
             "balance_rounds": 0,
+            "backfill": False,
             "longest_first": False,
+            "probe_admission": False,
             "actor_scaling": False,
             "cut": "global" if self.policy == "rlhfuse" else "none",
             "migration": "global" if self.policy == "rlhfuse" else "none",

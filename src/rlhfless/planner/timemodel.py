@@ -136,15 +136,30 @@ class RangeModel:
         cap: np.ndarray,
         mean_prompt: np.ndarray,
         reached: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Decode steps and seconds per step of each range in the first `reached` segments.
+        seqs: np.ndarray,
+        share: float = 1.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Decode steps and seconds per step of each range in the first `reached` segments, and
+        the seconds a second wave adds.
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
         A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
-        adds nothing. Operations run in place, in the order that fixes every rounding."""
+        adds nothing. Operations run in place, in the order that fixes every rounding.
+
+        Sequences are not preempted, so with more sequences than slots the K+1-th longest starts
+        only when one of the K longest ends: the last ends no sooner than p_K + p_K+1 steps
+        (p_j the j-th longest, where a segment's tokens over j is the part of it p_j covers).
+        A share of the slots misses that when the lengths are alike (a second wave of them then
+        runs almost alone): those steps are added at the batch of the queued sequences."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
         tokens = self._tokens[ends, :reached]
         tokens -= self._tokens[starts, :reached]
+        if share != 1.0:
+            tokens *= share
+        waves = np.flatnonzero(seqs > cap)
+        if waves.size:
+            t, k = tokens[waves], cap[waves, None]
+            paired = np.minimum(t / k, width).sum(axis=1) + np.minimum(t / (k + 1), width).sum(axis=1)
         steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
@@ -156,7 +171,30 @@ class RangeModel:
         context = np.minimum(steps, width)
         context *= 0.5
         context += mean_prompt[:, None] + start
-        return steps, self.profile.decode_step_seconds(batch, context)
+        late = np.zeros(starts.size)
+        if waves.size:
+            extra = np.maximum(paired - steps[waves].sum(axis=1), 0.0)
+            queued = np.clip(seqs[waves] - cap[waves], 1.0, cap[waves])
+            late[waves] = extra * self.profile.decode_step_seconds(queued, mean_prompt[waves] + 0.5 * paired)
+        return steps, self.profile.decode_step_seconds(batch, context), late
+
+    def share_seconds(self, n: int, prompt_tokens: float) -> float:
+        """Predicted seconds of the slowest actor of an even split over `n` actors (VERL's), each
+        prefilling its `prompt_tokens` / n: every actor holds a 1/n share of each segment's
+        tokens, and the one holding the longest sequence decodes to its end."""
+        size = self._work.size - 1
+        if size == 0:
+            return 0.0
+        share = 1.0 / max(n, 1)
+        ends, starts = np.array([size]), np.array([0])
+        seqs = np.array([size * self.group_size * share])
+        mean_prompt = self._context[-1:] / size
+        cap = self.profile.concurrency(mean_prompt + self._work[-1] / (size * self.group_size))
+        longest = np.array([float(self._longest.max())])
+        reached = int(np.searchsorted(self.edges[:-1], longest[0], side="left"))
+        steps, step_s, late = self._segments(starts, ends, longest, cap, mean_prompt, reached, seqs, share)
+        decode = float(np.einsum("ij,ij->i", steps, step_s)[0] + late[0])
+        return decode + float(self.profile.prefill_seconds(prompt_tokens * share))
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
@@ -175,15 +213,16 @@ class RangeModel:
         by_reach = np.argsort(reach, kind="stable")
         steps = np.zeros((starts.size, self.edges.size - 1))
         step_s = np.zeros_like(steps)
+        late = np.zeros(starts.size)
         for lo in range(0, starts.size, BLOCK):
             rows = by_reach[lo : lo + BLOCK]
             reached = int(reach[rows[-1]])
             at = (slice(lo, lo + BLOCK), slice(0, reached))
-            steps[at], step_s[at] = self._segments(
-                starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached
+            steps[at], step_s[at], late[lo : lo + BLOCK] = self._segments(
+                starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached, seqs[rows]
             )
         decode = np.empty(starts.size)
-        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s)
+        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s) + late
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
             "decode": decode,
