@@ -29,6 +29,9 @@ from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import ActorEstimates
 from rlhfless.planner.timemodel import RangeModel, Workload
 
+DENSE = 32  # candidates all timed before the grid starts
+RATIO = 1.05  # the grid's step beyond them
+
 
 @dataclass
 class Ranges:
@@ -39,39 +42,32 @@ class Ranges:
     starts: np.ndarray
     ends: np.ndarray
     n_of: np.ndarray
+    by_work: bool = True  # ranges start at equal work (sorted), else at equal counts (input order)
 
 
 def _split(
-    workload: Workload,
-    order: np.ndarray,
-    ns: np.ndarray,
-    profile: Profile,
-    segments: int,
-    rounds: int,
-    by_work: bool,
-) -> Ranges:
+    workload: Workload, model: RangeModel, ns: np.ndarray, rounds: int, by_work: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if by_work:
-        starts, ends, n_of = balanced_ranges(workload.work[order], ns)
+        starts, ends, n_of = balanced_ranges(workload.work[model.order], ns)
     else:
         starts, ends, n_of = even_ranges(workload.size, ns)
-    model = RangeModel(workload, order, profile, segments)
     for _ in range(rounds):
         parts = model.times(starts, ends)
         starts, ends, n_of = retimed_ranges(
             model.cum_work, starts, ends, ns, parts["prefill"] + parts["decode"]
         )
-    return Ranges(order, model, starts, ends, n_of)
+    return starts, ends, n_of
 
 
-def backfill_threshold(ranges: Ranges, ns: np.ndarray, workload: Workload, profile: Profile) -> float:
-    """The predicted length under which a prompt runs in waves: the decode steps the largest N's
-    slowest actor takes at its full batch (an actor given longer sequences than that holds
-    fewer than its slots)."""
-    top = ranges.n_of == ns.max()
-    parts = ranges.model.times(ranges.starts[top], ranges.ends[top])
-    g = workload.group_size
+def backfill_threshold(workload: Workload, model: RangeModel, n: int, rounds: int, profile: Profile) -> float:
+    """The predicted length under which a prompt runs in waves: the decode steps that N = `n`'s
+    slowest actor (sorted ranges, `model`'s order) takes at its full batch (an actor given
+    longer sequences than that holds fewer than its slots)."""
+    starts, ends, _ = _split(workload, model, np.array([n]), rounds, True)
+    parts = model.times(starts, ends)
     mean_prompt = float(workload.prompt_tokens.mean())
-    mean_response = float(workload.work.mean()) / g
+    mean_response = float(workload.work.mean()) / workload.group_size
     cap = float(profile.concurrency(mean_prompt + mean_response))
     step = float(profile.decode_step_seconds(cap, mean_prompt + mean_response / 2))
     return float(np.max(parts["prefill"] + parts["decode"])) / max(step, 1e-12)
@@ -86,18 +82,57 @@ def contiguous_ranges(
     sort: bool,
     backfill: bool,
 ) -> Ranges:
-    """The order and every N's ranges: sorted (with `backfill`, its short part spread) or input."""
-    if not sort:
-        return _split(workload, np.arange(workload.size), ns, profile, segments, rounds, False)
-    order = sorted_order(workload.group_max, workload.group_mean)
-    ranges = _split(workload, order, ns, profile, segments, rounds, True)
-    if not backfill:
-        return ranges
-    threshold = backfill_threshold(ranges, ns, workload, profile)
-    spread = backfill_order(order, workload.group_max, threshold)
-    if np.array_equal(spread, order):
-        return ranges
-    return _split(workload, spread, ns, profile, segments, rounds, True)
+    """The order and every N's ranges: sorted (with `backfill`, its short part spread; where it
+    ends is found on the sorted order's largest N alone) or the input order (even counts)."""
+    order = sorted_order(workload.group_max, workload.group_mean) if sort else np.arange(workload.size)
+    model = RangeModel(workload, order, profile, segments)
+    if sort and backfill:
+        threshold = backfill_threshold(workload, model, int(ns.max()), rounds, profile)
+        spread = backfill_order(order, workload.group_max, threshold)
+        if not np.array_equal(spread, order):
+            order, model = spread, model.reordered(spread)
+    return Ranges(order, model, *_split(workload, model, ns, rounds, sort), by_work=sort)
+
+
+def coarse(ns: np.ndarray, dense: int = DENSE, ratio: float = RATIO) -> np.ndarray:
+    """The candidate N timed first: every N up to the `dense`-th, then a geometric grid (each
+    about `ratio` times the last) to the largest. Time and cost change smoothly with N among
+    many actors, so the best N lies between the grid neighbours of the grid's best (`between`)."""
+    if ns.size <= dense:
+        return ns
+    grid = np.unique(
+        np.round(ns[dense - 1] * ratio ** np.arange(1, 1 + np.log(ns[-1] / ns[dense - 1]) / np.log(ratio)))
+    )
+    return np.unique(np.r_[ns[:dense], grid[(grid > ns[dense - 1]) & (grid < ns[-1])], ns[-1]]).astype(
+        np.int64
+    )
+
+
+def between(ns: np.ndarray, grid: np.ndarray, n: int) -> np.ndarray:
+    """The candidates strictly between the grid neighbours of `n` that the grid skipped."""
+    at = int(np.searchsorted(grid, n))
+    lo = grid[at - 1] if at > 0 else n
+    hi = grid[at + 1] if at + 1 < grid.size else n
+    return ns[(ns > lo) & (ns < hi) & ~np.isin(ns, grid)]
+
+
+def widen(
+    ranges: Ranges,
+    actors: ActorEstimates,
+    ns: np.ndarray,
+    rounds: int,
+    estimate: Callable[..., ActorEstimates],
+) -> tuple[Ranges, ActorEstimates]:
+    """`ranges` and `actors` with the candidates `ns` added (every N's rows consecutive, N rising)."""
+    model = ranges.model
+    starts, ends, n_of = _split(model.workload, model, ns, rounds, ranges.by_work)
+    more = estimate(model, starts, ends, n_of)
+    by_n = np.argsort(np.r_[actors.n_of, more.n_of], kind="stable")
+    merged = ActorEstimates(
+        *(np.r_[getattr(actors, f), getattr(more, f)][by_n] for f in ActorEstimates.__dataclass_fields__)
+    )
+    wide = Ranges(ranges.order, model, merged.starts, merged.ends, merged.n_of, ranges.by_work)
+    return wide, merged
 
 
 def refine(

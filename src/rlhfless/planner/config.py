@@ -153,7 +153,7 @@ class SchedulerConfig:
         default=True, metadata={"help": "rlhfless: cut actors at tau and migrate their stragglers"}
     )
     migration: str = field(
-        default="auto",
+        default="gain",
         metadata={
             "help": "per-actor cut: auto (gather while every actor holds no more sequences than it "
             "decodes at once, where a receiver's step is bound by reading its weights; else gain), gain (a straggler moves once, only where it finishes sooner, "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rlhfless.planner.assignment import lpt_assign
-from rlhfless.planner.balance import contiguous_ranges, refine
+from rlhfless.planner.balance import between, coarse, contiguous_ranges, refine, widen
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
 from rlhfless.planner.floor import generation_floor
@@ -208,20 +208,16 @@ def plan_step(
 
     ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))
     kw = {"prefill_s": prefill_s, "cluster": cluster, "billing": billing}
+    ranges, grid = None, ns
     if feats["sorted_assignment"] and config.assignment_method == "lpt":
         orders, actors = _lpt_estimates(workload, ns, profile, config, **kw)
     else:
-        ranges = contiguous_ranges(
-            workload,
-            ns,
-            profile,
-            config.segments,
-            int(feats["balance_rounds"]),
-            bool(feats["sorted_assignment"]),
-            bool(feats["backfill"]),
-        )
-        actors = estimate_actors(ranges.model, ranges.starts, ranges.ends, ranges.n_of, profile=profile, **kw)
-        orders = [ranges.order] * ns.size
+        grid = coarse(ns)
+        rounds = int(feats["balance_rounds"])
+        sort, backfill = bool(feats["sorted_assignment"]), bool(feats["backfill"])
+        ranges = contiguous_ranges(workload, grid, profile, config.segments, rounds, sort, backfill)
+        estimate = partial(estimate_actors, profile=profile, **kw)
+        actors = estimate(ranges.model, ranges.starts, ranges.ends, ranges.n_of)
     g_rest = np.full(n_prompts, group_size - 1.0)
     floor = generation_floor(
         [(profile, cluster.max_actors(profile.gpus))],
@@ -237,13 +233,20 @@ def plan_step(
     table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
     margins = (billing.time_margin, billing.cost_margin)
     cap = None
-    if config.max_slowdown is not None and config.policy == "rlhfless" and "ranges" in locals():
+    if ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless":
         cap = config.max_slowdown * ranges.model.share_seconds(int(ns.max()), float(lengths.sum()))
     pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
-    if feats["balance_rounds"] and not (feats["sorted_assignment"] and config.assignment_method == "lpt"):
-        estimate = partial(estimate_actors, profile=profile, **kw)
-        actors = refine(ranges, actors, int(table.n[pick]), config.refine_rounds, estimate)
-        table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
+    if ranges is not None:
+        extra = between(ns, grid, int(table.n[pick]))
+        if extra.size:
+            ranges, actors = widen(ranges, actors, extra, rounds, estimate)
+        if extra.size or config.refine_rounds:
+            actors = refine(ranges, actors, int(table.n[pick]), config.refine_rounds, estimate)
+            table = candidate_table(
+                actors, billing, serverful, config.lam, config.normalise, profile, after[0]
+            )
+            pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
+        orders = [ranges.order] * table.n.size
     admission = gmax if feats["longest_first"] else None
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
     step_time = float(table.time[pick]) + after[0]

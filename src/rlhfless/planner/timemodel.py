@@ -77,8 +77,7 @@ class RangeModel:
 
     def __init__(self, workload: Workload, order: np.ndarray, profile: Profile, segments: int) -> None:
         w, g = workload, workload.group_size
-        self.profile = profile
-        self.group_size = g
+        self.workload, self.profile, self.group_size = w, profile, g
         longest = w.group_max[order]
         rest = w.rest_length[order]
         lengths = np.concatenate((longest, rest)) if g > 1 else longest
@@ -92,14 +91,36 @@ class RangeModel:
             more = _clipped(rest, start, width)
             more *= g - 1
             overlap += more
+        self._fill(order, overlap, longest, longest + (g - 1) * rest)
+
+    def _fill(self, order: np.ndarray, overlap: np.ndarray, longest: np.ndarray, work: np.ndarray) -> None:
+        """Prefix sums in `order`, given its prompts' segment tokens, longest and decode tokens."""
+        w = self.workload
+        self.order, self._overlap = order, overlap
         self._tokens = _prefix(overlap.T)
-        self._work = _prefix(longest + (g - 1) * rest)
+        self._work = _prefix(work)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
         self._prefill = _prefix(w.decode_prefill[order].astype(float))
         self._kv = _prefix(w.kv_tokens[order].astype(float))
         self._longest = longest
         # In order of length (the sorted assignment's), a range's longest sequence is its last.
         self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
+
+    def reordered(self, order: np.ndarray) -> RangeModel:
+        """The same workload, segments and time table in another prompt order."""
+        at = np.empty_like(self.order)
+        at[self.order] = np.arange(self.order.size)
+        rows = at[order]
+        other = object.__new__(RangeModel)
+        other.workload, other.profile, other.group_size, other.edges = (
+            self.workload,
+            self.profile,
+            self.group_size,
+            self.edges,
+        )
+        work = np.diff(self._work)[rows]
+        other._fill(order, self._overlap[:, rows], self._longest[rows], work)
+        return other
 
     @staticmethod
     def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
@@ -110,6 +131,9 @@ class RangeModel:
             table.append(np.maximum(prev[:-step], prev[step:]))
             step *= 2
         return table
+
+    def _work_of(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        return self._work[ends] - self._work[starts]
 
     @property
     def cum_work(self) -> np.ndarray:
@@ -148,7 +172,7 @@ class RangeModel:
 
         Sequences are not preempted, so with more sequences than slots the K+1-th longest starts
         only when one of the K longest ends: the last ends no sooner than p_K + p_K+1 steps
-        (p_j the j-th longest, where a segment's tokens over j is the part of it p_j covers).
+        (p_j the j-th longest: a segment's tokens over j is about the part of it p_j covers).
         A share of the slots misses that when the lengths are alike (a second wave of them then
         runs almost alone): those steps are added at the batch of the queued sequences."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
@@ -156,10 +180,10 @@ class RangeModel:
         tokens -= self._tokens[starts, :reached]
         if share != 1.0:
             tokens *= share
-        waves = np.flatnonzero(seqs > cap)
-        if waves.size:
-            t, k = tokens[waves], cap[waves, None]
-            paired = np.minimum(t / k, width).sum(axis=1) + np.minimum(t / (k + 1), width).sum(axis=1)
+        # Only a range of about as many slots' worth of tokens as its longest sequence can end
+        # later than a share of its slots says: p_K + p_K+1 <= 2 min(longest, tokens / K).
+        fill = share * self._work_of(starts, ends) / (cap * np.maximum(longest, 1e-9))
+        waves = np.flatnonzero((seqs > cap) & (fill > 0.5) & (fill < 2.0))
         steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
@@ -167,6 +191,9 @@ class RangeModel:
         np.divide(tokens, batch, out=batch)
         np.minimum(batch, cap[:, None], out=batch)
         np.divide(tokens, cap[:, None], out=tokens)
+        if waves.size:  # p_K, and p_K+1 >= p_K K / (K + 1)
+            k = cap[waves]
+            paired = np.minimum(tokens[waves], width).sum(axis=1) * (2 * k + 1) / (k + 1)
         np.maximum(steps, tokens, out=steps)
         context = np.minimum(steps, width)
         context *= 0.5
