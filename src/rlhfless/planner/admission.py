@@ -7,8 +7,8 @@ longest is learned within the step from a prompt's other samples, whose lengths 
 correlated (one prompt's samples differ by ~10% in log length, prompts by 45-80%):
 
 - a sample of the prompt has finished: the queued ones are about as long (the mean of those
-  finished, or longer if a sibling still running has already passed it);
-- a sample is running: the prompt is at least as long as it has got so far;
+  finished);
+- samples are running, none finished: the prompt is at least as long as they have got so far;
 - none started: the planner's prediction.
 
 `initial_order` puts one sample of every prompt ahead of the prompts' other samples (`probes`),
@@ -45,8 +45,8 @@ def estimates(
 ) -> np.ndarray:
     """Estimated length of each queued sequence from its prompt's other samples: `predicted`,
     its prediction; `finished_sum` / `finished_count`, the lengths of the prompt's finished
-    samples; `running_for`, the tokens its longest-running sibling has generated so far (0:
-    none running)."""
+    samples; `running_for`, the tokens its longest-running sibling has generated so far (read
+    only while none has finished; 0: none running)."""
     known = finished_count > 0
     mean = np.divide(finished_sum, np.maximum(finished_count, 1))
-    return np.where(known, np.maximum(mean, running_for), np.maximum(predicted, running_for))
+    return np.where(known, mean, np.maximum(predicted, running_for))

@@ -109,7 +109,7 @@ def _adaptive_starts(remaining: np.ndarray, cap: int, sib: Siblings) -> np.ndarr
             fin_cnt[group[i]] += 1
             freed += 1
         g = group[waiting]
-        running_for = np.where(np.isfinite(first[g]), s - first[g], 0.0) + 0.0
+        running_for = np.where(np.isfinite(first[g]), s - first[g], 0.0)
         est = admission.estimates(sib.predicted[waiting], fin_sum[g], fin_cnt[g], running_for)
         take = np.argsort(-est, kind="stable")[:freed]
         picked = waiting[take]
