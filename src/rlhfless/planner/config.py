@@ -139,7 +139,7 @@ class SchedulerConfig:
         },
     )
     probe_admission: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "rlhfless: an actor holding more sequences than it decodes at once admits one "
             "sample of every prompt first, then each free slot takes the queued sample whose "
