@@ -107,10 +107,11 @@ class SchedulerConfig:
         },
     )
     refine_rounds: int = field(
-        default=0,
+        default=8,
         metadata={
             "help": "sorted assignment: more balance rounds for the chosen N alone (cheap: one N's "
-            "ranges), until its actors' predicted times are within 0.5%; 0 = none"
+            "ranges), until its actors' predicted times are within 0.5%, where its actors run in "
+            "waves; 0 = none"
         },
     )
     backfill: bool = field(

@@ -240,8 +240,9 @@ def plan_step(
         extra = between(ns, grid, int(table.n[pick]))
         if extra.size:
             ranges, actors = widen(ranges, actors, extra, rounds, estimate)
-        if extra.size or config.refine_rounds:
-            actors = refine(ranges, actors, int(table.n[pick]), config.refine_rounds, estimate)
+        more = config.refine_rounds if rounds else 0  # balanced plans only (not verl's even split)
+        if extra.size or more:
+            actors = refine(ranges, actors, int(table.n[pick]), more, estimate)
             table = candidate_table(
                 actors, billing, serverful, config.lam, config.normalise, profile, after[0]
             )

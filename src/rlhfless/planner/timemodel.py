@@ -132,6 +132,13 @@ class RangeModel:
             step *= 2
         return table
 
+    def in_waves(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Whether each range holds more sequences than an actor decodes at once."""
+        prompts = np.maximum(ends - starts, 1)
+        mean_prompt = (self._context[ends] - self._context[starts]) / prompts
+        seqs = prompts * self.group_size
+        return seqs > self.profile.concurrency(mean_prompt + self._work_of(starts, ends) / seqs)
+
     def _work_of(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return self._work[ends] - self._work[starts]
 
