@@ -108,8 +108,8 @@ def main() -> None:
     print(
         f"rlhfless generation over floor {over.min():.2f}-{over.max():.2f}x (<= 1.25x in "
         f"{int((over <= 1.25).sum())}/{over.size}); not slower than verl in "
-        f"{int((faster >= 1.0).sum())}/{faster.size}; generation cost -{100 * cheaper.min():.0f} to "
-        f"-{100 * cheaper.max():.0f}% (>= 40% in {int((cheaper >= 0.4).sum())}/{cheaper.size})"
+        f"{int((faster >= 1.0).sum())}/{faster.size}; generation cost reduction {100 * cheaper.min():.0f}% "
+        f"to {100 * cheaper.max():.0f}% (>= 40% in {int((cheaper >= 0.4).sum())}/{cheaper.size})"
     )
     print(f"(simulated; {args.steps} steps each; load average {os.getloadavg()[0]:.1f})")
 
