@@ -7,24 +7,26 @@ from rlhfless.sim.config import build
 from rlhfless.sim.runner import VARIANTS, run_policy
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(
     gpu=st.sampled_from(["l40s", "h100", "a100"]),
     tp=st.sampled_from([1, 2]),
     samples=st.integers(4, 16),
     cap=st.sampled_from([1024, 2048, 4096, 8192]),
     dataset=st.sampled_from(["gsm8k", "gpqa", "lcb"]),
-    variant=st.sampled_from(["verl", "rlhfless", "rlhfuse", "+assignment"]),
+    variant=st.sampled_from(["verl", "rlhfless", "rlhfuse", "+assignment", "auto"]),
+    max_batch=st.sampled_from([0, 16]),  # 16: actors run in waves (probe admission, backfill)
 )
-def test_generation_is_never_shorter_than_its_floor(gpu, tp, samples, cap, dataset, variant):
+def test_generation_is_never_shorter_than_its_floor(gpu, tp, samples, cap, dataset, variant, max_batch):
     cfg = build(
         {
             "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": gpu},
-            "model": {"name": "qwen2.5-3b", "tp": tp},
+            "model": {"name": "qwen2.5-3b", "tp": tp, "max_batch": max_batch},
             "workload": {"dataset": dataset, "prompts_per_step": 24, "samples": samples, "max_response": cap},
         }
     )
-    for step in run_policy(cfg, VARIANTS[variant], 2):
+    overrides = {**VARIANTS["rlhfless"], "migration": "auto"} if variant == "auto" else VARIANTS[variant]
+    for step in run_policy(cfg, overrides, 2):
         assert step.generation >= step.floor_time * (1 - 1e-9) > 0
         assert step.cost_generation >= step.floor_cost * (1 - 1e-9)
         assert step.floor_time == max(step.floor_latency, step.floor_throughput)

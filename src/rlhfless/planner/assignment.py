@@ -19,6 +19,22 @@ def sorted_order(group_max: np.ndarray, group_mean: np.ndarray) -> np.ndarray:
     return lex_order((group_mean, group_max))  # stable: ties keep input order
 
 
+GOLDEN = (5**0.5 - 1) / 2
+
+
+def backfill_order(order: np.ndarray, group_max: np.ndarray, threshold: float) -> np.ndarray:
+    """`order` (ascending predicted length) with its prompts of group max <= `threshold` spread
+    out: any contiguous run of them samples their whole length range (a golden-ratio
+    interleave), so that an actor holding several waves of them gets long and short sequences
+    alike and its short ones backfill the slots its long ones leave, instead of a wave of
+    similar lengths starting only when the one before it ends."""
+    short = int(np.searchsorted(group_max[order], threshold, side="right"))
+    if short < 3:
+        return order
+    spread = np.argsort(np.modf(np.arange(short) * GOLDEN)[0], kind="stable")
+    return np.concatenate((order[:short][spread], order[short:]))
+
+
 def _search(sorted_values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """`np.searchsorted(sorted_values, keys, side="left")`, the keys taken in sorted order: each
     N's cut targets rise, but not across N, and a binary search runs faster over rising keys."""

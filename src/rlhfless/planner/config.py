@@ -10,7 +10,7 @@ from rlhfless.planner.pricing import Pricing
 POLICIES = ("rlhfless", "verl", "rlhfuse")
 PREDICTORS = ("ewma", "oracle", "noisy")
 METHODS = ("contiguous", "lpt")
-MIGRATIONS = ("gain", "gather", "paper")
+MIGRATIONS = ("auto", "gain", "gather", "paper")
 NORMALISATIONS = ("relative", "range")
 PREFIX_RULES = ("tree", "paper")
 
@@ -33,6 +33,13 @@ class SchedulerConfig:
         },
     )
     lam: float = field(default=0.7, metadata={"help": "actor scaling weight: 1 favours step time, 0 cost"})
+    max_slowdown: float | None = field(
+        default=1.0,
+        metadata={
+            "help": "actor scaling: lam chooses among the N whose predicted generation time is at most "
+            "this many times that of an even split over every actor (what verl runs); null = among all"
+        },
+    )
     normalise: str = field(
         default="relative",
         metadata={
@@ -114,6 +121,23 @@ class SchedulerConfig:
             "generation by under 1% and costs the planner ~10 ms); 0 = the paper's equal work"
         },
     )
+    refine_rounds: int = field(
+        default=8,
+        metadata={
+            "help": "sorted assignment: more balance rounds for the chosen N alone (cheap: one N's "
+            "ranges), until its actors' predicted times are within 0.5%, where its actors run in "
+            "waves; 0 = none"
+        },
+    )
+    backfill: bool = field(
+        default=True,
+        metadata={
+            "help": "sorted assignment: prompts short enough to run in several waves on an actor "
+            "(predicted max under the steps an actor's share takes at its full batch) are spread so "
+            "that each actor gets a mix of them, whose short ones backfill the slots its long ones "
+            "leave (else every actor gets a run of similar lengths)"
+        },
+    )
     overlap_preparation: bool = field(
         default=True,
         metadata={
@@ -130,6 +154,14 @@ class SchedulerConfig:
             "backfill the tail (else in assignment order)"
         },
     )
+    probe_admission: bool = field(
+        default=False,
+        metadata={
+            "help": "rlhfless: an actor holding more sequences than it decodes at once admits one "
+            "sample of every prompt first, then each free slot takes the queued sample whose "
+            "prompt's running and finished samples say it is longest (planner.admission)"
+        },
+    )
     actor_scaling: bool = field(
         default=True, metadata={"help": "rlhfless: choose N by time/cost (else N = n_max)"}
     )
@@ -139,7 +171,8 @@ class SchedulerConfig:
     migration: str = field(
         default="gain",
         metadata={
-            "help": "per-actor cut: gain (a straggler moves once, only where it finishes sooner, "
+            "help": "per-actor cut: auto (gather while every actor holds no more sequences than it "
+            "decodes at once, where a receiver's step is bound by reading its weights; else gain), gain (a straggler moves once, only where it finishes sooner, "
             "resume and the receiver's slowdown counted; needs the time table), gather (a cut "
             "actor's stragglers all move, or none, where they fit without ending after the step's "
             "predicted end, and the emptied actor is released) or paper (every straggler to the "
@@ -198,6 +231,12 @@ class SchedulerConfig:
         )
         check(0 < self.tau <= 1, "tau", self.tau, "a number in (0, 1]")
         check(0 <= self.lam <= 1, "lam", self.lam, "a number in [0, 1]")
+        check(
+            self.max_slowdown is None or self.max_slowdown > 0,
+            "max_slowdown",
+            self.max_slowdown,
+            "null or a number > 0",
+        )
         check(self.ewma_window >= 1, "ewma_window", self.ewma_window, "an integer >= 1")
         check(self.n_min >= 1, "n_min", self.n_min, "an integer >= 1")
         check(
@@ -238,6 +277,7 @@ class SchedulerConfig:
         check(self.length_pilot >= 0, "length_pilot", self.length_pilot, "an integer >= 0")
         check(self.segments >= 1, "segments", self.segments, "an integer >= 1")
         check(self.balance_rounds >= 0, "balance_rounds", self.balance_rounds, "an integer >= 0")
+        check(self.refine_rounds >= 0, "refine_rounds", self.refine_rounds, "an integer >= 0")
 
     @property
     def pricing(self) -> Pricing:
@@ -252,7 +292,9 @@ class SchedulerConfig:
                 "prefix_rule": self.prefix_rule if self.dedup_prefill else "none",
                 "sorted_assignment": self.sorted_assignment,
                 "balance_rounds": self.balance_rounds if self.sorted_assignment else 0,
+                "backfill": self.backfill and self.sorted_assignment,
                 "longest_first": self.longest_first,
+                "probe_admission": self.probe_admission,
                 "actor_scaling": self.actor_scaling,
                 "cut": "actor" if self.cut_and_migrate else "none",
                 "migration": self.migration if self.cut_and_migrate else "none",
@@ -263,7 +305,9 @@ class SchedulerConfig:
             "prefix_rule": "none",
             "sorted_assignment": False,
             "balance_rounds": 0,
+            "backfill": False,
             "longest_first": False,
+            "probe_admission": False,
             "actor_scaling": False,
             "cut": "global" if self.policy == "rlhfuse" else "none",
             "migration": "global" if self.policy == "rlhfuse" else "none",

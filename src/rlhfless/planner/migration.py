@@ -236,6 +236,13 @@ def _gather_moves(
     return moves
 
 
+def single_wave(progress: Sequence[ActorProgress]) -> bool:
+    """Whether every running actor holds no more sequences than it decodes at once: then a
+    step's time is bound by reading the weights, so a receiver decodes a few more sequences
+    almost for free and `scheduler.migration=auto` gathers; with waves it weighs the gain."""
+    return all(p.total <= p.free_slots + len(p.remaining) for p in progress if p.running)
+
+
 def decide_migrations(
     progress: Sequence[ActorProgress],
     config: SchedulerConfig,
@@ -245,9 +252,12 @@ def decide_migrations(
     """Per-actor cut at tau; targets are running actors not themselves cut (the gain rule: any
     running actor, so that stragglers gather on a drained one)."""
     cut = [p for p in progress if _is_cut(p, config.tau)]
-    if profile is not None and config.migration == "gather":
+    mode = config.migration
+    if mode == "auto":
+        mode = "gather" if single_wave(progress) else "gain"
+    if profile is not None and mode == "gather":
         return _gather_moves(cut, [p for p in progress if p.running], profile, resume_s)
-    if profile is not None and config.migration == "gain":  # a drained cut actor may gather
+    if profile is not None and mode == "gain":  # a drained cut actor may gather
         return _gain_moves(cut, [p for p in progress if p.running], profile, resume_s)
     cut_ids = {p.actor for p in cut}
     return _move(cut, [p for p in progress if p.running and p.actor not in cut_ids])

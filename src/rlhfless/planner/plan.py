@@ -10,18 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.assignment import (
-    balanced_ranges,
-    even_ranges,
-    lpt_assign,
-    retimed_ranges,
-    sorted_order,
-)
+from rlhfless.planner.assignment import lpt_assign
+from rlhfless.planner.balance import between, coarse, contiguous_ranges, refine, widen
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
 from rlhfless.planner.floor import generation_floor
@@ -231,23 +227,16 @@ def plan_step(
 
     ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))
     kw = {"prefill_s": prefill_s, "cluster": cluster, "billing": billing}
+    ranges, grid = None, ns
     if feats["sorted_assignment"] and config.assignment_method == "lpt":
         orders, actors = _lpt_estimates(workload, ns, profile, config, **kw)
     else:
-        if feats["sorted_assignment"]:
-            order = sorted_order(gmax, gmean)
-            starts, ends, n_of = balanced_ranges(workload.work[order], ns)
-        else:
-            order = np.arange(n_prompts)
-            starts, ends, n_of = even_ranges(n_prompts, ns)
-        model = RangeModel(workload, order, profile, config.segments)
-        for _ in range(int(feats["balance_rounds"])):
-            parts = model.times(starts, ends)
-            starts, ends, n_of = retimed_ranges(
-                model.cum_work, starts, ends, ns, parts["prefill"] + parts["decode"]
-            )
-        actors = estimate_actors(model, starts, ends, n_of, profile=profile, **kw)
-        orders = [order] * ns.size
+        grid = coarse(ns)
+        rounds = int(feats["balance_rounds"])
+        sort, backfill = bool(feats["sorted_assignment"]), bool(feats["backfill"])
+        ranges = contiguous_ranges(workload, grid, profile, config.segments, rounds, sort, backfill)
+        estimate = partial(estimate_actors, profile=profile, **kw)
+        actors = estimate(ranges.model, ranges.starts, ranges.ends, ranges.n_of)
     g_rest = np.full(n_prompts, group_size - 1.0)
     floor = generation_floor(
         [(profile, cluster.max_actors(profile.gpus))],
@@ -262,7 +251,22 @@ def plan_step(
     after = billing.after_generation(tokens)
     table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
     margins = (billing.time_margin, billing.cost_margin)
-    pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins)
+    cap = None
+    if ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless":
+        cap = config.max_slowdown * ranges.model.share_seconds(int(ns.max()), float(lengths.sum()))
+    pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
+    if ranges is not None:
+        extra = between(ns, grid, int(table.n[pick]))
+        if extra.size:
+            ranges, actors = widen(ranges, actors, extra, rounds, estimate)
+        more = config.refine_rounds if rounds else 0  # balanced plans only (not verl's even split)
+        if extra.size or more:
+            actors = refine(ranges, actors, int(table.n[pick]), more, estimate)
+            table = candidate_table(
+                actors, billing, serverful, config.lam, config.normalise, profile, after[0]
+            )
+            pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
+        orders = [ranges.order] * table.n.size
     admission = gmax if feats["longest_first"] else None
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
     step_time = float(table.time[pick]) + after[0]

@@ -238,9 +238,12 @@ def choose(
     budget: float | None = None,
     deadline: float | None = None,
     margins: tuple[float, float] = (0.0, 0.0),
+    time_cap: float | None = None,
 ) -> int:
     """Index of N': the fastest within `budget` ($ per step), the cheapest within `deadline`
-    (s per step), else the first minimum of the lam score (the smallest N among equal scores).
+    (s per step), else the first minimum of the lam score (the smallest N among equal scores)
+    among the candidates whose generation time is within `time_cap` seconds (the fastest when
+    none is).
     `after` is the rest of the step's (seconds, USD); a plan fits when its forecast, raised by
     the (time, cost) `margins` the forecast has lately fallen short by, does. PlanError when no
     candidate fits, naming the cheapest or fastest plan there is."""
@@ -251,4 +254,9 @@ def choose(
         return _within(
             step_time, step_cost, deadline, margins[0], table.n, "deadline_per_step", "s", "fastest"
         )
+    if time_cap is not None:
+        fits = table.time <= time_cap
+        if not fits.any():
+            return int(np.argmin(table.time))
+        return int(np.argmin(np.where(fits, table.score, np.inf)))
     return int(np.argmin(table.score))

@@ -77,8 +77,7 @@ class RangeModel:
 
     def __init__(self, workload: Workload, order: np.ndarray, profile: Profile, segments: int) -> None:
         w, g = workload, workload.group_size
-        self.profile = profile
-        self.group_size = g
+        self.workload, self.profile, self.group_size = w, profile, g
         longest = w.group_max[order]
         rest = w.rest_length[order]
         lengths = np.concatenate((longest, rest)) if g > 1 else longest
@@ -92,14 +91,36 @@ class RangeModel:
             more = _clipped(rest, start, width)
             more *= g - 1
             overlap += more
+        self._fill(order, overlap, longest, longest + (g - 1) * rest)
+
+    def _fill(self, order: np.ndarray, overlap: np.ndarray, longest: np.ndarray, work: np.ndarray) -> None:
+        """Prefix sums in `order`, given its prompts' segment tokens, longest and decode tokens."""
+        w = self.workload
+        self.order, self._overlap = order, overlap
         self._tokens = _prefix(overlap.T)
-        self._work = _prefix(longest + (g - 1) * rest)
+        self._work = _prefix(work)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
         self._prefill = _prefix(w.decode_prefill[order].astype(float))
         self._kv = _prefix(w.kv_tokens[order].astype(float))
         self._longest = longest
         # In order of length (the sorted assignment's), a range's longest sequence is its last.
         self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
+
+    def reordered(self, order: np.ndarray) -> RangeModel:
+        """The same workload, segments and time table in another prompt order."""
+        at = np.empty_like(self.order)
+        at[self.order] = np.arange(self.order.size)
+        rows = at[order]
+        other = object.__new__(RangeModel)
+        other.workload, other.profile, other.group_size, other.edges = (
+            self.workload,
+            self.profile,
+            self.group_size,
+            self.edges,
+        )
+        work = np.diff(self._work)[rows]
+        other._fill(order, self._overlap[:, rows], self._longest[rows], work)
+        return other
 
     @staticmethod
     def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
@@ -110,6 +131,16 @@ class RangeModel:
             table.append(np.maximum(prev[:-step], prev[step:]))
             step *= 2
         return table
+
+    def in_waves(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Whether each range holds more sequences than an actor decodes at once."""
+        prompts = np.maximum(ends - starts, 1)
+        mean_prompt = (self._context[ends] - self._context[starts]) / prompts
+        seqs = prompts * self.group_size
+        return seqs > self.profile.concurrency(mean_prompt + self._work_of(starts, ends) / seqs)
+
+    def _work_of(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        return self._work[ends] - self._work[starts]
 
     @property
     def cum_work(self) -> np.ndarray:
@@ -136,15 +167,30 @@ class RangeModel:
         cap: np.ndarray,
         mean_prompt: np.ndarray,
         reached: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Decode steps and seconds per step of each range in the first `reached` segments.
+        seqs: np.ndarray,
+        share: float = 1.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Decode steps and seconds per step of each range in the first `reached` segments, and
+        the seconds a second wave adds.
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
         A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
-        adds nothing. Operations run in place, in the order that fixes every rounding."""
+        adds nothing. Operations run in place, in the order that fixes every rounding.
+
+        Sequences are not preempted, so with more sequences than slots the K+1-th longest starts
+        only when one of the K longest ends: the last ends no sooner than p_K + p_K+1 steps
+        (p_j the j-th longest: a segment's tokens over j is about the part of it p_j covers).
+        A share of the slots misses that when the lengths are alike (a second wave of them then
+        runs almost alone): those steps are added at the batch of the queued sequences."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
         tokens = self._tokens[ends, :reached]
         tokens -= self._tokens[starts, :reached]
+        if share != 1.0:
+            tokens *= share
+        # Only a range of about as many slots' worth of tokens as its longest sequence can end
+        # later than a share of its slots says: p_K + p_K+1 <= 2 min(longest, tokens / K).
+        fill = share * self._work_of(starts, ends) / (cap * np.maximum(longest, 1e-9))
+        waves = np.flatnonzero((seqs > cap) & (fill > 0.5) & (fill < 2.0))
         steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
@@ -152,11 +198,37 @@ class RangeModel:
         np.divide(tokens, batch, out=batch)
         np.minimum(batch, cap[:, None], out=batch)
         np.divide(tokens, cap[:, None], out=tokens)
+        if waves.size:  # p_K, and p_K+1 >= p_K K / (K + 1)
+            k = cap[waves]
+            paired = np.minimum(tokens[waves], width).sum(axis=1) * (2 * k + 1) / (k + 1)
         np.maximum(steps, tokens, out=steps)
         context = np.minimum(steps, width)
         context *= 0.5
         context += mean_prompt[:, None] + start
-        return steps, self.profile.decode_step_seconds(batch, context)
+        late = np.zeros(starts.size)
+        if waves.size:
+            extra = np.maximum(paired - steps[waves].sum(axis=1), 0.0)
+            queued = np.clip(seqs[waves] - cap[waves], 1.0, cap[waves])
+            late[waves] = extra * self.profile.decode_step_seconds(queued, mean_prompt[waves] + 0.5 * paired)
+        return steps, self.profile.decode_step_seconds(batch, context), late
+
+    def share_seconds(self, n: int, prompt_tokens: float) -> float:
+        """Predicted seconds of the slowest actor of an even split over `n` actors (VERL's), each
+        prefilling its `prompt_tokens` / n: every actor holds a 1/n share of each segment's
+        tokens, and the one holding the longest sequence decodes to its end."""
+        size = self._work.size - 1
+        if size == 0:
+            return 0.0
+        share = 1.0 / max(n, 1)
+        ends, starts = np.array([size]), np.array([0])
+        seqs = np.array([size * self.group_size * share])
+        mean_prompt = self._context[-1:] / size
+        cap = self.profile.concurrency(mean_prompt + self._work[-1] / (size * self.group_size))
+        longest = np.array([float(self._longest.max())])
+        reached = int(np.searchsorted(self.edges[:-1], longest[0], side="left"))
+        steps, step_s, late = self._segments(starts, ends, longest, cap, mean_prompt, reached, seqs, share)
+        decode = float(np.einsum("ij,ij->i", steps, step_s)[0] + late[0])
+        return decode + float(self.profile.prefill_seconds(prompt_tokens * share))
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
@@ -175,15 +247,16 @@ class RangeModel:
         by_reach = np.argsort(reach, kind="stable")
         steps = np.zeros((starts.size, self.edges.size - 1))
         step_s = np.zeros_like(steps)
+        late = np.zeros(starts.size)
         for lo in range(0, starts.size, BLOCK):
             rows = by_reach[lo : lo + BLOCK]
             reached = int(reach[rows[-1]])
             at = (slice(lo, lo + BLOCK), slice(0, reached))
-            steps[at], step_s[at] = self._segments(
-                starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached
+            steps[at], step_s[at], late[lo : lo + BLOCK] = self._segments(
+                starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached, seqs[rows]
             )
         decode = np.empty(starts.size)
-        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s)
+        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s) + late
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
             "decode": decode,

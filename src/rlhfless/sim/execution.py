@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlhfless.planner import admission
 from rlhfless.planner.profile import Profile
 
 
@@ -73,6 +74,53 @@ class Schedule:
         return min(self.cap, self.ids.size)
 
 
+@dataclass
+class Siblings:
+    """What adaptive admission reads (`planner.admission`): each sequence's prompt, predicted
+    length and tokens generated before this schedule (so a finished one's length is known)."""
+
+    group: np.ndarray
+    predicted: np.ndarray
+    before: np.ndarray
+
+
+def _adaptive_starts(remaining: np.ndarray, cap: int, sib: Siblings) -> np.ndarray:
+    """Admission steps when every free slot takes the queued sequence its siblings now say is
+    longest (`admission.estimates`); the array order is the initial queue (ties keep it)."""
+    n = remaining.size
+    groups, group = np.unique(sib.group, return_inverse=True)
+    fin_sum = np.zeros(groups.size)
+    fin_cnt = np.zeros(groups.size)
+    first = np.full(groups.size, np.inf)
+    start = np.full(n, np.inf)
+    rest = remaining.tolist()
+    heap = [(rest[i], i) for i in range(cap)]
+    heapq.heapify(heap)
+    start[:cap] = 0.0
+    np.minimum.at(first, group[:cap], 0.0)
+    waiting = np.arange(cap, n)
+    total = (sib.before + remaining).tolist()
+    while waiting.size:
+        s = heap[0][0]
+        freed = 0
+        while heap and heap[0][0] <= s:
+            _, i = heapq.heappop(heap)
+            fin_sum[group[i]] += total[i]
+            fin_cnt[group[i]] += 1
+            freed += 1
+        g = group[waiting]
+        running_for = np.where(np.isfinite(first[g]), s - first[g], 0.0)
+        est = admission.estimates(sib.predicted[waiting], fin_sum[g], fin_cnt[g], running_for)
+        take = np.argsort(-est, kind="stable")[:freed]
+        picked = waiting[take]
+        start[picked] = s
+        np.minimum.at(first, group[picked], s)
+        for i in picked.tolist():
+            heapq.heappush(heap, (s + rest[i], i))
+        waiting = np.delete(waiting, take)
+    return start
+
+
 def schedule(
     profile: Profile,
     t0: float,
@@ -81,12 +129,16 @@ def schedule(
     remaining: np.ndarray,
     cap: int,
     ready: np.ndarray | None = None,
+    siblings: Siblings | None = None,
 ) -> Schedule:
-    """Admission order is the array order (first come, first served); `ready`: earliest steps."""
+    """Admission order is the array order (first come, first served), or with `siblings` the
+    one their progress suggests (`planner.admission`); `ready`: earliest steps."""
     remaining = remaining.astype(float)
     n = remaining.size
     start = np.zeros(n) if ready is None else ready.astype(float)
-    if n > cap:
+    if n > cap and siblings is not None and ready is None:
+        start = _adaptive_starts(remaining, cap, siblings)
+    elif n > cap:
         rest, begin = remaining.tolist(), start.tolist()
         if ready is None:
             ends, first = rest[:cap], cap

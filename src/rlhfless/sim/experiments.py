@@ -74,6 +74,8 @@ def sweep(cfg: SimConfig, base: str, key: str, values: tuple[Any, ...], steps: i
         overrides = {**VARIANTS[base], key: value}
         if key == "noise":
             overrides["predictor"] = "noisy"
+        if key == "lam":  # the paper's trade-off: lam over every N, none capped at verl's time
+            overrides["max_slowdown"] = None
         res = run_policy(cfg, overrides, steps, stage, make_workload(cfg))
         rows.append(
             {

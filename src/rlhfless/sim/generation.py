@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlhfless.planner import admission
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.migration import ActorProgress, decide
 from rlhfless.planner.plan import StepPlan
-from rlhfless.sim.execution import Schedule, schedule, slot_cap
+from rlhfless.sim.execution import Schedule, Siblings, schedule, slot_cap
 from rlhfless.sim.stage import Stage
 from rlhfless.sim.workload import StepPrompts
 
@@ -94,7 +95,7 @@ class Generation:
         # The runtime asks the planner at every progress report; here each actor's cut points
         # stand in for those: tau only, or (gathering, which a later look may make possible)
         # tau and three more halfway to all.
-        self.checks = 4 if config.migration == "gather" else 1
+        self.checks = 1  # set below, once the actors' waves are known
         self.migrations = 0
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
@@ -121,11 +122,18 @@ class Generation:
                 ready = max(weights, kv)
                 requested = -stage.cold_start_s
             t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
+            sib = None
+            if plan.features.get("probe_admission"):  # the plan's order, one sample a prompt first
+                seqs = seqs[admission.initial_order(np.arange(seqs.size, 0, -1.0), seqs // g, True)]
+                sib = Siblings(seqs // g, self.predicted[seqs], np.zeros(seqs.size))
             context, remaining = self.prompt_len[seqs], self.true[seqs]
             cap = slot_cap(profile, context, remaining)
-            sched = schedule(profile, t0, seqs, context, remaining, cap)
+            sched = schedule(profile, t0, seqs, context, remaining, cap, siblings=sib)
             slots = min(cap, seqs.size)
             self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
+        waves = any(r.sched.ids.size > r.slots for r in self.runs)
+        gathers = config.migration == "gather" or (config.migration == "auto" and not waves)
+        self.checks = 4 if gathers else 1
 
     def run(self) -> None:
         mode = self.plan.cut

@@ -31,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "dedup_prefill": True,
         "sorted_assignment": True,
         "balance_rounds": 0,
+        "backfill": False,
         "longest_first": False,
         "migration": "paper",
         "actor_scaling": False,
