@@ -6,7 +6,9 @@ drives them in time slices: after every progress report the planner's cut-and-mi
 decides, and sequence states move between functions. A function that dies (or whose node does)
 has its unfinished sequences re-run elsewhere from their last reported state; one not placed within
 `runtime.place_timeout_s` is stopped and its sequences are placed again the same way. Sampling is
-counter-based, so none of this changes a token.
+counter-based, so none of this changes a token. Finished sequences go to the step's `Preparation`,
+and a function done while others still decode offers it its slot (preparation overlapped with the
+tail).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import LiveSequence, Report, Work
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
+from rlhfless.runtime.preparation import Preparation
 from rlhfless.runtime.publishing import PrefixKV
 from rlhfless.runtime.ray_cluster import ClusterView
 from rlhfless.runtime.recovery import Recovery
@@ -99,8 +102,12 @@ class DecodeRound(Recovery):
         plan: StepPlan,
         step: int,
         params: SamplingParams,
+        preparation: Preparation,
     ) -> None:
+        """`preparation` is fed every finished sequence, and the slots of functions done while
+        others still decode (`Preparation.offer`)."""
         self.cfg, self.functions, self.meter, self.view = cfg, functions, meter, view
+        self.preparation = preparation
         self.rt = cfg.runtime
         self.prompts = {p.uid: p for p in prompts}
         self.plan, self.step, self.params = plan, step, params
@@ -179,9 +186,14 @@ class DecodeRound(Recovery):
         while self.inflight:
             if tick is not None:
                 tick(self)
-            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=self._placement_wait())
+            waiting = [*self.inflight, *self.preparation.refs()]
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=self._placement_wait())
             if not ready:
                 self._replace_unplaced()
+                continue
+            if ready[0] not in self.inflight:  # a preparation call, overlapped with the tail
+                self.preparation.absorb(ready[0])
+                self._feed()
                 continue
             run = self.inflight.pop(ready[0])
             try:
@@ -198,7 +210,15 @@ class DecodeRound(Recovery):
                 self._advance(run)
             else:
                 self._finished(run)
+            self._feed()
         return self.results
+
+    def _feed(self) -> None:
+        """While some functions still decode: ready groups to idle preparers (the learner's slot
+        is free once no decode function runs on it)."""
+        decoding = [r for r in self.runs if not r.done]
+        if decoding:
+            self.preparation.feed(learner_free=not any(r.colocated for r in decoding))
 
     def _absorb(self, run: Run, report: Report) -> None:
         run.inv.mark_busy(report.begin, report.end)
@@ -215,6 +235,7 @@ class DecodeRound(Recovery):
             self.results[key] = r
             run.finished.add(key)
             self.last.pop(key, None)
+        self.preparation.add(report.results)
         for live in report.live:
             self.last[(live.uid, live.sample)] = live
         # Sequences migrated in while that slice ran arrive after it: they take slots the report
@@ -324,12 +345,16 @@ class DecodeRound(Recovery):
     # ----- release and settle --------------------------------------------------------------
 
     def _finished(self, run: Run) -> None:
-        """Every sequence of `run` finished: release it now (serverless) or keep holding it (verl)."""
+        """Every sequence of `run` finished: release it now (serverless), after it prepared ready
+        groups when others still decode, or keep holding it (verl)."""
         run.done = True
         if not self.serverful:
             now = time.time()
             run.inv.released = now
-            self.functions.release(run.lease, now, keep=run.keep_warm)
+            if not run.colocated and any(not r.done for r in self.runs):
+                self.preparation.offer(run.lease, run.inv, run.keep_warm)
+            else:
+                self.functions.release(run.lease, now, keep=run.keep_warm)
 
     def settle(self, kv: PrefixKV | None) -> None:
         """Cold-start times, nodes, and weight/KV load seconds, read once the functions are done."""
