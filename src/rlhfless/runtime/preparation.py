@@ -42,9 +42,10 @@ class Worker:
     """A function preparing groups this step: the prepare function, or a decode function's slot."""
 
     lease: Lease
-    inv: Invocation
+    inv: Invocation | None  # a decode function's: opened by its first call
     learner: bool  # the prepare function on the learner's slot
     keep_warm: bool = True  # a decode function's, at release
+    decoded: Invocation | None = None  # a decode function's decoding, whose slot it prepares on
     keys: list[Key] = field(default_factory=list)  # its call's samples, in the order sent
     armed: bool = False  # its call carries the step's injected prepare fault
 
@@ -75,6 +76,7 @@ class Preparation:
         self.calls: dict[ray.ObjectRef, Worker] = {}
         self.idle: list[Worker] = []  # decode functions between calls
         self.prepare_fn: Worker | None = None  # the learner's prepare function, once leased
+        self.handed_back = False  # decode functions' slots are the learning phase's now
         self.started = 0  # prepare functions started this step
         self.fault = cfg.runtime.fault_plan.prepare(step)  # injected into its first call
         self.fault_due = self.fault != (False, 0.0)
@@ -99,33 +101,32 @@ class Preparation:
 
     def offer(self, lease: Lease, decoded: Invocation, keep_warm: bool) -> None:
         """A decode function done while others decode: its slot may prepare (`feed`)."""
-        now = time.time()
-        inv = Invocation(
-            f"{self.kind}-{decoded.name}",
-            self.kind,
-            dict(decoded.resources),
-            decoded.units,
-            now,
-            now,
-            now,
-            node=decoded.node,
-        )
-        self.idle.append(Worker(lease, self.meter.open(inv), False, keep_warm))
+        self.idle.append(Worker(lease, None, False, keep_warm, decoded))
 
     def feed(self, learner_free: bool) -> None:
         """While generation runs: the ready groups to the prepare function when the learner's
-        slot is free (no decode function there) and it is idle (and started, unless no decode
-        function is idle), else to an idle decode function; decode functions left with nothing
-        are released."""
+        slot is free (no decode function there) and it is idle (and started, unless a decode
+        function is idle), else one group to each idle decode function, until the learning
+        phase's ranks want the slots (`hand_back`); decode functions left with nothing are
+        released."""
         idle, self.idle = self.idle, []
         if self.overlap and self.ready and learner_free and self._prepare_fn_idle():
             if not idle or self._prepare_fn_started():
                 self._send(self._prepare_fn(), self._take())
         for p in idle:
-            if self.overlap and self.ready:
-                self._send(p, self._take())
+            if self.overlap and self.ready and not self.handed_back:
+                self._send(p, self._take(1))
             else:
                 self._release(p)
+
+    def hand_back(self) -> None:
+        """The learning phase's ranks are about to start on the slots generation released: no
+        decode function's slot takes another group (a call under way ends first)."""
+        self.handed_back = True
+
+    def holding(self) -> int:
+        """Decode functions' slots held for preparing now."""
+        return sum(1 for p in self.calls.values() if not p.learner)
 
     def refs(self) -> list[ray.ObjectRef]:
         return list(self.calls)
@@ -224,8 +225,10 @@ class Preparation:
 
     # ----- calls ---------------------------------------------------------------------------
 
-    def _take(self) -> list[str]:
-        uids, self.ready = self.ready, []
+    def _take(self, n: int | None = None) -> list[str]:
+        """The first `n` ready groups (all: None)."""
+        n = len(self.ready) if n is None else n
+        uids, self.ready = self.ready[:n], self.ready[n:]
         return uids
 
     def _prepare_fn_idle(self) -> bool:
@@ -268,21 +271,27 @@ class Preparation:
         ]
         prompts = [self.prompts[uid] for uid in uids]
         p.keys = [s.key for s in samples]
-        p.inv.event(time.time(), "prepare", len(uids))
         if p.learner:
             p.armed, self.fault_due = self.fault_due, False
             ref = p.lease.handle.run.remote(prompts, samples, *(self.fault if p.armed else (False, 0.0)))
         else:
+            if p.inv is None:  # its slot, held on past its decoding: billed as a function of its own
+                d, now = p.decoded, time.time()
+                name, resources = f"{self.kind}-{d.name}", dict(d.resources)
+                inv = Invocation(name, self.kind, resources, d.units, now, now, now, node=d.node)
+                p.inv = self.meter.open(inv)
             flat = None if self.reference is None else self.reference[0]
             ref = p.lease.handle.prepare.remote(flat, self.setup, prompts, samples)
             if flat is not None:  # it holds the reference now: the policy's weights again before it decodes
                 p.lease.version = None
+        p.inv.event(time.time(), "prepare", len(uids))
         self.calls[ref] = p
 
     def _release(self, p: Worker) -> None:
         """A decode function's slot, its preparing done: released as the plan said."""
         now = time.time()
-        p.inv.released = now
+        if p.inv is not None:
+            p.inv.released = now
         self.functions.release(p.lease, now, keep=p.keep_warm)
 
     def _lost(self, p: Worker, armed: bool) -> None:

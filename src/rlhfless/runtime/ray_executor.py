@@ -222,12 +222,16 @@ class RayExecutor:
 
     def _prestarter(self, groups: int):
         """Called at each decode report: once generation's live forecast is within one rank start,
-        the learning phase's extra ranks start on the slots free then."""
+        the learning phase's extra ranks start on the slots free then, those that decode
+        functions prepare on included: once ranks are requested, those take no new group."""
 
         def tick(round_: DecodeRound) -> None:
             if start_ranks_now(round_.left_s(), self.learner.rank_start_s):
-                held = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
+                leased = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
+                held = leased - self.preparation.holding()
                 self.learner.prestart(self.meter, held, groups, time.time())
+                if self.learner.group is not None:
+                    self.preparation.hand_back()
 
         return tick
 
