@@ -125,8 +125,9 @@ class Preparation:
         self.handed_back = True
 
     def holding(self) -> int:
-        """Decode functions' slots held for preparing now."""
-        return sum(1 for p in self.calls.values() if not p.learner)
+        """Slots held for preparing now that their release frees (their decode functions are
+        stopped then, not kept warm): as free for the learning phase as if released already."""
+        return sum(1 for p in self.calls.values() if not p.learner and not p.keep_warm)
 
     def refs(self) -> list[ray.ObjectRef]:
         return list(self.calls)

@@ -223,7 +223,8 @@ class RayExecutor:
     def _prestarter(self, groups: int):
         """Called at each decode report: once generation's live forecast is within one rank start,
         the learning phase's extra ranks start on the slots free then, those that decode
-        functions prepare on included: once ranks are requested, those take no new group."""
+        functions prepare on and then free included (`Preparation.holding`): once ranks are
+        requested, decode functions take no new group."""
 
         def tick(round_: DecodeRound) -> None:
             if start_ranks_now(round_.left_s(), self.learner.rank_start_s):
