@@ -2,7 +2,8 @@
 
 One embedded Ray for the module; each scenario runs steps of the tiny preset on two decode
 functions (placement slot 0 is colocated with the learner) and is compared with the others. Faults
-strike step 3 of runs whose first two steps, undisturbed, other tests read: a run fewer.
+strike step 3 of runs whose first two steps, undisturbed, other tests read: a run fewer (in the
+run with a long tail, steps 1 and 2 slow a function down, which changes nothing trained).
 """
 
 import dataclasses

@@ -4,12 +4,13 @@ prompt group, overlapped with generation's tail when the plan says so (`overlap_
 A group can be prepared as soon as all G of its samples have finished: preparation reads only
 finished samples and the frozen reference, so doing it early changes no reward, log-prob,
 advantage or update (not a bit: the reference runs one group per pass, `functions.Preparer`).
-While other groups still decode, the ready groups go, all at once, to a preparer that is idle:
-- the prepare function on the learner's slot, once no decode function runs there (the slot is
-  billed all step, so the work costs nothing more);
-- else a decode function that finished while others decode: its slot is held on as a `reference`
-  (or `reward`) function, billed on its own; it loads the reference's weights and prepares, and
-  is released as the plan said once no ready group is left for it.
+While other groups still decode, ready groups go to a preparer that is idle:
+- all of them to the prepare function on the learner's slot, once no decode function runs there
+  (the slot is billed all step, so the work costs nothing more);
+- else one a call to a decode function that finished while others decode: its slot is held on as
+  a `reference` (or `reward`) function, billed on its own; it loads the reference's weights and
+  prepares, and is released as the plan said once no ready group is left for it, or once the
+  learning phase's ranks are requested for the slots generation released (`hand_back`).
 What is left when generation ends runs on the prepare function, as without overlap. A preparer
 that dies hands its groups back; the prepare function is replaced, at most `PREPARE_ATTEMPTS`
 times a step. Every call is an actor call: `DecodeRound` waits on them with its own (`ray.wait`).
