@@ -2,7 +2,8 @@
 
 One embedded Ray for the module; each scenario runs steps of the tiny preset on two decode
 functions (placement slot 0 is colocated with the learner) and is compared with the others. Faults
-strike step 3 of runs whose first two steps, undisturbed, other tests read: a run fewer.
+strike step 3 of runs whose first two steps, undisturbed, other tests read: a run fewer (in the
+run with a long tail, steps 1 and 2 slow a function down, which changes nothing trained).
 """
 
 import dataclasses
@@ -10,6 +11,8 @@ import json
 
 import pytest
 import ray
+import torch
+from torch.nn.utils import parameters_to_vector
 
 from rlhfless.config import load_config
 from rlhfless.data import PromptLoader, load_prompts
@@ -62,8 +65,10 @@ def run(
             samples, metrics = executor.generate(prompts, plan, step)
             record = {"plan": plan, "samples": samples, "metrics": metrics, "n_prompts": len(prompts)}
             if full:
-                ref, record["prepare"] = executor.prepare(prompts, samples)
-                record["learning"] = executor.learn(samples, advantages(cfg, samples), ref)
+                record["ref"], record["prepare"] = executor.prepare(prompts, samples)
+                record["advantages"] = advantages(cfg, samples)
+                record["learning"] = executor.learn(samples, record["advantages"], record["ref"])
+                record["weights"] = parameters_to_vector(executor.policy.parameters()).detach().clone()
                 hellos = ray.get([rank.hello.remote() for rank in executor.learner.ranks])
                 record["rank_pids"] = [hello.pid for hello in hellos]  # the phase's rank processes
                 record["billing"], record["timeline"] = executor.finish_step(step)
@@ -78,6 +83,9 @@ def tokens(samples) -> list[tuple]:
 
 
 RLHFLESS = ("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false")
+# Steps 1 and 2: one decode function slowed (the colocated one, then the remote one), so that the
+# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless).
+TAIL = "[{kind: slow, step: 1, actor: 0, after: 2, seconds: 2}, {kind: slow, step: 2, actor: 1, after: 2, seconds: 2}]"
 # Step 3: the remote decode function (actor 1) killed, the colocated one slowed, the prepare
 # function killed.
 KILLED_AND_SLOWED = (
@@ -88,8 +96,9 @@ KILLED_AND_SLOWED = (
 
 @pytest.fixture(scope="module")
 def rlhfless_run():
-    """Three steps whose planner takes a cold start to cost more than idling to the next step."""
-    return run(*RLHFLESS, steps=3, cold_start_s=100.0)
+    """Three steps whose planner takes a cold start to cost more than idling to the next step;
+    steps 1 and 2 with a long tail (`TAIL`)."""
+    return run(*RLHFLESS, f"runtime.faults={TAIL}", steps=3, cold_start_s=100.0)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +108,11 @@ def rlhfless(rlhfless_run):
 
 @pytest.fixture(scope="module")
 def free_cold_starts():
-    """Three steps whose planner takes cold starts to be free; steps 1 and 2 undisturbed, step 3
-    under `KILLED_AND_SLOWED`."""
-    return run(*RLHFLESS, f"runtime.faults={KILLED_AND_SLOWED}", steps=3)
+    """Three steps whose planner takes cold starts to be free, preparing after generation only;
+    steps 1 and 2 undisturbed, step 3 under `KILLED_AND_SLOWED`."""
+    return run(
+        *RLHFLESS, "scheduler.overlap_preparation=false", f"runtime.faults={KILLED_AND_SLOWED}", steps=3
+    )
 
 
 # Step 3's held decode function (its actor 1: step 3 plans the colocated one first) dies, after 12
@@ -310,3 +321,37 @@ def test_ppo_critic_runs_under_ray_as_a_colocated_function_billed_through_the_le
     row = json.loads((tmp_path / "metrics.jsonl").read_text().split("\n")[0])
     assert row["cost/step"] == pytest.approx(sum(f["cost"] for f in timeline["functions"]), rel=1e-9)
     assert row["cost/learning"] > 0 and "loss/value" in row
+
+
+def test_groups_prepared_in_the_tail_change_no_reward_log_prob_advantage_or_update(
+    rlhfless_run, free_cold_starts
+):
+    # Steps 1 and 2: with a decode function slowed, the other's groups are scored and run through
+    # the reference while it decodes (a decode function's slot, then the learner's prepare
+    # function); without overlap, all after generation. Everything trained on is the same bits.
+    overlapped = set()
+    for on, off in zip(rlhfless_run[:2], free_cold_starts[:2], strict=True):
+        assert tokens(on["samples"]) == tokens(off["samples"])
+        assert [(s.reward, s.reward_components) for s in on["samples"]] == [
+            (s.reward, s.reward_components) for s in off["samples"]
+        ]
+        assert all(torch.equal(a, b) for a, b in zip(on["advantages"], off["advantages"], strict=True))
+        assert len(on["ref"]) == len(on["samples"])
+        assert all(torch.equal(a, b) for a, b in zip(on["ref"], off["ref"], strict=True))
+        assert torch.equal(on["weights"], off["weights"])
+
+        functions = on["timeline"]["functions"]
+        last_decode = max(f["busy"][-1][1] for f in functions if f["kind"] == "decode")
+        calls = on["timeline"]["preparation"]["calls"]
+        early = [c for c in calls if c["overlapped"]]
+        assert early and min(c["start"] for c in early) < last_decode
+        assert on["prepare"]["time/prep_overlapped"] > 0 and on["prepare"]["prep/overlapped_groups"] > 0
+        assert sum(c["groups"] for c in calls) >= on["n_prompts"]  # every group prepared
+        assert off["prepare"]["time/prep_overlapped"] == 0
+        assert not any(c["overlapped"] for c in off["timeline"]["preparation"]["calls"])
+        by_name = {f["name"]: f for f in functions}
+        for c in early:  # a decode function's slot is billed while it prepares; the learner's is anyway
+            f = by_name[c["function"]]
+            assert f["kind"] == "reference" and (f["cost"] > 0) == (f["colocated_with"] is None)
+            overlapped.add(f["colocated_with"] or "decode slot")
+    assert overlapped == {"learner", "decode slot"}

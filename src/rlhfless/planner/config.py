@@ -141,10 +141,11 @@ class SchedulerConfig:
     overlap_preparation: bool = field(
         default=True,
         metadata={
-            "help": "rlhfless: a group's reference (and critic) forward runs once all its samples "
-            "finished, on GPUs the decode actors released, while stragglers decode (strictly "
-            "on-policy: nothing trained changes); modelled by the simulator, not yet carried out "
-            "by the Ray runtime"
+            "help": "rlhfless: a group is scored and its reference forward run once all its samples "
+            "finished, on capacity the decode actors released, while stragglers decode (strictly "
+            "on-policy: nothing trained changes); the simulator models it (with the critic's "
+            "forward), the Ray runtime runs it on the learner's prepare function or a finished "
+            "decode function (the in-process executor prepares after generation)"
         },
     )
     longest_first: bool = field(

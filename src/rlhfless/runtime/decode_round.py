@@ -6,12 +6,13 @@ drives them in time slices: after every progress report the planner's cut-and-mi
 decides, and sequence states move between functions. A function that dies (or whose node does)
 has its unfinished sequences re-run elsewhere from their last reported state; one not placed within
 `runtime.place_timeout_s` is stopped and its sequences are placed again the same way. Sampling is
-counter-based, so none of this changes a token.
+counter-based, so none of this changes a token. Finished sequences go to the step's `Preparation`,
+and a function done while others still decode offers it its slot (preparation overlapped with the
+tail).
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import ray
 
 from rlhfless.config import Config
 from rlhfless.engine.sampling import SamplingParams
-from rlhfless.engine.sequences import SequenceResult, SequenceState
+from rlhfless.engine.sequences import SequenceResult
 from rlhfless.faults import DecodeFault
 from rlhfless.planner.learning import generation_left_s
 from rlhfless.planner.migration import ActorProgress, decide
@@ -29,13 +30,14 @@ from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import LiveSequence, Report, Work
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
+from rlhfless.runtime.preparation import Preparation
 from rlhfless.runtime.publishing import PrefixKV
 from rlhfless.runtime.ray_cluster import ClusterView
+from rlhfless.runtime.recovery import Recovery
 from rlhfless.runtime.samples import StepPrompt
 from rlhfless.runtime.transfer import Transfer
 
 Key = tuple[str, int]  # (uid, sample index)
-RERUNS_PER_ACTOR = 4  # replacement functions a step may start per planned one before it gives up
 METRICS = (
     "time/weight_sync",
     "bytes/weight_sync",
@@ -86,8 +88,9 @@ class Run:
         return self.assigned - self.finished
 
 
-class DecodeRound:
-    """The controller of one step's generation; see the module docstring."""
+class DecodeRound(Recovery):
+    """The controller of one step's generation (its fault recovery: `Recovery`); see the module
+    docstring."""
 
     def __init__(
         self,
@@ -99,8 +102,12 @@ class DecodeRound:
         plan: StepPlan,
         step: int,
         params: SamplingParams,
+        preparation: Preparation,
     ) -> None:
+        """`preparation` is fed every finished sequence, and the slots of functions done while
+        others still decode (`Preparation.offer`)."""
         self.cfg, self.functions, self.meter, self.view = cfg, functions, meter, view
+        self.preparation = preparation
         self.rt = cfg.runtime
         self.prompts = {p.uid: p for p in prompts}
         self.plan, self.step, self.params = plan, step, params
@@ -179,9 +186,14 @@ class DecodeRound:
         while self.inflight:
             if tick is not None:
                 tick(self)
-            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=self._placement_wait())
+            waiting = [*self.inflight, *self.preparation.refs()]
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=self._placement_wait())
             if not ready:
                 self._replace_unplaced()
+                continue
+            if ready[0] not in self.inflight:  # a preparation call, overlapped with the tail
+                self.preparation.absorb(ready[0])
+                self._feed()
                 continue
             run = self.inflight.pop(ready[0])
             try:
@@ -198,7 +210,15 @@ class DecodeRound:
                 self._advance(run)
             else:
                 self._finished(run)
+            self._feed()
         return self.results
+
+    def _feed(self) -> None:
+        """While some functions still decode: ready groups to idle preparers (the learner's slot
+        is free once no decode function runs on it)."""
+        decoding = [r for r in self.runs if not r.done]
+        if decoding:
+            self.preparation.feed(learner_free=not any(r.colocated for r in decoding))
 
     def _absorb(self, run: Run, report: Report) -> None:
         run.inv.mark_busy(report.begin, report.end)
@@ -215,6 +235,7 @@ class DecodeRound:
             self.results[key] = r
             run.finished.add(key)
             self.last.pop(key, None)
+        self.preparation.add(report.results)
         for live in report.live:
             self.last[(live.uid, live.sample)] = live
         # Sequences migrated in while that slice ran arrive after it: they take slots the report
@@ -321,121 +342,19 @@ class DecodeRound:
         target.incoming += len(keys)
         target.inv.event(now, "migrate_in", len(keys))
 
-    # ----- recover -------------------------------------------------------------------------
-
-    def _placement_wait(self) -> float | None:
-        """Seconds until the first not-yet-placed function's placement deadline (None: none waits)."""
-        waiting = [r.inv.requested for r in self.runs if not r.done and not r.placed]
-        if not waiting:
-            return None
-        return max(0.0, min(waiting) + self.rt.place_timeout_s - time.time())
-
-    def _replace_unplaced(self) -> None:
-        """Functions Ray has not placed by their deadline: stopped, their sequences placed again."""
-        now = time.time()
-        for run in [r for r in self.runs if not r.done and not r.placed]:
-            if now < run.inv.requested + self.rt.place_timeout_s:
-                continue
-            if self.functions.placed(run.lease):
-                run.placed = True  # placed, its cold start still running: wait on it
-                continue
-            self.inflight = {ref: r for ref, r in self.inflight.items() if r is not run}
-            self.metrics["faults/unplaced"] += 1
-            self._lost(run, "unplaced")
-
-    def _lost(self, dead: Run, why: str = "fault") -> None:
-        """A function is gone: its node's other functions too when the node died; every unfinished
-        sequence of theirs re-runs elsewhere from its last reported state."""
-        gone = [dead]
-        if why == "fault" and not dead.colocated and not _alive(dead.node):
-            gone += [r for r in self.runs if r.node == dead.node and not r.done and r is not dead]
-            self.inflight = {ref: r for ref, r in self.inflight.items() if r not in gone}
-        for run in gone:
-            self._recover(run, why)
-
-    def _recover(self, dead: Run, why: str) -> None:
-        now = time.time()
-        self.functions.drop(dead.lease)
-        if dead.lease in self.held:
-            self.held.remove(dead.lease)
-        dead.done = True
-        dead.inv.released = now
-        lost = sorted(dead.pending())
-        dead.inv.event(now, why, len(lost))
-        exits = [f for f in dead.faults if f.kind != "slow"]
-        if exits:  # it died of an injected fault (the first that could fire)
-            dead.inv.event(now, f"injected:{exits[0].kind}", 1)
-            self.metrics["faults/injected"] += 1
-            dead.faults = []
-        dead.assigned -= set(lost)
-        self.metrics["faults"] += 1
-        self.metrics["faults/rerun_sequences"] += len(lost)
-        if not lost:
-            return
-        states = []
-        for uid, sample in lost:
-            live = self.last.get((uid, sample))
-            generated, logprobs = (live.generated, live.logprobs) if live else ([], [])
-            self.metrics["faults/resumed_tokens"] += len(generated)
-            states.append(SequenceState(uid, sample, self.prompts[uid].prompt_ids, generated, logprobs))
-        target, new = self._rerun_target(dead, len(lost))
-        target.lease.handle.resume.remote(states, self.params, self.step)
-        self._moved_in(target, lost, now)
-        if new:  # its first slice starts after the resume: its report counts them
-            target.incoming = 0
-        self.meter.transfer(
-            Transfer(
-                "rerun",
-                "learner",
-                target.name,
-                len(pickle.dumps(states)),
-                0.0,
-                target.node == self.view.driver,
-                now,
-            )
-        )
-        if new:
-            self._advance(target)
-
-    def _rerun_target(self, dead: Run, n: int) -> tuple[Run, bool]:
-        """A live function with room for `n` sequences; else a new one on a node Ray has a free
-        slot on now; else the live one with the most room; else a new one on the learner's slot."""
-        alive = [r for r in self.runs if not r.done]
-        roomy = [r for r in alive if r.free_slots >= n]
-        if roomy:
-            return max(roomy, key=lambda r: r.free_slots), False
-        node = next(
-            (
-                v.node_id
-                for v in self.view.nodes
-                if _alive(v.node_id) and self.functions.free_slots(v.node_id)
-            ),
-            None,
-        )
-        if node is None and alive:
-            return max(alive, key=lambda r: r.free_slots), False
-        index = max(r.index for r in self.runs) + 1
-        if index > RERUNS_PER_ACTOR * (len(self.plan.actors) + 1):
-            raise RuntimeError(
-                f"step {self.step}: {index - len(self.plan.actors)} replacement decode functions died "
-                f"too; expected Ray to keep one alive (is its node reachable?)"
-            )
-        run = self._open(
-            index, f"decode-{dead.index}-rerun", node is None, node or self.view.driver, dead.inv.units
-        )
-        run.keep_warm = dead.keep_warm
-        run.free_slots = self.cfg.generation.max_running
-        return run, True
-
     # ----- release and settle --------------------------------------------------------------
 
     def _finished(self, run: Run) -> None:
-        """Every sequence of `run` finished: release it now (serverless) or keep holding it (verl)."""
+        """Every sequence of `run` finished: release it now (serverless), after it prepared ready
+        groups when others still decode, or keep holding it (verl)."""
         run.done = True
         if not self.serverful:
             now = time.time()
             run.inv.released = now
-            self.functions.release(run.lease, now, keep=run.keep_warm)
+            if not run.colocated and any(not r.done for r in self.runs):
+                self.preparation.offer(run.lease, run.inv, run.keep_warm)
+            else:
+                self.functions.release(run.lease, now, keep=run.keep_warm)
 
     def settle(self, kv: PrefixKV | None) -> None:
         """Cold-start times, nodes, and weight/KV load seconds, read once the functions are done."""
@@ -470,7 +389,3 @@ def _seconds(ref: ray.ObjectRef) -> float:
         return float(ray.get(ref) or 0.0)
     except LOST:
         return 0.0
-
-
-def _alive(node: str) -> bool:
-    return any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())

@@ -113,6 +113,8 @@ class DecodeFunction:
         self.step = 0
         self.faults: list[DecodeFault] = []
         self.iterations = 0
+        self.preparer: Preparer | None = None  # built on its first `prepare`
+        self.holds_reference = False  # its engine holds the reference's weights, not the policy's
 
     def where(self) -> str:
         """The Ray node this function was placed on."""
@@ -136,6 +138,7 @@ class DecodeFunction:
         """Load policy weights `version` from the flat buffer; returns the seconds it took."""
         start = time.perf_counter()
         self.engine.set_weights(from_numpy(flat, next(self.engine.model.parameters()).dtype), version)
+        self.holds_reference = False
         return time.perf_counter() - start
 
     def assign(
@@ -204,29 +207,92 @@ class DecodeFunction:
         moved = [sum(s.kv.nbytes for s in group if s.kv is not None) for group in out]
         return [*out, {"bytes": moved}]
 
+    def prepare(
+        self,
+        reference: np.ndarray | None,
+        setup: PrepSetup,
+        prompts: list[StepPrompt],
+        samples: list[Sample],
+    ) -> dict:
+        """Prepare finished groups on this slot once its decoding is done: the reference's weights
+        (None: the run has no reference) into its engine's model, unless they are there already
+        (the driver re-syncs the policy before it decodes again), then `Preparer.run`. Adds
+        `load_s`, the seconds the weights took."""
+        start = time.time()
+        if reference is not None and not self.holds_reference:
+            self.engine.set_weights(from_numpy(reference, next(self.engine.model.parameters()).dtype), -1)
+            self.holds_reference = True
+        load_s = time.time() - start
+        if self.preparer is None:
+            self.preparer = Preparer(setup, str(self.engine.device))
+        out = self.preparer.run(None if reference is None else self.engine.model, prompts, samples)
+        return out | {"load_s": load_s}
+
+
+@dataclass(frozen=True)
+class PrepSetup:
+    """What preparing samples needs besides them: the reward, and the reference forward's settings."""
+
+    reward: RewardConfig
+    temperature: float
+    pad_token_id: int
+    compute_dtype: str
+
+
+class Preparer:
+    """Rewards and, given a reference model, its log-probs of finished samples: the prepare
+    function's work, and a decode function's when it prepares in generation's tail.
+
+    The reference runs one prompt group per forward pass, so a group's log-probs are the same bits
+    whichever call, function or schedule computes them (in a micro-batch of several groups, their
+    padding would move the last bits)."""
+
+    def __init__(self, setup: PrepSetup, device: str) -> None:
+        self.setup, self.device = setup, device
+        self.reward_fn = build_reward_fn(setup.reward)
+
+    def run(
+        self, reference: torch.nn.Module | None, prompts: list[StepPrompt], samples: list[Sample]
+    ) -> dict:
+        """Scores per sample, reference log-probs per sample (or None), and phase seconds."""
+        begin = time.time()
+        score(prompts, samples, self.reward_fn)
+        scores = [(s.reward, s.reward_components) for s in samples]
+        rewards_s = time.time() - begin
+        ref = None if reference is None else self._logprobs(reference, samples)
+        return {"scores": scores, "ref": ref, "begin": begin, "end": time.time(), "time/reward": rewards_s}
+
+    @torch.no_grad()
+    def _logprobs(self, reference: torch.nn.Module, samples: list[Sample]) -> list[np.ndarray]:
+        st = self.setup
+        out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(samples)
+        rows = list(range(len(samples)))
+        for mb in pack(samples, rows, 0, st.pad_token_id, self.device):  # budget 0: a group a pass
+            with autocast(reference, st.compute_dtype):
+                values = response_logprobs(reference, mb, st.temperature).cpu()
+            for b, i in enumerate(mb.rows):
+                out[i] = values[b, : len(samples[i].response_ids)].float().numpy()
+        return out
+
 
 class PrepareFunction:
-    """Preparation: rule-based rewards and, with a KL penalty, the frozen reference's log-probs."""
+    """Preparation on the learner's slot: rule-based rewards and, with a KL penalty, the frozen
+    reference's log-probs."""
 
     def __init__(
         self,
         model_cfg: ModelConfig | None,
         vocab_size: int,
         seed: int,
-        reward_cfg: RewardConfig,
-        micro_batch_tokens: int,
-        temperature: float,
-        pad_token_id: int,
+        setup: PrepSetup,
         threads: int,
         device: str,
     ) -> None:
         self.started = function_setup(threads)
-        self.reward_fn = build_reward_fn(reward_cfg)
-        self.reference, self.device = None, device
-        self.compute_dtype = "float32" if model_cfg is None else model_cfg.compute_dtype
+        self.preparer = Preparer(setup, device)
+        self.reference = None
         if model_cfg is not None:
             self.reference = load_model(model_cfg, vocab_size, seed, device).requires_grad_(False)
-        self.micro_batch_tokens, self.temperature, self.pad_id = micro_batch_tokens, temperature, pad_token_id
         self.ready = time.time()
 
     def where(self) -> str:
@@ -244,25 +310,9 @@ class PrepareFunction:
     def run(
         self, prompts: list[StepPrompt], samples: list[Sample], exit_first: bool = False, sleep_s: float = 0.0
     ) -> dict:
-        """Rewards per sample, reference log-probs per sample (or None), and phase seconds; an
-        injected fault (`runtime.faults`) first sleeps `sleep_s` or exits the process."""
+        """`Preparer.run` on the reference it holds; an injected fault (`runtime.faults`) first
+        sleeps `sleep_s` or exits the process."""
         time.sleep(sleep_s)
         if exit_first:
             os._exit(1)
-        begin = time.time()
-        score(prompts, samples, self.reward_fn)
-        scores = [(s.reward, s.reward_components) for s in samples]
-        rewards_s = time.time() - begin
-        ref = None if self.reference is None else self._logprobs(samples)
-        return {"scores": scores, "ref": ref, "begin": begin, "end": time.time(), "time/reward": rewards_s}
-
-    @torch.no_grad()
-    def _logprobs(self, samples: list[Sample]) -> list[np.ndarray]:
-        out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(samples)
-        rows = list(range(len(samples)))
-        for mb in pack(samples, rows, self.micro_batch_tokens, self.pad_id, self.device):
-            with autocast(self.reference, self.compute_dtype):
-                values = response_logprobs(self.reference, mb, self.temperature).cpu()
-            for b, i in enumerate(mb.rows):
-                out[i] = values[b, : len(samples[i].response_ids)].float().numpy()
-        return out
+        return self.preparer.run(self.reference, prompts, samples)

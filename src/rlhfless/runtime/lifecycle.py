@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.runtime.billing import Invocation, Meter
-from rlhfless.runtime.functions import DecodeFunction, PrepareFunction
+from rlhfless.runtime.functions import DecodeFunction, PrepareFunction, PrepSetup
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
 from rlhfless.runtime.ray_cluster import ClusterView, free_slots, read_cluster
 
@@ -148,6 +148,13 @@ class Functions:
     def close(self) -> None:
         self.pool.close()
 
+    def prep_setup(self) -> PrepSetup:
+        """What preparing needs, wherever it runs (the prepare function, a decode function's tail)."""
+        cfg = self.cfg
+        return PrepSetup(
+            cfg.reward, cfg.generation.temperature, self.tokenizer.pad_token_id, cfg.model.compute_dtype
+        )
+
     def _create(self, shape: Shape):
         kind, colocated, node = shape
         options: dict = {
@@ -186,10 +193,7 @@ class Functions:
                 cfg.model if self.has_reference else None,
                 vocab,
                 cfg.seed,
-                cfg.reward,
-                cfg.trainer.micro_batch_tokens,
-                cfg.generation.temperature,
-                self.tokenizer.pad_token_id,
+                self.prep_setup(),
                 self.rt.threads_per_actor,
                 device,
             )

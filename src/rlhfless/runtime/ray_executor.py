@@ -7,7 +7,9 @@ step's unique prefix KV on the current weights, with no sync. The learner is dat
 weights loaded from rank 0 after each update. Decode functions are
 leased per step on the nodes the plan names (`lifecycle`), get the new weights and the prefix KV
 through the object store (`publishing`), and are driven by one `DecodeRound` per step. The plan is
-made for the cluster Ray reports at the start of the step (`cluster`).
+made for the cluster Ray reports at the start of the step (`cluster`). Preparation (rewards, the
+reference's log-probs) runs by prompt group, overlapped with generation's tail when the plan says
+so (`preparation`).
 
 Billing (the one pricing model, through the meter): the learner's resources for the whole step
 under every policy, and its ranks beyond rank 0 per slot while they are held; the prefill
@@ -15,14 +17,14 @@ function, rank 0, the decode function the plan colocates with the learner, and t
 reference/reward function share the learner's resources and are billed once; verl's resident
 ranks share their held decode functions' and are billed through them. Other decode functions are
 billed while leased, then while warm in the pool; at release each is kept warm or stopped as the
-plan says. Under `verl` they are held for the whole step, as a serverful deployment would.
+plan says; one that prepares groups in the tail first is billed meanwhile as a function of its own.
+Under `verl` they are held for the whole step, as a serverful deployment would.
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import ray
 import torch
 from torch import Tensor
@@ -37,15 +39,14 @@ from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.decode_round import DecodeRound
 from rlhfless.runtime.dp_learner import ElasticLearner, Host
-from rlhfless.runtime.lifecycle import LOST, Functions
+from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
+from rlhfless.runtime.preparation import Preparation
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
 from rlhfless.runtime.ray_cluster import ClusterView, start_ray
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 from rlhfless.runtime.transfer import flat_weights
-
-PREPARE_ATTEMPTS = 4  # prepare functions a step may start before it gives up (each died)
 
 
 class RayExecutor:
@@ -70,7 +71,11 @@ class RayExecutor:
         self.policy, self.engine = policy, self.learner.engine
         self.meter = Meter(cfg.scheduler.pricing)
         self.weights = Weights(policy)
-        self.reference_ref = None if reference is None else ray.put(flat_weights(reference))
+        # The reference's flat weights in the object store, and their bytes (None: no KL penalty).
+        self.reference = None
+        if reference is not None:
+            flat = flat_weights(reference)
+            self.reference = (ray.put(flat), int(flat.nbytes))
         self.shape = ModelShape.from_hf_config(policy.config.to_dict())
         if not gpu and not cfg.trainer.threads:
             # The learner's slot (the driver's prefill, then rank 0's learning) is one CPU slot
@@ -81,7 +86,7 @@ class RayExecutor:
         self.hosts: list[Host] = []  # verl: the held decode functions with slots of their own
         self.learner_inv: Invocation | None = None
         self.timeline_nodes: list[dict] = []  # the nodes the last step was planned and placed on
-        self.step = 0
+        self.preparation: Preparation | None = None  # the step's, from its generation on
 
     def cluster(self) -> ClusterSpec:
         """The cluster as Ray reports it now: the next plan is made for it and placed on it."""
@@ -92,7 +97,6 @@ class RayExecutor:
 
     def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
         now = time.time()
-        self.step = step  # preparation's injected faults are this step's
         self.meter.begin_step(now)
         units = float(self.cfg.scheduler.gpus_per_actor)
         self.learner_inv = self.meter.open(
@@ -104,8 +108,20 @@ class RayExecutor:
         self.policy.eval()
         with self.learner_inv.busy_while():
             ref, nbytes, put_s = self.weights.publish(self.learner.version)
+        overlap = bool(plan.features.get("overlap_preparation"))  # rlhfless only
+        self.preparation = Preparation(
+            self.cfg, self.functions, self.meter, self.tokenizer, prompts, self.reference, step, overlap
+        )
         round_ = DecodeRound(
-            self.cfg, self.functions, self.meter, view, prompts, plan, step, self.learner.params
+            self.cfg,
+            self.functions,
+            self.meter,
+            view,
+            prompts,
+            plan,
+            step,
+            self.learner.params,
+            self.preparation,
         )
         round_.lease((ref, nbytes, self.learner.version))
         if not plan.keep_unused_warm:  # warm functions this step does not use: a step away at best
@@ -117,6 +133,7 @@ class RayExecutor:
             self._on_learner("prefill", kv.start, kv.computed, kv.put)
         round_.assign(kv)
         results = round_.run(tick=self._prestarter(len(prompts)))
+        self.preparation.end_generation(time.time())
         round_.settle(kv)
         # verl's held functions as generation left them: none a fault dropped, their replacements in
         self.held += round_.held
@@ -166,52 +183,10 @@ class RayExecutor:
     # ----- preparation and learning --------------------------------------------------------
 
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
-        """Rewards and reference log-probs in one function, colocated with the learner, released after."""
+        """What generation's tail left unprepared, on the prepare function (colocated with the
+        learner); every sample scored (`preparation`)."""
         self.meter.phase("preparation", time.time())
-        fault = self.cfg.runtime.fault_plan.prepare(self.step)
-        metrics = {"faults/prepare": 0.0, "faults/prepare_injected": float(fault[1] > 0)}
-        for attempt in range(PREPARE_ATTEMPTS):
-            out = self._prepare_once(prompts, samples, fault if attempt == 0 else (False, 0.0))
-            if out is not None:
-                break
-            metrics["faults/prepare"] += 1  # its function died: a new one scores the same samples
-            metrics["faults/prepare_injected"] += float(attempt == 0 and fault[0])
-        else:
-            raise RuntimeError(
-                f"step {self.step}: {PREPARE_ATTEMPTS} prepare functions died; expected Ray to keep one alive"
-            )
-        for s, (score, components) in zip(samples, out["scores"], strict=True):
-            s.reward, s.reward_components = score, components
-        ref = None if out["ref"] is None else [torch.from_numpy(np.array(a)) for a in out["ref"]]
-        return ref, metrics | {
-            "time/reward": out["time/reward"],
-            "time/reference": out["end"] - out["begin"] - out["time/reward"],
-        }
-
-    def _prepare_once(
-        self, prompts: list[StepPrompt], samples: list[Sample], fault: tuple[bool, float]
-    ) -> dict | None:
-        """One prepare function's run (None: it died, and is dropped)."""
-        now = time.time()
-        kind = "reward" if self.reference_ref is None else "reference"
-        lease, inv = self.functions.acquire(self.meter, kind, "prepare", True, self.driver, 0.0, now, kind)
-        if self.reference_ref is not None and lease.version is None:
-            lease.handle.sync.remote(self.reference_ref, 0)
-            lease.version = 0
-        try:
-            out = ray.get(lease.handle.run.remote(prompts, samples, *fault))
-        except LOST:
-            self.functions.settle(lease, inv)
-            inv.released = time.time()
-            inv.event(inv.released, "fault", len(samples))
-            self.functions.drop(lease)
-            return None
-        self.functions.settle(lease, inv)
-        end = time.time()
-        inv.mark_busy(out["begin"], out["end"])
-        inv.released = end
-        self.functions.release(lease, end)
-        return out
+        return self.preparation.finish(samples)
 
     def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
         with self.learner_inv.busy_while():
@@ -248,12 +223,17 @@ class RayExecutor:
 
     def _prestarter(self, groups: int):
         """Called at each decode report: once generation's live forecast is within one rank start,
-        the learning phase's extra ranks start on the slots free then."""
+        the learning phase's extra ranks start on the slots free then, those that decode
+        functions prepare on and then free included (`Preparation.holding`): once ranks are
+        requested, decode functions take no new group."""
 
         def tick(round_: DecodeRound) -> None:
             if start_ranks_now(round_.left_s(), self.learner.rank_start_s):
-                held = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
+                leased = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
+                held = leased - self.preparation.holding()
                 self.learner.prestart(self.meter, held, groups, time.time())
+                if self.learner.group is not None:
+                    self.preparation.hand_back()
 
         return tick
 
@@ -280,6 +260,7 @@ class RayExecutor:
             "nodes": self.timeline_nodes,
             "functions": records,
             "transfers": transfers,
+            "preparation": self.preparation.timeline(self.meter.origin),
         }
 
     def warm_functions(self) -> int:
