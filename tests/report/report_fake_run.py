@@ -295,6 +295,8 @@ def write_fake_run(
                 "floor/work_cost": 0.25 * m["cost/generation"],
                 "floor/time_over": 2.0,
                 "floor/cost_over": 4.0,
+                "prefill/tree_ratio": 1.0,
+                "time/prep_overlapped": 0.25,
             }
         if ppo:
             m |= {"loss/value": 0.3 / step, "value/mean": 0.1 * step, "value/explained_variance": 0.2}

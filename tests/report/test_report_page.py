@@ -118,11 +118,11 @@ def test_forecast_section_scores_each_forecast_and_puts_the_whole_run_beside_its
 def test_floor_section_puts_each_run_s_generation_over_its_floor(tiny_page) -> None:
     rows = PageParts(tiny_page.read_text(encoding="utf-8")).tables
     floor = [
-        r for table in rows for r in table if r and r[0] == "tiny" and len(r) == 5 and r[3].endswith("x")
+        r for table in rows for r in table if r and r[0] == "tiny" and len(r) == 7 and r[3].endswith("x")
     ]
-    assert [r[3:] for r in floor] == [
-        ["2.00x", "4.00x"]
-    ]  # the fake run: floor half its time, a quarter its cost
+    # The fake run: floor half its time, a quarter its cost; every unique prompt token computed
+    # once; a quarter second of preparation in the tail.
+    assert [r[3:] for r in floor] == [["2.00x", "4.00x", "1.00", "250 ms"]]
 
 
 def test_in_process_executor_run_says_what_is_missing(tmp_path: Path) -> None:

@@ -366,7 +366,14 @@ def _forecast_section(runs: list[Run], out: Path) -> Section:
     return section
 
 
-FLOOR_KEYS = ("time/generation", "floor/generation_s", "floor/time_over", "floor/cost_over")
+FLOOR_KEYS = (
+    "time/generation",
+    "floor/generation_s",
+    "floor/time_over",
+    "floor/cost_over",
+    "prefill/tree_ratio",
+    "time/prep_overlapped",
+)
 
 
 def _floor_section(runs: list[Run]) -> Section:
@@ -375,7 +382,9 @@ def _floor_section(runs: list[Run]) -> Section:
         "Generation over its floor",
         "The floor of each step's true lengths on the profile its plan used: no schedule generates "
         "faster (the longest sequence alone, or every token at the best batch on every actor) or "
-        "more cheaply (every token at the best batch). Means over the run's steps.",
+        "more cheaply (every token at the best batch). Prompt tokens computed over the step's "
+        "unique ones (its prefix tree: 1.0 at best), and preparation run in generation's tail. "
+        "Means over the run's steps.",
     )
     rows = []
     for run in runs:
@@ -391,10 +400,13 @@ def _floor_section(runs: list[Run]) -> Section:
                 _seconds(mean["floor/generation_s"]),
                 f"{mean['floor/time_over']:.2f}x",
                 "-" if np.isnan(mean["floor/cost_over"]) else f"{mean['floor/cost_over']:.2f}x",
+                "-" if np.isnan(mean["prefill/tree_ratio"]) else f"{mean['prefill/tree_ratio']:.2f}",
+                "-" if np.isnan(mean["time/prep_overlapped"]) else _seconds(mean["time/prep_overlapped"]),
             ]
         )
     if rows:
-        section.html.append(table(["run", "generation", "floor", "time / floor", "cost / work floor"], rows))
+        head = ["run", "generation", "floor", "time / floor", "cost / work floor"]
+        section.html.append(table([*head, "prompt tokens / unique", "preparation in the tail"], rows))
     return section
 
 
