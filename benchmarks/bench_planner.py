@@ -1,4 +1,4 @@
-"""Time a full RLHFless plan: 16,384 prompts x 8 samples, every N in [1, 160].
+"""Time a full RLHFless plan: 16,384 prompts x 8 samples, N in [1, 160] (every N up to 24, a grid past it).
 
 Workload: a 60-token shared system prompt plus 20-120 unique tokens per prompt, half the prompts
 with a history (log-normal lengths) and half with only an answer length; Llama-2-7B roofline
@@ -103,7 +103,11 @@ def main() -> None:
         ),
     ]
     tokens = sum(len(p.prompt_tokens) for p in prompts)
-    print(f"{args.prompts} prompts x {g} samples, {tokens} prompt tokens, N in [1, {len(plan.candidates)}]")
+    ns = [c["n"] for c in plan.candidates]
+    print(
+        f"{args.prompts} prompts x {g} samples, {tokens} prompt tokens, "
+        f"N in [{min(ns)}, {max(ns)}] ({len(ns)} candidates timed: a grid past 24)"
+    )
     print(
         f"chosen N = {plan.n_actors}, prefix length {plan.prefix_length}, predicted step {plan.predicted_time:.1f} s"
     )

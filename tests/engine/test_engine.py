@@ -19,6 +19,7 @@ from rlhfless.engine import (
     StaleCacheError,
     rollout,
 )
+from tests.engine.engine_support import small_llama
 
 VOCAB = 256
 PAD = 0
@@ -30,17 +31,7 @@ SAMPLED = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=7)
 @pytest.fixture(scope="module")
 def model() -> LlamaForCausalLM:
     torch.set_num_threads(1)  # tiny matrices: extra threads only add contention on shared CPUs
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return small_llama(VOCAB, 512)
 
 
 def make_engine(model, **kwargs) -> Engine:

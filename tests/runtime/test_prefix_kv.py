@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlhfless.engine import Engine, SamplingParams, rollout
 from rlhfless.planner import ClusterSpec, LengthPredictor, PromptSpec, SchedulerConfig, plan_step
@@ -19,6 +19,7 @@ from rlhfless.runtime.functions import DecodeFunction
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.samples import StepPrompt
 from rlhfless.runtime.transfer import KVBundle
+from tests.engine.engine_support import small_llama
 
 EOS = list(range(1, 9))
 PARAMS = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=5)
@@ -36,17 +37,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def model() -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return small_llama(128, 256)
 
 
 def engine(model) -> Engine:
