@@ -80,6 +80,21 @@ def test_lam_one_is_fastest_and_lam_zero_cheapest(work, normalise):
     assert cheap.predicted_cost == min(c["cost"] for c in cheap.candidates)
 
 
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.floats(0.5, 60.0), st.floats(1.0, 1.3))
+def test_the_executors_own_seconds_count_on_the_even_split_as_on_every_candidate(work, overhead, slowdown):
+    """`max_slowdown` admits the N predicted at most that much slower than an even split over
+    every actor. The executor's measured overhead is on every candidate's time, and an even split
+    pays it too, so it never shuts a cheaper N out: cost-first (lam 0), it takes no dearer N."""
+    prompts, predictor = work
+    config = SchedulerConfig(lam=0.0, max_slowdown=slowdown)
+    chosen = []
+    for seconds in (0.0, overhead):
+        billing = Billing(Pricing(3600.0), overhead_s=seconds)
+        chosen.append(plan_step(prompts, predictor, PROFILE, make_cluster(), config, 2, billing).n_actors)
+    assert chosen[1] <= chosen[0]
+
+
 @settings(max_examples=25, deadline=None)
 @given(workloads(), st.sampled_from(["rlhfless", "verl", "rlhfuse"]))
 def test_same_input_same_plan(work, policy):

@@ -253,7 +253,9 @@ def plan_step(
     margins = (billing.time_margin, billing.cost_margin)
     cap = None
     if ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless":
-        cap = config.max_slowdown * ranges.model.share_seconds(int(ns.max()), float(lengths.sum()))
+        # An even split pays the executor's own seconds too, as every candidate's time does.
+        even = ranges.model.share_seconds(int(ns.max()), float(lengths.sum())) + billing.overhead_s
+        cap = config.max_slowdown * even
     pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
     if ranges is not None:
         extra = between(ns, grid, int(table.n[pick]))
