@@ -88,16 +88,6 @@ def test_a_second_wave_of_alike_sequences_runs_after_the_first(length, prompts):
         assert decode <= length * float(PROFILE.decode_step_seconds(4 * prompts, 100)) * (1 + 1e-9)
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 2000), min_size=2, max_size=50), st.integers(1, 8))
-def test_the_even_split_share_of_one_actor_is_the_whole_range_and_shrinks_with_actors(lengths, n):
-    model = _model(lengths)
-    whole = model.times(np.array([0]), np.array([len(lengths)]))
-    one = model.share_seconds(1, 500.0)
-    assert np.isclose(one, float(whole["decode"][0]) + float(PROFILE.prefill_seconds(500.0)))
-    assert model.share_seconds(n + 1, 500.0) <= model.share_seconds(n, 500.0) + 1e-9
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 400), st.integers(0, 399))
 def test_the_grid_and_the_neighbours_of_any_n_cover_every_candidate_around_it(top, pick):

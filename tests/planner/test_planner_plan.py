@@ -95,6 +95,24 @@ def test_the_executors_own_seconds_count_on_the_even_split_as_on_every_candidate
     assert chosen[1] <= chosen[0]
 
 
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.sampled_from([0.0, 0.7]))
+def test_lam_never_takes_a_plan_predicted_slower_than_verls_own(work, lam):
+    """`max_slowdown=1`: the chosen N's generation is predicted no slower than the verl policy's
+    plan of the same step (equal prompt counts in input order on every actor, no dedup), unless
+    no N is (then the fastest)."""
+    prompts, predictor = work
+    billing = Billing(Pricing(3600.0), cold_start_hidden=True, overhead_s=1.5)
+    plans = {
+        policy: plan_step(
+            prompts, predictor, PROFILE, make_cluster(), SchedulerConfig(policy=policy, lam=lam), 2, billing
+        )
+        for policy in ("rlhfless", "verl")
+    }
+    fastest = min(c["time"] for c in plans["rlhfless"].candidates)
+    assert plans["rlhfless"].predicted_time <= max(plans["verl"].predicted_time, fastest) + 1e-9
+
+
 @settings(max_examples=25, deadline=None)
 @given(workloads(), st.sampled_from(["rlhfless", "verl", "rlhfuse"]))
 def test_same_input_same_plan(work, policy):

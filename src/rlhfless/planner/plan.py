@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.assignment import lpt_assign
+from rlhfless.planner.assignment import even_ranges, lpt_assign
 from rlhfless.planner.balance import between, coarse, contiguous_ranges, refine, widen
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
@@ -251,12 +251,22 @@ def plan_step(
     after = billing.after_generation(tokens)
     table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
     margins = (billing.time_margin, billing.cost_margin)
-    cap = None
-    if ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless":
-        # An even split pays the executor's own seconds too, as every candidate's time does.
-        even = ranges.model.share_seconds(int(ns.max()), float(lengths.sum())) + billing.overhead_s
-        cap = config.max_slowdown * even
-    pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
+    capped = ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless"
+    caps: list[float] = []  # verl's time, timed once and only when lam would take a slower plan
+
+    def pick_n(table: CandidateTable) -> int:
+        pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins)
+        if not capped or config.budget_per_step or config.deadline_per_step:
+            return pick
+        if table.time[pick] <= table.time.min():
+            return pick
+        if not caps:  # the executor's overhead is on every candidate's time, and on verl's
+            verl = Workload(gmax, gmean, lengths, lengths * group_size, np.zeros_like(lengths), group_size)
+            even = _even_split_seconds(verl, int(ns.max()), profile, config)
+            caps.append(config.max_slowdown * (even + billing.overhead_s))
+        return choose(table, after, time_cap=caps[0])
+
+    pick = pick_n(table)
     if ranges is not None:
         extra = between(ns, grid, int(table.n[pick]))
         if extra.size:
@@ -267,7 +277,7 @@ def plan_step(
             table = candidate_table(
                 actors, billing, serverful, config.lam, config.normalise, profile, after[0]
             )
-            pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins, cap)
+            pick = pick_n(table)
         orders = [ranges.order] * table.n.size
     admission = gmax if feats["longest_first"] else None
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
@@ -307,6 +317,16 @@ def plan_step(
         prefix_tree=prefix_tree,
         profile=profile,
     )
+
+
+def _even_split_seconds(verl: Workload, n: int, profile: Profile, config: SchedulerConfig) -> float:
+    """Predicted generation of what verl runs on the same step: equal prompt counts in input order
+    over `n` actors, each sample prefilling its whole prompt (its slowest actor's prefill and
+    decode; the executor's overhead is added by the caller, as on every candidate)."""
+    model = RangeModel(verl, np.arange(verl.size), profile, config.segments)
+    starts, ends, _ = even_ranges(verl.size, np.array([n]))
+    parts = model.times(starts, ends)
+    return float((parts["prefill"] + parts["decode"]).max())
 
 
 def _prefill_work(

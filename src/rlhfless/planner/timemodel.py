@@ -212,24 +212,6 @@ class RangeModel:
             late[waves] = extra * self.profile.decode_step_seconds(queued, mean_prompt[waves] + 0.5 * paired)
         return steps, self.profile.decode_step_seconds(batch, context), late
 
-    def share_seconds(self, n: int, prompt_tokens: float) -> float:
-        """Predicted seconds of the slowest actor of an even split over `n` actors (VERL's), each
-        prefilling its `prompt_tokens` / n: every actor holds a 1/n share of each segment's
-        tokens, and the one holding the longest sequence decodes to its end."""
-        size = self._work.size - 1
-        if size == 0:
-            return 0.0
-        share = 1.0 / max(n, 1)
-        ends, starts = np.array([size]), np.array([0])
-        seqs = np.array([size * self.group_size * share])
-        mean_prompt = self._context[-1:] / size
-        cap = self.profile.concurrency(mean_prompt + self._work[-1] / (size * self.group_size))
-        longest = np.array([float(self._longest.max())])
-        reached = int(np.searchsorted(self.edges[:-1], longest[0], side="left"))
-        steps, step_s, late = self._segments(starts, ends, longest, cap, mean_prompt, reached, seqs, share)
-        decode = float(np.einsum("ij,ij->i", steps, step_s)[0] + late[0])
-        return decode + float(self.profile.prefill_seconds(prompt_tokens * share))
-
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
         tokens it receives, decode tokens.
