@@ -37,7 +37,8 @@ class SchedulerConfig:
         default=1.0,
         metadata={
             "help": "actor scaling: lam chooses among the N whose predicted generation time is at most "
-            "this many times that of an even split over every actor (what verl runs); null = among all"
+            "this many times verl's plan of the same step (every actor, equal prompt counts, no "
+            "dedup), timed by the same model; the fastest N when none is; null = among all"
         },
     )
     normalise: str = field(
