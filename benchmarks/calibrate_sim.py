@@ -3,7 +3,8 @@
 Replays a real run in the simulator: its recorded plans (`plans/step_*.json`) and response lengths
 (`rollouts/step_*.jsonl`) on a model of this machine (one node of the run's actor slots) timed by
 the profile the run planned with (its `runtime.profile`, or the measured table cached under
-`model.cache_dir/profiles/` that the run used), corrected as the run's own planner had corrected it
+`model.cache_dir/profiles/` for its model, dtype and a decode function's threads, found by the
+runtime's own lookup), corrected as the run's own planner had corrected it
 for that step (`calibration/*` of the step before: the same time model). The simulated functions are priced by the one
 pricing model as the runtime bills them (the learner's slot held for the whole generation, every
 other decode function from its request to its release). Prints, per step, the simulated and the
@@ -18,18 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from rlhfless.config import load_config
+from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.forecast import Calibration
 from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
-from rlhfless.runtime.planning import CPU_SLOT
+from rlhfless.runtime.planning import CPU_SLOT, cache_key, machine_profile
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, scheduler_for
 from rlhfless.sim.step import Simulator
@@ -38,15 +39,14 @@ from rlhfless.sim.workload import TraceWorkload
 GOAL = 0.20
 
 
-def _profile(run_dir: Path, cfg) -> str:
-    """The time table the run planned with: its own file, else the cached measured one it used."""
-    if cfg.runtime.profile and cfg.runtime.profile != "derived":
-        return cfg.runtime.profile
-    folder = Path(cfg.model.cache_dir).expanduser() / "profiles"
-    cached = [p for p in folder.glob("*.json") if re.fullmatch(r"[0-9a-f]{16}\.json", p.name)]
-    if not cached:
-        raise SystemExit(f"{run_dir}: no measured profile found; run it with runtime.profile=FILE")
-    return str(max(cached, key=lambda p: p.stat().st_mtime))
+def _profile(cfg, folder: Path) -> str:
+    """The time table the run planned with, found as the run found it (`machine_profile`: its own
+    file, else the measured table cached for its model, dtype and a decode function's threads),
+    as a file for the simulator's config."""
+    model = load_model(cfg.model, len(load_tokenizer(cfg.model)), cfg.seed)
+    path = folder / f"profile-{cache_key(model, cfg.runtime.threads_per_actor)}.json"
+    path.write_text(json.dumps(machine_profile(cfg, model).to_dict()))
+    return str(path)
 
 
 def replay(run_dir: Path, spec_file: Path) -> list[dict[str, float]]:
@@ -66,7 +66,7 @@ def replay(run_dir: Path, spec_file: Path) -> list[dict[str, float]]:
                 "cold_start_s": 0,
                 "price_per_gpu_hour": cfg.scheduler.price_per_gpu_hour,
             },
-            "model": {"name": "smollm2-135m", "tp": 1, "profile": _profile(run_dir, cfg)},
+            "model": {"name": "smollm2-135m", "tp": 1, "profile": _profile(cfg, spec_file.parent)},
             "training": {"algorithm": cfg.algorithm.name if cfg.algorithm.name == "ppo" else "grpo"},
             "scheduler": asdict(cfg.scheduler),
         }
