@@ -45,6 +45,21 @@ def test_a_width_whose_rank_starts_cost_more_than_its_time_saves_is_not_taken():
     assert learner_width(0, 4, 8, tiny, free_starts) == 4
 
 
+def test_a_warm_function_gives_its_slot_to_the_phase_when_its_restart_costs_less_than_it_saves():
+    # Step 7 of a CPU run: a decode function kept warm held the second slot, so learning took
+    # 28 s on one while the function idled, billed, all 28 s. Stopping it saves that idle bill
+    # and 14 s of learning for one 4.5 s cold start at its next use.
+    scheduler = SchedulerConfig(lam=0.7, price_per_gpu_hour=3600.0)  # $1 a slot-second
+    phase = LearningHistory(1, 28.0, 1.0)
+    table = width_table(phase, 2, scheduler, free=1, cold_start_s=4.5)
+    assert table.time.tolist() == [28.0, 14.0 + 4.5]
+    assert table.cost.tolist() == [28.0 + 28.0, 28.0 + 1.0 + 4.5]  # kept idle; one rank start, one restart
+    assert learner_width(0, 1, 8, phase, scheduler, warm=1, cold_start_s=4.5) == 2
+    # a restart dearer than the phase: the function stays warm, the phase keeps to the free slot
+    assert learner_width(0, 1, 8, phase, scheduler, warm=1, cold_start_s=100.0) == 1
+    assert learner_width(0, 1, 8, warm=1) == 2  # before a phase was measured: every slot
+
+
 @given(
     free=st.integers(0, 16),
     groups=st.integers(1, 16),
@@ -52,14 +67,22 @@ def test_a_width_whose_rank_starts_cost_more_than_its_time_saves_is_not_taken():
     seconds=st.floats(0.01, 1e4),
     start=st.floats(0.0, 1e3),
     lam=st.floats(0.0, 1.0),
+    warm=st.integers(0, 4),
+    restart=st.floats(0.0, 1e3),
 )
 def test_the_width_is_always_a_placeable_one_and_time_only_takes_all(
-    free, groups, width, seconds, start, lam
+    free, groups, width, seconds, start, lam, warm, restart
 ):
     history = LearningHistory(width, seconds, start)
     most = max(1, min(free, groups))
     assert 1 <= learner_width(0, free, groups, history, SchedulerConfig(lam=lam)) <= most
     assert learner_width(0, free, groups, history, SchedulerConfig(lam=1.0)) == most
+    # warm functions' slots are placeable too (they give way), and none is stopped for nothing
+    reach = max(1, min(free + warm, groups))
+    got = learner_width(0, free, groups, history, SchedulerConfig(lam=lam), warm, restart)
+    assert 1 <= got <= reach
+    if restart >= seconds * width:  # a restart longer than the whole phase never pays in time
+        assert learner_width(0, free, groups, history, SchedulerConfig(lam=1.0), warm, restart) == most
 
 
 def test_generation_ends_when_the_slowest_actor_decodes_its_longest_remaining_sequence():

@@ -184,6 +184,34 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
     assert any(event["kind"] == "fault" for event in lost["events"])
 
 
+def test_a_warm_idle_function_gives_its_slot_to_the_learning_phase():
+    """A decode function released warm holds the one free slot; the phase (not yet measured: every
+    slot) stops it and puts rank 1 there, rather than learning on one rank beside it idling."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=0"))
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    functions = Functions(cfg, tokenizer, False, False, driver_node())
+    elastic = ElasticLearner(cfg, policy, tokenizer, functions)
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        lease, inv = functions.acquire(meter, "decode-1", "decode", False, driver_node(), 1.0, time.time())
+        functions.settle(lease, inv)
+        functions.release(lease, time.time(), keep=True)
+        assert functions.warm() == 1
+        elastic.widen(meter, len({s.uid for s in samples}), [], time.time())
+        got = elastic.learn(samples, [torch.ones(len(s.response_ids)) for s in samples], None)
+        elastic.narrow(time.time())
+        spans = functions.pool.take_spans(time.time())
+    finally:
+        elastic.close()
+        functions.close()
+
+    assert got["learner/width"] == 2
+    assert functions.warm() == 0 and [span.lease for span in spans] == [lease]  # stopped, idle no more
+
+
 def test_verl_learns_on_its_held_slot_with_one_rank_living_across_phases():
     """Under verl a rank lives on the held decode function's slot: colocated with it, billed
     through it, the same process in every phase, joined each phase with rank 0's weights, so two

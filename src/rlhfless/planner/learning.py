@@ -8,6 +8,12 @@ the step has free once generation is over (the learner's own slot and every slot
 functions released), the lam score of time and cost decides, ties to the narrower. Before a phase
 was measured it takes every free slot. Never more ranks than prompt groups: the learner splits by
 group, and a rank with none would be billed for nothing.
+
+Warm functions idle in the pool hold slots the phase could take: keep-alive gives way to a
+request. A width that needs k of them stops k, which spares their idle bill over the phase and
+costs each a cold start at its next use (its billed seconds, and the seconds it adds to that step,
+counted in the width's time as `pricing.keep_warm` values them); a width that leaves them warm
+pays their idle bill for the phase's time.
 """
 
 from __future__ import annotations
@@ -43,17 +49,31 @@ class WidthTable:
     score: np.ndarray
 
 
-def width_table(history: LearningHistory, most: int, scheduler: SchedulerConfig) -> WidthTable:
+def width_table(
+    history: LearningHistory,
+    most: int,
+    scheduler: SchedulerConfig,
+    free: int | None = None,
+    cold_start_s: float = 0.0,
+) -> WidthTable:
     """Widths 1..`most`: learning's slot-seconds as last measured, spread evenly (W ranks, 1/W
     of the time each), plus W - 1 rank starts, each on its own slot, priced and scored as the
-    scheduler prices and scores actors."""
+    scheduler prices and scores actors. Slots past `free` (default: all of `most`) are warm
+    functions' that give way: stopped, each a cold start of `cold_start_s` at its next use; kept,
+    each billed idle for the phase."""
     pricing, units = scheduler.pricing, float(scheduler.gpus_per_actor)
+    free = most if free is None else max(1, min(free, most))
     width = np.arange(1, most + 1)
     work = history.width * history.seconds
     time = work / width
     cost = charge(pricing, units, width * time, cold_s=0.0) + charge(
         pricing, units, (width - 1) * history.rank_start_s, cold_s=(width - 1) * history.rank_start_s
     )
+    stopped = np.maximum(width - free, 0)
+    kept = (most - free) - stopped
+    restart = stopped * cold_start_s
+    cost = cost + charge(pricing, units, restart, cold_s=restart, idle_s=kept * time)
+    time = time + np.where(stopped > 0, cold_start_s, 0.0)
     lam, how = scheduler.lam, scheduler.normalise
     score = lam * normalised(time, how) + (1.0 - lam) * normalised(cost, how)
     return WidthTable(width, time, cost, score)
@@ -65,17 +85,20 @@ def learner_width(
     groups: int,
     history: LearningHistory | None = None,
     scheduler: SchedulerConfig | None = None,
+    warm: int = 0,
+    cold_start_s: float = 0.0,
 ) -> int:
     """Ranks for the learning phase: `requested` (0: the planner's choice), within `free_slots`
-    and `groups`, at least 1 (the learner's own slot). The planner's choice is every such slot
-    until a phase was measured (`history`), then the lam score's first minimum (`width_table`) under
-    `scheduler`'s lam, normalisation and prices."""
-    most = max(1, min(free_slots, groups))
+    plus the `warm` idle functions' slots (they give way), and `groups`, at least 1 (the learner's
+    own slot). The planner's choice is every such slot until a phase was measured (`history`),
+    then the lam score's first minimum (`width_table`, a warm function's restart taking
+    `cold_start_s`) under `scheduler`'s lam, normalisation and prices."""
+    most = max(1, min(free_slots + warm, groups))
     if requested:
         return min(requested, most)
     if history is None or scheduler is None or most == 1:
         return most
-    table = width_table(history, most, scheduler)
+    table = width_table(history, most, scheduler, free_slots, cold_start_s)
     return int(table.width[int(np.argmin(table.score))])
 
 

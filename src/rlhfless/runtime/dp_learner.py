@@ -4,7 +4,8 @@ Rank 0 lives for the whole run on the learner's slot (colocated with the driver,
 while it works); it alone owns the optimizer states and steps, and checkpoints read them from it.
 Each learning phase takes the planner's width (`planner.learning.learner_width`, priced from the
 last phase's learning seconds and rank starts): ranks 1.. start cold on the slots free once
-generation ends (one placement group: all of them or none), requested once generation's live
+generation ends, idle warm functions' included where the planner finds stopping them worth their
+restart (keep-alive gives way; one placement group: all of them or none), requested once generation's live
 forecast is within one measured rank start, so their start overlaps its tail
 (`planner.learning.start_ranks_now`). They get rank 0's weights and schedule over the phase's
 process group, compute their share of the gradients, which reduces per optimizer step sum on
@@ -88,6 +89,7 @@ class ElasticLearner(LearnerSide):
         self.rank_starts: list[float] = []  # the last phases': request to every rank joined
         self.learned: tuple[int, float] | None = None  # the last elastic phase: width, seconds busy
         self.busy_s = 0.0  # the open phase's seconds in calls on its ranks
+        self.restart_s = 0.0  # a warm function's cold start at its next use, as the step's plan prices it
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
         self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
@@ -138,12 +140,25 @@ class ElasticLearner(LearnerSide):
 
     def _width(self, held_slots: int, groups: int) -> int:
         view = self.functions.cluster()
-        idle = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
-        free = sum(n.total for n in view.nodes) - held_slots - idle
+        warm = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
+        free = sum(n.total for n in view.nodes) - held_slots - warm
         history = None
         if self.learned is not None and self.rank_start_s is not None:
             history = LearningHistory(*self.learned, self.rank_start_s)
-        return learner_width(self.cfg.runtime.learner_width, free, groups, history, self.cfg.scheduler)
+        width = learner_width(
+            self.cfg.runtime.learner_width, free, groups, history, self.cfg.scheduler, warm, self.restart_s
+        )
+        self._give_way(width - max(free, 1))
+        return width
+
+    def _give_way(self, slots: int) -> None:
+        """Keep-alive gives way to the phase: stop this many idle warm functions (the driver's
+        node's first, where the ranks pack), so that their slots can take ranks."""
+        if slots <= 0:
+            return
+        idle = [lease for lease in self.functions.pool.idle if lease.units > 0]
+        idle.sort(key=lambda lease: lease.shape[2] != self.functions.driver)
+        self.functions.pool.stop_idle(idle[:slots], time.time())
 
     def _launch(self, meter: Meter, width: int, now: float) -> None:
         """Request ranks 1.. of `width` on one placement group (all placed or none), without
