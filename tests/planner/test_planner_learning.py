@@ -60,6 +60,15 @@ def test_a_warm_function_gives_its_slot_to_the_phase_when_its_restart_costs_less
     assert learner_width(0, 1, 8, warm=1) == 2  # before a phase was measured: every slot
 
 
+def test_ranks_started_as_the_phase_opens_make_it_wait_one_rank_start():
+    # 10 s of learning alone, a 6 s rank start: started in generation's tail, width 2 learns in 5 s;
+    # started as the phase opens, it takes 5 + 6 s, slower than one rank alone
+    phase, scheduler = LearningHistory(1, 10.0, 6.0), SchedulerConfig(lam=0.7)
+    assert width_table(phase, 2, scheduler, exposed=True).time.tolist() == [10.0, 11.0]
+    assert learner_width(0, 2, 8, phase, scheduler) == 2
+    assert learner_width(0, 2, 8, phase, scheduler, exposed=True) == 1
+
+
 @given(
     free=st.integers(0, 16),
     groups=st.integers(1, 16),

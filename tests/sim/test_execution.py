@@ -14,6 +14,20 @@ from rlhfless.sim.execution import Siblings, schedule, slot_cap
 PROFILE = roofline_profile("llama-2-7b", "h100", 1)
 
 
+def advance(running, context, generated, remaining, t):
+    """One engine step: each running sequence decodes a token, at the step time of the batch and
+    its mean context. Returns the time after it and the sequences it finished (no longer running)."""
+    mean_context = np.mean([context[j] + generated[j] for j in running]) + 0.5
+    t += float(PROFILE.decode_step_seconds(len(running), mean_context))
+    finished = []
+    for j in list(running):
+        generated[j] += 1
+        if generated[j] >= remaining[j]:
+            running.remove(j)
+            finished.append(j)
+    return t, finished
+
+
 def token_by_token(context, remaining, cap, ready=None):
     """Reference engine: FCFS admission into `cap` slots once a sequence is ready (engine step),
     one token per running sequence per step; an idle engine ticks at its one-sequence step time."""
@@ -28,13 +42,8 @@ def token_by_token(context, remaining, cap, ready=None):
         if not running:
             t += float(PROFILE.decode_step_seconds(1, 0.0))
             continue
-        mean_context = np.mean([context[j] + generated[j] for j in running]) + 0.5
-        t += float(PROFILE.decode_step_seconds(len(running), mean_context))
-        for j in list(running):
-            generated[j] += 1
-            if generated[j] >= remaining[j]:
-                running.remove(j)
-                finish[j] = t
+        t, ended = advance(running, context, generated, remaining, t)
+        finish[ended] = t
     return finish
 
 
@@ -105,14 +114,8 @@ def adaptive_by_token(context, remaining, cap, group, predicted):
             running.append(pick)
             start[pick] = step
         step += 1
-        mean_context = np.mean([context[j] + generated[j] for j in running]) + 0.5
-        t += float(PROFILE.decode_step_seconds(len(running), mean_context))
-        for j in list(running):
-            generated[j] += 1
-            if generated[j] >= remaining[j]:
-                running.remove(j)
-                done[j] = True
-                finish[j] = t
+        t, ended = advance(running, context, generated, remaining, t)
+        done[ended], finish[ended] = True, t
     return start, finish
 
 

@@ -55,12 +55,14 @@ def width_table(
     scheduler: SchedulerConfig,
     free: int | None = None,
     cold_start_s: float = 0.0,
+    exposed: bool = False,
 ) -> WidthTable:
     """Widths 1..`most`: learning's slot-seconds as last measured, spread evenly (W ranks, 1/W
     of the time each), plus W - 1 rank starts, each on its own slot, priced and scored as the
     scheduler prices and scores actors. Slots past `free` (default: all of `most`) are warm
     functions' that give way: stopped, each a cold start of `cold_start_s` at its next use; kept,
-    each billed idle for the phase."""
+    each billed idle for the phase. `exposed`: the ranks start as the phase opens (not during
+    generation's tail), so a wider phase also waits one rank start."""
     pricing, units = scheduler.pricing, float(scheduler.gpus_per_actor)
     free = most if free is None else max(1, min(free, most))
     width = np.arange(1, most + 1)
@@ -74,6 +76,8 @@ def width_table(
     restart = stopped * cold_start_s
     cost = cost + charge(pricing, units, restart, cold_s=restart, idle_s=kept * time)
     time = time + np.where(stopped > 0, cold_start_s, 0.0)
+    if exposed:
+        time = time + np.where(width > 1, history.rank_start_s, 0.0)
     lam, how = scheduler.lam, scheduler.normalise
     score = lam * normalised(time, how) + (1.0 - lam) * normalised(cost, how)
     return WidthTable(width, time, cost, score)
@@ -87,18 +91,20 @@ def learner_width(
     scheduler: SchedulerConfig | None = None,
     warm: int = 0,
     cold_start_s: float = 0.0,
+    exposed: bool = False,
 ) -> int:
     """Ranks for the learning phase: `requested` (0: the planner's choice), within `free_slots`
     plus the `warm` idle functions' slots (they give way), and `groups`, at least 1 (the learner's
     own slot). The planner's choice is every such slot until a phase was measured (`history`),
     then the lam score's first minimum (`width_table`, a warm function's restart taking
-    `cold_start_s`) under `scheduler`'s lam, normalisation and prices."""
+    `cold_start_s`, the ranks' start `exposed` or not) under `scheduler`'s lam, normalisation and
+    prices."""
     most = max(1, min(free_slots + warm, groups))
     if requested:
         return min(requested, most)
     if history is None or scheduler is None or most == 1:
         return most
-    table = width_table(history, most, scheduler, free_slots, cold_start_s)
+    table = width_table(history, most, scheduler, free_slots, cold_start_s, exposed)
     return int(table.width[int(np.argmin(table.score))])
 
 

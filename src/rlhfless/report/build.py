@@ -9,45 +9,24 @@ import matplotlib
 import numpy as np
 
 from rlhfless.report import figures
-from rlhfless.report.page import Image, Section, render, table
+from rlhfless.report.cells import fmt, image, seconds, size
+from rlhfless.report.page import Section, render, table
+from rlhfless.report.planning import floor_section, forecast_section, scaling_section
 from rlhfless.report.rundir import Run, Timeline, load_run, run_names
 from rlhfless.report.stats import (
-    FORECAST_GOAL,
     PHASES,
     WITHIN_TOKENS,
     compare_runs,
-    forecast_scores,
     group_lengths,
     node_labels,
     phase_parts,
     planner_seconds,
     predictor_score,
-    run_outcome,
     subphase_parts,
     transfer_totals,
 )
 
 CURVE_KEYS = ("reward/mean", "kl/mean", "response_length/mean", "loss/policy")
-TABLE_STEPS = 30
-
-
-def _fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{suffix}"
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.2f} s" if value >= 1 or value == 0 else f"{1000 * value:.3g} ms"
-
-
-def _bytes(value: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
-def _image(out: Path, slug: str, fig, caption: str) -> Image:
-    return Image(name=f"{out.stem}-{slug}", png=figures.png(fig), caption=caption)
 
 
 def _runs_section(runs: list[Run]) -> Section:
@@ -97,10 +76,10 @@ def _comparison_section(runs: list[Run]) -> Section:
         [
             c.name,
             str(c.steps),
-            _fmt(c.mean_step_time, ".2f", " s"),
-            _fmt(c.mean_step_cost, ".4g"),
-            _fmt(c.speedup, ".2f", "x"),
-            _fmt(None if c.cost_reduction is None else 100 * c.cost_reduction, ".1f", "%"),
+            fmt(c.mean_step_time, ".2f", " s"),
+            fmt(c.mean_step_cost, ".4g"),
+            fmt(c.speedup, ".2f", "x"),
+            fmt(None if c.cost_reduction is None else 100 * c.cost_reduction, ".1f", "%"),
             c.samples,
         ]
         for c in compare_runs(runs)
@@ -120,7 +99,7 @@ def _curves_section(runs: list[Run], out: Path) -> Section:
             section.notes.append(f"{run.name}: not recorded: {', '.join(f'`{k}`' for k in missing)}")
     if any(run.has(k) for run in runs for k in CURVE_KEYS):
         section.images.append(
-            _image(out, "curves", figures.curves(runs), "reward, KL, length and loss per step")
+            image(out, "curves", figures.curves(runs), "reward, KL, length and loss per step")
         )
     return section
 
@@ -136,7 +115,7 @@ def _cost_time_section(runs: list[Run], out: Path) -> Section:
             )
     if any(run.has(k) for run in runs for k in ("time/step", "cost/step")):
         section.images.append(
-            _image(out, "cost-time", figures.cost_time(runs), "time and cost per step; cost vs time per step")
+            image(out, "cost-time", figures.cost_time(runs), "time and cost per step; cost vs time per step")
         )
     return section
 
@@ -160,7 +139,7 @@ def _timeline_section(runs: list[Run], out: Path) -> Section:
         shown = [run.timelines[s] for s in dict.fromkeys([steps[0], steps[-1]])]
         fig = figures.timeline(run.name, shown)
         caption = f"{run.name}: function timeline of step(s) {', '.join(str(t.step) for t in shown)}"
-        section.images.append(_image(out, f"timeline-{i}", fig, caption))
+        section.images.append(image(out, f"timeline-{i}", fig, caption))
         if not any(t.has_nodes for t in run.timelines.values()):
             section.notes.append(
                 f"{run.name}: timelines record no nodes (recorded since multi-node placement)"
@@ -179,8 +158,8 @@ def _timeline_section(runs: list[Run], out: Path) -> Section:
                 t.kind,
                 "within a node" if t.same_node else "across nodes",
                 str(t.count),
-                _bytes(t.bytes),
-                _seconds(t.seconds),
+                size(t.bytes),
+                seconds(t.seconds),
             ]
             for t in totals
         ]
@@ -206,7 +185,7 @@ def _nodes_table(timelines: list[Timeline]) -> str:
                     label + (" (driver)" if n is not None and n.driver else ""),
                     node[:12],
                     "n/a" if n is None else n.address,
-                    "n/a" if n is None else f"{_fmt(n.free, 'd')} of {_fmt(n.slots, 'd')}",
+                    "n/a" if n is None else f"{fmt(n.free, 'd')} of {fmt(n.slots, 'd')}",
                     ", ".join(ran) or "none",
                 ]
             )
@@ -233,16 +212,14 @@ def _phase_section(runs: list[Run], out: Path) -> Section:
             drawn.append(run)
     if not drawn:
         return section
-    section.images.append(_image(out, "phases", figures.phases(drawn), "seconds per step by phase"))
+    section.images.append(image(out, "phases", figures.phases(drawn), "seconds per step by phase"))
     for run in drawn:
         step_time = np.mean(run.series("time/step")[1]) if run.has("time/step") else None
         rows = []
         for label, values in (phase_parts(run) | subphase_parts(run)).items():
             mean = float(np.mean(values))
             share = None if not step_time else 100 * mean / step_time
-            rows.append(
-                [label, _seconds(mean), "<0.1%" if share and share < 0.05 else _fmt(share, ".1f", "%")]
-            )
+            rows.append([label, seconds(mean), "<0.1%" if share and share < 0.05 else fmt(share, ".1f", "%")])
         section.html.append(f"<p>{escape(run.name)}: mean per step</p>")
         section.html.append(table(["phase", "mean", "share of step time"], rows))
     return section
@@ -271,165 +248,12 @@ def _lengths_section(runs: list[Run], out: Path) -> Section:
             continue
         section.html.append(
             f"<p>{escape(run.name)}: over {score.groups} prompt groups, {score.within:.0%} predicted within "
-            f"{WITHIN_TOKENS} tokens of the actual group max; Kendall tau {_fmt(score.tau, '.2f')}.</p>"
+            f"{WITHIN_TOKENS} tokens of the actual group max; Kendall tau {fmt(score.tau, '.2f')}.</p>"
         )
     if drawn:
         section.images.insert(
             0,
-            _image(
-                out, "lengths", figures.lengths(drawn), "response lengths and predicted vs actual lengths"
-            ),
-        )
-    return section
-
-
-def _candidate_table(run: Run, step: int) -> str:
-    plan = run.plans[step]
-    header = ["N", "predicted time (s)", "predicted cost", "score"]
-    rows = [[str(c.n), f"{c.time:.4g}", f"{c.cost:.4g}", f"{c.score:.3g}"] for c in plan.candidates]
-    if any(c.hidden is not None for c in plan.candidates):
-        header.append("transfer hidden")
-        for row, c in zip(rows, plan.candidates, strict=True):
-            row.append({True: "yes", False: "no", None: "n/a"}[c.hidden])
-    classes = ["chosen" if c.n == plan.n_actors else "" for c in plan.candidates]
-    metrics = run.metrics.get(step, {})
-    actual = (
-        f"actual generation time {_fmt(metrics.get('time/generation'), '.4g')} s, "
-        f"cost {_fmt(metrics.get('cost/generation'), '.4g')}"
-    )
-    head = (
-        f"<p>step {step}: chosen N = {_fmt(plan.n_actors, 'd')}, policy {escape(plan.policy or 'n/a')}, "
-        f"planned in {_fmt(None if plan.plan_seconds is None else 1000 * plan.plan_seconds, '.3g', ' ms')}; "
-        f"{escape(actual)}</p>"
-    )
-    if not plan.candidates:
-        return head + '<p class="missing">no candidate table in this plan</p>'
-    return head + table(header, rows, classes)
-
-
-def _forecast_section(runs: list[Run], out: Path) -> Section:
-    section = Section(
-        "forecast",
-        "Forecast against actual",
-        f"What each step's plan forecast (dashed) beside what it measured (solid); the share of steps "
-        f"after the first whose forecast landed within {FORECAST_GOAL:.0%}; and the whole run's "
-        f"forecast made before step 1 (forecast.json) beside its outcome.",
-    )
-    drawn = [run for run in runs if run.has("forecast/generation_time")]
-    for run in runs:
-        if run not in drawn:
-            section.notes.append(
-                f"{run.name}: no `forecast/*` metrics (recorded since the unified cost model)"
-            )
-    if drawn:
-        section.images.append(_image(out, "forecast", figures.forecast(drawn), "forecast vs actual per step"))
-    rows = [
-        [run.name, score.label, str(score.steps), f"{score.within:.0%}", f"{100 * score.mean_abs_error:.1f}%"]
-        for run in drawn
-        for score in forecast_scores(run)
-    ]
-    if rows:
-        header = ["run", "forecast", "steps", f"within {FORECAST_GOAL:.0%}", "mean |error|"]
-        section.html.append(table(header, rows))
-    whole, pilots = [], []
-    for run in runs:
-        outcome = run_outcome(run)
-        if run.forecast is None or outcome is None:
-            continue
-        f = run.forecast
-        if "pilot/seconds" in f:
-            pilots.append(
-                f"{run.name}: the length pilot before step 1 took {f['pilot/seconds']:.1f} s"
-                + (f", ${f['pilot/cost']:.4g} of the learner's slot" if "pilot/cost" in f else "")
-                + " (in no step's time or cost, nor in the whole run's figures)"
-            )
-        if "warning" in f:
-            pilots.append(f"{run.name}: before the run: {f['warning']}")
-        for name, key, unit in (("time", "time_s", " s"), ("cost", "cost", " $")):
-            if key not in outcome:
-                continue
-            lo, hi = f.get(f"{name}_range" if name == "cost" else "time_range_s", [None, None])
-            whole.append(
-                [
-                    run.name,
-                    name,
-                    f"{f[key]:.4g}{unit}",
-                    f"{_fmt(lo, '.4g')} - {_fmt(hi, '.4g')}",
-                    f"{outcome[key]:.4g}{unit}",
-                    f"{100 * (f[key] / outcome[key] - 1):+.1f}%",
-                ]
-            )
-    if whole:
-        header = ["run", "whole run", "forecast", "range", "actual", "forecast error"]
-        section.html.append(table(header, whole))
-    section.html.extend(f"<p>{escape(line)}</p>" for line in pilots)
-    return section
-
-
-FLOOR_KEYS = (
-    "time/generation",
-    "floor/generation_s",
-    "floor/time_over",
-    "floor/cost_over",
-    "prefill/tree_ratio",
-    "time/prep_overlapped",
-)
-
-
-def _floor_section(runs: list[Run]) -> Section:
-    section = Section(
-        "floor",
-        "Generation over its floor",
-        "The floor of each step's true lengths on the profile its plan used: no schedule generates "
-        "faster (the longest sequence alone, or every token at the best batch on every actor) or "
-        "more cheaply (every token at the best batch). Prompt tokens computed over the step's "
-        "unique ones (its prefix tree: 1.0 at best), and preparation run in generation's tail. "
-        "Means over the run's steps.",
-    )
-    rows = []
-    for run in runs:
-        steps = [m for m in run.metrics.values() if "floor/generation_s" in m]
-        if not steps:
-            section.notes.append(f"{run.name}: no `floor/*` metrics (recorded since the floor was added)")
-            continue
-        mean = {k: float(np.mean([m.get(k, np.nan) for m in steps])) for k in FLOOR_KEYS}
-        rows.append(
-            [
-                run.name,
-                _seconds(mean["time/generation"]),
-                _seconds(mean["floor/generation_s"]),
-                f"{mean['floor/time_over']:.2f}x",
-                "-" if np.isnan(mean["floor/cost_over"]) else f"{mean['floor/cost_over']:.2f}x",
-                "-" if np.isnan(mean["prefill/tree_ratio"]) else f"{mean['prefill/tree_ratio']:.2f}",
-                "-" if np.isnan(mean["time/prep_overlapped"]) else _seconds(mean["time/prep_overlapped"]),
-            ]
-        )
-    if rows:
-        head = ["run", "generation", "floor", "time / floor", "cost / work floor"]
-        section.html.append(table([*head, "prompt tokens / unique", "preparation in the tail"], rows))
-    return section
-
-
-def _scaling_section(runs: list[Run], out: Path) -> Section:
-    section = Section(
-        "scaling",
-        "Scaling decisions",
-        "Per step: the planner's candidate table (N decode actors, predicted time, predicted cost, score; "
-        "lower score wins), the chosen N, and predicted vs actual generation time and cost.",
-    )
-    for i, run in enumerate(runs):
-        if not run.plans:
-            section.notes.append(f"{run.name}: no plans/step_*.json files (no planner in this run)")
-            continue
-        fig = figures.scaling(run)
-        section.images.append(_image(out, f"scaling-{i}", fig, f"{run.name}: scaling decision per step"))
-        steps = sorted(run.plans)
-        section.html.append(f"<h3>{escape(run.name)}: last step</h3>" + _candidate_table(run, steps[-1]))
-        shown = steps[-TABLE_STEPS:]
-        tables = "".join(_candidate_table(run, s) for s in shown)
-        section.html.append(
-            f"<details><summary>{escape(run.name)}: candidate tables of the last {len(shown)} step(s)"
-            f"</summary>{tables}</details>"
+            image(out, "lengths", figures.lengths(drawn), "response lengths and predicted vs actual lengths"),
         )
     return section
 
@@ -455,13 +279,13 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
             _timeline_section(runs, out),
             _phase_section(runs, out),
             _lengths_section(runs, out),
-            _forecast_section(runs, out),
-            _floor_section(runs),
-            _scaling_section(runs, out),
+            forecast_section(runs, out),
+            floor_section(runs),
+            scaling_section(runs, out),
         ]
     for section in sections:
-        for image in section.images:
-            (out.parent / f"{image.name}.png").write_bytes(image.png)
+        for shown in section.images:
+            (out.parent / f"{shown.name}.png").write_bytes(shown.png)
     title = "RLHFless report: " + " vs ".join(run.name for run in runs)
     out.write_text(render(title, f"{len(runs)} run(s)", sections), encoding="utf-8")
     return out

@@ -109,7 +109,7 @@ class ElasticLearner(LearnerSide):
         billed from their start, as any function holding a slot. Not under verl: it learns on
         the slots it holds (`widen`)."""
         if not self.opened and self.group is None and not self.serverful:
-            self._launch(meter, self._width(held_slots, groups), now)
+            self._launch(meter, self._width(held_slots, groups, exposed=False), now)
 
     def widen(self, meter: Meter, groups: int, hosts: list[Host], now: float) -> None:
         """Open the learning phase (once a step) on the planner's width: rank 0 and, under verl, the
@@ -121,7 +121,7 @@ class ElasticLearner(LearnerSide):
         if self.serverful:
             self._reside(meter, hosts, groups, now)
         elif self.group is None:
-            self._launch(meter, self._width(len(hosts), groups), now)
+            self._launch(meter, self._width(len(hosts), groups, exposed=True), now)
         rank0 = Invocation(
             "learner-0",
             "learner",
@@ -138,7 +138,9 @@ class ElasticLearner(LearnerSide):
         width = self._join() if len(self.ranks) > 1 else 1
         self.phase |= {"learner/width": float(width), "time/learner_start": time.time() - now}
 
-    def _width(self, held_slots: int, groups: int) -> int:
+    def _width(self, held_slots: int, groups: int, exposed: bool) -> int:
+        """The planner's width for ranks requested now: during generation's tail (their start
+        hidden) or as the phase opens (`exposed`: learning waits for it)."""
         view = self.functions.cluster()
         warm = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
         free = sum(n.total for n in view.nodes) - held_slots - warm
@@ -146,7 +148,14 @@ class ElasticLearner(LearnerSide):
         if self.learned is not None and self.rank_start_s is not None:
             history = LearningHistory(*self.learned, self.rank_start_s)
         width = learner_width(
-            self.cfg.runtime.learner_width, free, groups, history, self.cfg.scheduler, warm, self.restart_s
+            self.cfg.runtime.learner_width,
+            free,
+            groups,
+            history,
+            self.cfg.scheduler,
+            warm,
+            self.restart_s,
+            exposed,
         )
         self._give_way(width - max(free, 1))
         return width
