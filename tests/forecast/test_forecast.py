@@ -38,6 +38,24 @@ def test_an_unseen_prompt_takes_its_sources_lengths_and_its_answer_only_where_an
     assert np.array_equal(restored.predict(["a2"], [3], ["arith"])[0], [60.0])
 
 
+def test_an_unseen_prompts_mean_follows_its_sources_recent_steps():
+    # Responses lengthen as the policy trains: three steps at a mean of 40, one at 80. A mean over
+    # every group seen (50) lags; the source's EWMA over steps (weight 0.5) is at 60.
+    p = LengthPredictor(default_length=256)
+    for step, mean in enumerate((40, 40, 40, 80)):
+        uids = [f"s{step}-{k}" for k in range(2)]
+        p.predict(uids, None, ["arith"] * 2)
+        p.update_many(uids, [[mean - 10, mean + 10]] * 2)
+    new = [f"new-{k}" for k in range(4)]
+    gmax, gmean = p.predict(new, None, ["arith"] * 4)
+    assert gmean.tolist() == pytest.approx([60.0] * 4)
+    # the group max: the maxima's quantile that the longest of 4 unseen prompts reaches (4/5)
+    assert gmax.tolist() == pytest.approx([np.quantile([50.0] * 6 + [90.0] * 2, 0.8)] * 4)
+    restored = LengthPredictor(default_length=256)
+    restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert restored.predict(new, None, ["arith"] * 4)[1].tolist() == pytest.approx([60.0] * 4)
+
+
 def test_calibration_learns_the_time_model_error_apart_from_the_length_error():
     cal = Calibration()
     cal.observe(measured_busy_s=30.0, model_busy_s=10.0, measured_s=40.0, model_s=10.0)

@@ -5,10 +5,11 @@ prediction is an EWMA over the prompt's last `window` observations (window 1 = l
 With G samples per prompt the planner needs the group's max (when the group finishes) and mean
 (how much work it is), so both are tracked. A prompt never seen uses its ground-truth answer's
 token count times a factor, else a default. A prompt never seen whose data source (or task) has
-been seen takes one of that source's recent group (max, mean) pairs, the quantile its uid hashes
-to: the unseen prompts of a step then carry the source's length distribution, tail included (an
-actor's time follows its longest sequence, so one mean for all would miss the stragglers). Its
-answer's length is used only where answers have been seen to fit that source's responses
+been seen takes, as its group max, the quantile of that source's recent group maxima that the
+step's longest of n such prompts reaches (n / (n + 1)): an actor's time follows its longest
+sequence, so one mean for all would miss the stragglers. As its group mean it takes the source's
+mean length, an EWMA over steps (`SOURCE_ALPHA`): responses lengthen or shorten as the policy
+trains, and a mean over every group seen lags that drift. Its answer's length is used only where answers have been seen to fit that source's responses
 (`ANSWER_FIT`): reasoning-gym answers are a number or a word, a response is a sentence or more. A source never seen takes the default (the planner caps it at max_new_tokens). Modes: `ewma`; `oracle` (told the true lengths of the
 coming step via `reveal`); `noisy` (EWMA times a deterministic log-normal factor, for sensitivity
 studies: the same state and uids always give the same predictions).
@@ -28,7 +29,7 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 
 MODES = ("ewma", "oracle", "noisy")
-SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's answer misfit
+SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's answer misfit and mean length
 SOURCE_RECENT = 1024  # a source's latest group (max, mean) pairs that unseen prompts are estimated from
 ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -85,6 +86,7 @@ class LengthPredictor:
         self._answer_of: dict[str, float] = {}  # uid -> answer tokens, as told by `predict`
         self._misfit: dict[str, float] = {}  # source -> answer stand-in's relative error (EWMA)
         self._recent: dict[str, np.ndarray] = {}  # source -> its latest (group max, mean) rows
+        self._source_mean: dict[str, float] = {}  # source -> its groups' mean length (EWMA over steps)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -171,6 +173,10 @@ class LengthPredictor:
             pairs = np.stack((obs_max[idx], obs_mean[idx]), axis=1).astype(float)
             old = self._recent.get(source)
             self._recent[source] = (pairs if old is None else np.concatenate((old, pairs)))[-SOURCE_RECENT:]
+            step_mean, before = float(pairs[:, 1].mean()), self._source_mean.get(source)
+            self._source_mean[source] = (
+                step_mean if before is None else SOURCE_ALPHA * step_mean + (1 - SOURCE_ALPHA) * before
+            )
             answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
             has = ~np.isnan(answers)
             if has.any():
@@ -286,7 +292,7 @@ class LengthPredictor:
             if recent is not None:
                 # The step waits for its longest group: of n unseen prompts, expect the n/(n+1) quantile.
                 out_max[idx] = np.quantile(recent[:, 0], idx.size / (idx.size + 1.0))
-                out_mean[idx] = recent[:, 1].mean()
+                out_mean[idx] = self._source_mean.get(source, float(recent[:, 1].mean()))
                 default[idx] = False
             answered = idx[use_answer]
             out_max[answered] = out_mean[answered] = answers[answered] * self.answer_length_factor
@@ -316,6 +322,7 @@ class LengthPredictor:
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
             "recent": {k: v.tolist() for k, v in self._recent.items()},
             "misfit": dict(self._misfit),
+            "source_mean": dict(self._source_mean),
             "source_of": dict(self._source_of),
         }
 
@@ -335,6 +342,7 @@ class LengthPredictor:
             k: np.array(v, dtype=float).reshape(-1, 2) for k, v in state.get("recent", {}).items()
         }
         self._misfit = {k: float(v) for k, v in state.get("misfit", {}).items()}
+        self._source_mean = {k: float(v) for k, v in state.get("source_mean", {}).items()}
         self._source_of = dict(state.get("source_of", {}))
         counts = state.get("counts", {})
         if counts:
