@@ -1,0 +1,95 @@
+"""docs/CLUSTER.md's recipe, end to end: `ray job submit --working-dir .` runs `rlhfless train ...
+runtime.ray_address=auto` on an existing two-node cluster, and its step uses both nodes.
+
+The cluster is `ray.cluster_utils.Cluster` (a head with the dashboard, which takes job
+submissions, and a worker; one CPU each), started from this environment with its `bin/` on PATH,
+as the recipe asks, and without token authentication (`RAY_AUTH_MODE=disabled`), as on a private
+test cluster. The job is submitted with Ray's own CLI, as a user does, which follows it to its end.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    assert not ray.is_initialized()
+    with pytest.MonkeyPatch.context() as env:  # what every node's processes, the job's included, inherit
+        env.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        dashboard = free_port()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard},
+        )
+        cluster.worker = cluster.add_node(num_cpus=1)
+        cluster.dashboard = f"http://127.0.0.1:{dashboard}"
+        session = cluster.head_node.get_session_dir_path()
+        try:
+            yield cluster
+        finally:
+            cluster.shutdown()
+            deadline = time.time() + 15
+            while time.time() < deadline and _processes_of(session):
+                time.sleep(0.5)
+    assert not _processes_of(session), "a Ray process of the test cluster outlived it"
+
+
+def _processes_of(session: str) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(session in part for part in p.info["cmdline"] or []):
+                out.append(p.info["pid"])
+        except psutil.Error:
+            pass
+    return out
+
+
+def ray_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "ray"), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ
+    )
+
+
+def test_ray_job_submit_trains_on_the_existing_cluster_across_its_nodes(cluster, tmp_path):
+    run_dir = tmp_path / "grpo"
+    submitted = ray_cli(
+        "job", "submit", "--address", cluster.dashboard, "--submission-id", "rlhfless-recipe",
+        "--working-dir", ".", "--",
+        "rlhfless", "train", "--preset", "tiny", "runtime.executor=ray", "runtime.ray_address=auto",
+        "scheduler.n_min=3", "trainer.steps=1", "trainer.progress=false", f"output_dir={run_dir}",
+        timeout=300,
+    )  # fmt: skip
+    status = JobSubmissionClient(cluster.dashboard).get_job_status("rlhfless-recipe")
+    assert status == JobStatus.SUCCEEDED, submitted.stdout[-3000:] + submitted.stderr[-2000:]
+    # The working directory reached the job through Ray's runtime environment, not this checkout.
+    assert "Uploading package" in submitted.stdout + submitted.stderr
+    timeline = json.loads((run_dir / "timeline" / "step_000001.json").read_text())
+    head, worker = cluster.head_node.node_id, cluster.worker.node_id
+    assert [n["node"] for n in timeline["nodes"]] == [head, worker]
+    decode = [f for f in timeline["functions"] if f["kind"] == "decode"]
+    assert sorted(f["node"] for f in decode) == sorted([head, head, worker])
+    [on_worker] = [f["name"] for f in decode if f["node"] == worker]
+    crossing = [t for t in timeline["transfers"] if t["target"] == on_worker]
+    assert crossing and not any(t["same_node"] for t in crossing)
