@@ -1,6 +1,6 @@
 """One embedded Ray per module for the runtime tests that need a plain local Ray.
 
-Module scope, not session: test_multinode and test_ray_cluster start clusters of their own and
+Module scope, not session: test_multinode and test_job_submit start clusters of their own and
 need no Ray connected when they begin, and pytest runs them between the modules that use this.
 """
 

@@ -1,5 +1,6 @@
-"""docs/CLUSTER.md's recipe, end to end: `ray job submit --working-dir .` runs `rlhfless train ...
-runtime.ray_address=auto` on an existing two-node cluster, and its step uses both nodes.
+"""Training on an existing Ray cluster, end to end, by docs/CLUSTER.md's recipe: `ray job submit
+--working-dir .` runs `rlhfless train ... runtime.ray_address=auto` on a two-node cluster; its step
+uses both nodes and the run records its bills and timelines.
 
 The cluster is `ray.cluster_utils.Cluster` (a head with the dashboard, which takes job
 submissions, and a worker; one CPU each), started from this environment with its `bin/` on PATH,
@@ -23,6 +24,8 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
+METRICS = ("cost/step", "cost/generation", "cost/learning", "actors/decode", "actors/cold_starts")
+METRICS += ("migrations", "time/weight_sync", "time/kv_transfer", "bytes/weight_sync", "bytes/kv_transfer")
 
 
 def free_port() -> int:
@@ -83,7 +86,7 @@ def test_ray_job_submit_trains_on_the_existing_cluster_across_its_nodes(cluster,
     )  # fmt: skip
     status = JobSubmissionClient(cluster.dashboard).get_job_status("rlhfless-recipe")
     assert status == JobStatus.SUCCEEDED, submitted.stdout[-3000:] + submitted.stderr[-2000:]
-    # The working directory reached the job through Ray's runtime environment, not this checkout.
+    # The working directory went to the cluster as Ray's runtime environment, as the recipe ships it.
     assert "Uploading package" in submitted.stdout + submitted.stderr
     timeline = json.loads((run_dir / "timeline" / "step_000001.json").read_text())
     head, worker = cluster.head_node.node_id, cluster.worker.node_id
@@ -93,3 +96,8 @@ def test_ray_job_submit_trains_on_the_existing_cluster_across_its_nodes(cluster,
     [on_worker] = [f["name"] for f in decode if f["node"] == worker]
     crossing = [t for t in timeline["transfers"] if t["target"] == on_worker]
     assert crossing and not any(t["same_node"] for t in crossing)
+    assert {"learner", "decode"} <= {f["kind"] for f in timeline["functions"]}
+    [metrics] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert set(METRICS) <= set(metrics)
+    assert metrics["cluster/nodes"] == 2
+    assert sum(f["cost"] for f in timeline["functions"]) == pytest.approx(metrics["cost/step"])
