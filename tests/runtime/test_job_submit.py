@@ -13,12 +13,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import ray
+from cluster_support import shut_down
 from ray.cluster_utils import Cluster
 from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -47,26 +46,10 @@ def cluster():
         )
         cluster.worker = cluster.add_node(num_cpus=1)
         cluster.dashboard = f"http://127.0.0.1:{dashboard}"
-        session = cluster.head_node.get_session_dir_path()
         try:
             yield cluster
         finally:
-            cluster.shutdown()
-            deadline = time.time() + 15
-            while time.time() < deadline and _processes_of(session):
-                time.sleep(0.5)
-    assert not _processes_of(session), "a Ray process of the test cluster outlived it"
-
-
-def _processes_of(session: str) -> list[int]:
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if any(session in part for part in p.info["cmdline"] or []):
-                out.append(p.info["pid"])
-        except psutil.Error:
-            pass
-    return out
+            shut_down(cluster)
 
 
 def ray_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 import ray
+from cluster_support import shut_down
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -43,26 +44,10 @@ def cluster():
         head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK},
     )
     cluster.worker = cluster.add_node(num_cpus=1)  # the node the first test's plan uses beside the head
-    session = cluster.head_node.get_session_dir_path()
     ray.init(address=cluster.address, log_to_driver=False)
     yield cluster
     ray.shutdown()
-    cluster.shutdown()
-    deadline = time.time() + 15
-    while time.time() < deadline and _ray_processes(session):
-        time.sleep(0.5)
-    assert not _ray_processes(session), "a Ray process of the test cluster outlived it"
-
-
-def _ray_processes(session: str) -> list[int]:
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if any(session in part for part in p.info["cmdline"] or []):
-                out.append(p.info["pid"])
-        except psutil.Error:
-            pass
-    return out
+    shut_down(cluster)
 
 
 class Driver:
