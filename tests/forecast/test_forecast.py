@@ -222,20 +222,25 @@ def test_a_run_whose_target_only_the_point_forecast_misses_starts_and_its_steps_
     assert err[1].startswith("rlhfless: step 1: scheduler.deadline_per_step: got")
 
 
+def train_tiny(tmp_path, name: str, *extra: str) -> list[dict]:
+    """Two tiny steps in `tmp_path / name`, the time model's memory in `tmp_path / "cache"`."""
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            f"output_dir={tmp_path / name}",
+            f"model.cache_dir={tmp_path / 'cache'}",
+            "trainer.steps=2",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            *extra,
+        ),
+    )
+    return train(cfg).history
+
+
 def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_learned(tmp_path):
     def run(name: str, *extra: str):
-        cfg = load_config(
-            preset="tiny",
-            overrides=(
-                f"output_dir={tmp_path / name}",
-                f"model.cache_dir={tmp_path / 'cache'}",
-                "trainer.steps=2",
-                "trainer.progress=false",
-                "trainer.tensorboard=false",
-                *extra,
-            ),
-        )
-        return train(cfg).history
+        return train_tiny(tmp_path, name, *extra)
 
     first = run("a")
     [memory] = (tmp_path / "cache" / "profiles").glob("calibration-*.json")
@@ -245,3 +250,16 @@ def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_
     remembering = run("c")
     # Its first step's plan already used the scale the earlier runs learned: one more EWMA update.
     assert remembering[0]["calibration/decode_scale"] != forgetful[0]["calibration/decode_scale"]
+
+
+def test_a_runs_first_learning_phase_teaches_the_rate_only_where_no_earlier_run_has(tmp_path):
+    """A first phase pays once for its ranks' start and first touches: a rate measured on earlier
+    runs' steps is kept through it; one primed on a synthetic batch alone learns from it."""
+    fresh = train_tiny(tmp_path, "fresh")
+    primed = json.loads((tmp_path / "fresh" / "forecast.json").read_text())["learning_seconds_per_token"]
+    assert fresh[0]["calibration/after_s_per_token"] != pytest.approx(primed)
+    [memory] = (tmp_path / "cache" / "profiles").glob("calibration-*.json")
+    remembered = json.loads(memory.read_text())["phases"]["per_token_s"]
+    later = train_tiny(tmp_path, "later")
+    assert later[0]["calibration/after_s_per_token"] == pytest.approx(remembered)
+    assert later[1]["calibration/after_s_per_token"] != pytest.approx(remembered)

@@ -159,6 +159,7 @@ class StepPlanner:
         self.calibration = Calibration()
         self.phases = PhaseModel()
         self.margins = Margins()
+        self.observed = 0  # steps this run (this process) has observed
         self.memory = memory
         if memory is not None and memory.is_file():
             try:
@@ -233,7 +234,12 @@ class StepPlanner:
         if metrics.get("actors/cold_starts"):
             self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
         tokens = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
-        self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"])
+        # A run's first phase pays once for what later ones do not (its ranks' start, exposed
+        # before any was measured; first touches), so it teaches the rate only where no step of
+        # an earlier run (or of the checkpoint resumed) has: else it is left out.
+        if self.observed or not self.phases.steps:
+            self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"])
+        self.observed += 1
         if self.memory is not None:
             state = {"calibration": self.calibration.state_dict(), "phases": self.phases.state_dict()}
             self.memory.parent.mkdir(parents=True, exist_ok=True)
