@@ -20,7 +20,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
 
-# Tests over 20 s that make test leaves out (the GPU check's whole path on a CPU).
+# Tests of a minute or more that make test leaves out (the GPU check's whole path on a CPU, the soak).
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 

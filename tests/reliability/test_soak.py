@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "benchmarks" / "soak.py"
 
@@ -32,6 +34,7 @@ def _soak_module():
     return module
 
 
+@pytest.mark.slow  # 68 s of a 9-10 minute suite on a slow 2-core machine; each fault has its own test
 def test_a_short_soak_loses_and_changes_nothing_and_resumes_to_the_same_metrics(tmp_path):
     summary = tmp_path / "soak.json"
     cmd = [
