@@ -20,13 +20,14 @@ import numpy as np
 
 from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.smoothing import ewma
 from rlhfless.planner.timemodel import RangeModel, Workload
 
 ALPHA = 0.5  # weight of the newest step in every learned figure
 
 
-def _ewma(old: float | None, new: float, alpha: float = ALPHA) -> float:
-    return new if old is None else alpha * new + (1.0 - alpha) * old
+def _ewma(old: float | None, new: float) -> float:
+    return ewma(old, new, ALPHA)
 
 
 @dataclass

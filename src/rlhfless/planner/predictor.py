@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.smoothing import ewma
 
 MODES = ("ewma", "oracle", "noisy")
 SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's answer misfit and mean length
@@ -173,10 +174,8 @@ class LengthPredictor:
             pairs = np.stack((obs_max[idx], obs_mean[idx]), axis=1).astype(float)
             old = self._recent.get(source)
             self._recent[source] = (pairs if old is None else np.concatenate((old, pairs)))[-SOURCE_RECENT:]
-            step_mean, before = float(pairs[:, 1].mean()), self._source_mean.get(source)
-            self._source_mean[source] = (
-                step_mean if before is None else SOURCE_ALPHA * step_mean + (1 - SOURCE_ALPHA) * before
-            )
+            step_mean = float(pairs[:, 1].mean())
+            self._source_mean[source] = ewma(self._source_mean.get(source), step_mean, SOURCE_ALPHA)
             answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
             has = ~np.isnan(answers)
             if has.any():
@@ -184,10 +183,7 @@ class LengthPredictor:
                 misfit = float(
                     np.mean(np.abs(mean - answers[has] * self.answer_length_factor) / np.maximum(mean, 1.0))
                 )
-                before = self._misfit.get(source)
-                self._misfit[source] = (
-                    misfit if before is None else SOURCE_ALPHA * misfit + (1 - SOURCE_ALPHA) * before
-                )
+                self._misfit[source] = ewma(self._misfit.get(source), misfit, SOURCE_ALPHA)
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
