@@ -10,7 +10,6 @@ test cluster. The job is submitted with Ray's own CLI, as a user does, which fol
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +20,12 @@ from cluster_support import shut_down
 from ray.cluster_utils import Cluster
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from rlhfless.runtime.rank_link import free_port
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 METRICS = ("cost/step", "cost/generation", "cost/learning", "actors/decode", "actors/cold_starts")
 METRICS += ("migrations", "time/weight_sync", "time/kv_transfer", "bytes/weight_sync", "bytes/kv_transfer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +34,7 @@ def cluster():
     with pytest.MonkeyPatch.context() as env:  # what every node's processes, the job's included, inherit
         env.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
         env.setenv("RAY_AUTH_MODE", "disabled")
-        dashboard = free_port()
+        dashboard = free_port("127.0.0.1")
         cluster = Cluster(
             initialize_head=True,
             head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard},
