@@ -1,10 +1,17 @@
 """Cut-and-migrate decisions: who is cut, where stragglers go, and the global-cut baseline."""
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.migration import ActorProgress, decide, decide_global_cut, decide_migrations
+from rlhfless.planner.migration import (
+    ActorProgress,
+    decide,
+    decide_global_cut,
+    decide_migrations,
+    remaining_tokens,
+)
 
 
 @st.composite
@@ -76,3 +83,23 @@ def test_global_cut_gathers_stragglers_on_the_fewest_actors_once():
         ActorProgress(2, 8, 8, 0, False, {}),
     ]
     assert decide(after, config) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4096), st.integers(0, 4096), st.one_of(st.none(), st.integers(1, 4096)))
+def test_a_sequence_has_its_predicted_rest_left_or_once_it_outlived_that_the_rest_up_to_the_cap(
+    predicted, generated, cap
+):
+    left = remaining_tokens(predicted, generated, cap)
+    assert left >= 1.0
+    if generated < predicted:
+        assert left == predicted - generated
+    elif cap is not None:
+        assert left == max(1.0, cap - generated)
+    else:
+        assert left == 1.0
+
+
+def test_remaining_tokens_broadcasts_as_the_simulator_calls_it():
+    left = remaining_tokens(np.array([100.0, 100.0, 100.0]), np.array([40.0, 100.0, 150.0]), 160)
+    assert left.tolist() == [60.0, 60.0, 10.0]

@@ -24,7 +24,7 @@ from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import SequenceResult
 from rlhfless.faults import DecodeFault
 from rlhfless.planner.learning import generation_left_s
-from rlhfless.planner.migration import ActorProgress, decide
+from rlhfless.planner.migration import ActorProgress, decide, remaining_tokens
 from rlhfless.planner.plan import StepPlan
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import LiveSequence, Report, Work
@@ -246,11 +246,11 @@ class DecodeRound(Recovery):
         self.metrics["prefill/tokens_computed"] += report.stats.prompt_tokens_computed
 
     def _progress(self) -> list[ActorProgress]:
-        predicted = self.plan.predicted_length
+        predicted, cap = self.plan.predicted_length, self.cfg.generation.max_new_tokens
 
         def remaining(key: Key) -> float:
             done = len(self.last[key].generated) if key in self.last else 0
-            return max(1.0, predicted.get(key[0], 1.0) - done)
+            return remaining_tokens(predicted.get(key[0], 1.0), done, cap)
 
         def context(keys: set[Key]) -> float:
             """Mean KV tokens of these running sequences: prompt and generated so far."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlhfless.planner import admission
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.migration import ActorProgress, decide
+from rlhfless.planner.migration import ActorProgress, decide, remaining_tokens
 from rlhfless.planner.plan import StepPlan
 from rlhfless.sim.execution import Schedule, Siblings, schedule, slot_cap
 from rlhfless.sim.stage import Stage
@@ -201,7 +201,7 @@ class Generation:
             unfinished = s.end > step + 1e-9
             idx = s.ids[unfinished]
             generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
-            work = np.maximum(self.predicted[idx] - generated, 1.0)
+            work = remaining_tokens(self.predicted[idx], generated, self.stage.max_response)
             free = max(0, run.slots - idx.size)  # queued sequences and migrants in flight hold slots
             context = float(np.mean(self.prompt_len[idx] + generated)) if idx.size else 0.0
             moved = frozenset(map(str, idx[self.moved[idx]].tolist()))

@@ -67,6 +67,7 @@ def make_stage(cfg: SimConfig) -> Stage:
         learner_mfu=cfg.training.learner_mfu,
         inference_mfu=cfg.training.inference_mfu,
         ppo=cfg.training.algorithm == "ppo",
+        max_response=None if cfg.workload.trace else cfg.workload.max_response,  # a trace's cap: unknown
     )
 
 

@@ -25,6 +25,7 @@ class Stage:
     learner_mfu: float
     inference_mfu: float
     ppo: bool
+    max_response: int | None = None  # the cap on response tokens (unfinished sequences run at most to it)
 
     def phase_seconds(self, tokens: float) -> tuple[float, float]:
         """(preparation, learning) seconds for `tokens` prompt + response tokens on every GPU: the
