@@ -26,7 +26,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from rlhfless.algo import gae, value_loss
-from rlhfless.config import AlgorithmConfig, load_config
+from rlhfless.algo.config import AlgorithmConfig
+from rlhfless.config import load_config
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.samples import Sample, canonical

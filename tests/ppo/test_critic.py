@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rlhfless.algo import gae
-from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
+from rlhfless.algo.config import AlgorithmConfig
+from rlhfless.config import ModelConfig, OptimConfig
 from rlhfless.models import tiny_model
 from rlhfless.runtime import critic as critic_module
 from rlhfless.runtime.critic import Critic, ValueModel, response_values

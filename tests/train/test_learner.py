@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlhfless.algo import LOSS_AGGREGATIONS
-from rlhfless.config import AlgorithmConfig, ModelConfig, OptimConfig
+from rlhfless.algo.config import AlgorithmConfig
+from rlhfless.config import ModelConfig, OptimConfig
 from rlhfless.models import load_model, tiny_model
 from rlhfless.runtime import learner as learner_module
 from rlhfless.runtime import logprobs as logprobs_module

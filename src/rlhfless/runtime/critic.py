@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from rlhfless.algo import explained_variance, gae, masked_mean, value_loss
-from rlhfless.config import AlgorithmConfig, OptimConfig
+from rlhfless.algo.config import AlgorithmConfig
+from rlhfless.config import OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.learner import adamw, shuffle_seed, update_order
 from rlhfless.runtime.logprobs import response_hidden

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from rlhfless.algo import aggregate_loss, kl_penalty, policy_loss
-from rlhfless.config import AlgorithmConfig, OptimConfig
+from rlhfless.algo.config import AlgorithmConfig
+from rlhfless.config import OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.logprobs import response_logprobs
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack

@@ -27,7 +27,8 @@ from rlhfless.algo import (
     reinforce_pp_advantages,
     whiten,
 )
-from rlhfless.config import AlgorithmConfig, Config, resolve_output_dir, save_config, to_dict, write_atomic
+from rlhfless.algo.config import AlgorithmConfig
+from rlhfless.config import Config, resolve_output_dir, save_config, to_dict, write_atomic
 from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
 from rlhfless.devices import learner_device, resolve_device
 from rlhfless.faults import exit_after
