@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -23,6 +21,7 @@ import yaml
 from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.checks import check
 from rlhfless.data import DataConfig
+from rlhfless.files import write_atomic
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.rewards import RewardConfig
 from rlhfless.runtime_config import RuntimeConfig
@@ -309,15 +308,6 @@ def load_config(
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that a reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlhfless.files import write_atomic
+
 SIMULATED_KEYS = {
     "gpu": "built-in GPU (h100, h200, a100, l40s) or a JSON file with a GpuSpec dict",
     "model": "built-in shape (qwen2.5-3b, qwen2.5-7b, llama-2-7b, llama-2-70b, smollm2-135m) "
@@ -143,6 +145,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     text = json.dumps(table)
     if args.output:
-        args.output.write_text(text + "\n")
+        write_atomic(args.output, text + "\n")
     print(text if args.json else summary(table))
     return 0

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.files import write_atomic
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.smoothing import ewma
 
@@ -346,7 +347,7 @@ class LengthPredictor:
             self._count[rows] = np.fromiter(counts.values(), dtype=np.uint64, count=len(counts))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.state_dict()) + "\n")
+        write_atomic(Path(path), json.dumps(self.state_dict()) + "\n")
 
     def load(self, path: str | Path) -> None:
         self.load_state_dict(json.loads(Path(path).read_text()))

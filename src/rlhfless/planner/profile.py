@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.files import write_atomic
+
 
 def _cell(grid: np.ndarray, x: np.ndarray, cells: _Cells) -> tuple[np.ndarray, np.ndarray]:
     """Grid cell of each x and its offset from the cell's low point: 0 below the grid (clamped),
@@ -289,4 +291,4 @@ class Profile:
             raise InputError(f"{path}: {err}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")

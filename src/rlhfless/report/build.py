@@ -8,6 +8,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
+from rlhfless.files import write_atomic
 from rlhfless.report import figures
 from rlhfless.report.cells import fmt, image, seconds, size
 from rlhfless.report.page import Section, render, table
@@ -285,7 +286,7 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
         ]
     for section in sections:
         for shown in section.images:
-            (out.parent / f"{shown.name}.png").write_bytes(shown.png)
+            write_atomic(out.parent / f"{shown.name}.png", shown.png)
     title = "RLHFless report: " + " vs ".join(run.name for run in runs)
-    out.write_text(render(title, f"{len(runs)} run(s)", sections), encoding="utf-8")
+    write_atomic(out, render(title, f"{len(runs)} run(s)", sections))
     return out

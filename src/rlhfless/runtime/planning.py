@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlhfless.config import Config, write_atomic
+from rlhfless.config import Config
+from rlhfless.files import write_atomic
 from rlhfless.planner import (
     ClusterSpec,
     LengthPredictor,

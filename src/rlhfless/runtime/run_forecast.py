@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhfless.config import Config, write_atomic
+from rlhfless.config import Config
 from rlhfless.data import Prompt, PromptLoader
 from rlhfless.engine import Engine, rollout
+from rlhfless.files import write_atomic
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.forecast import LENGTH_RANGE
 from rlhfless.planner.pricing import charge

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlhfless.config import write_atomic
+from rlhfless.files import write_atomic
 
 
 def _finite(value: Any) -> Any:

@@ -28,10 +28,11 @@ from rlhfless.algo import (
     whiten,
 )
 from rlhfless.algo.config import AlgorithmConfig
-from rlhfless.config import Config, resolve_output_dir, save_config, to_dict, write_atomic
+from rlhfless.config import Config, resolve_output_dir, save_config, to_dict
 from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
 from rlhfless.devices import learner_device, resolve_device
 from rlhfless.faults import exit_after
+from rlhfless.files import write_atomic
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError

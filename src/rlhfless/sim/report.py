@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.files import write_atomic
 from rlhfless.sim import experiments, figures
 from rlhfless.sim.config import build, set_dotted, to_dict
 from rlhfless.sim.presets import PAPER
@@ -28,30 +29,29 @@ def simulate(
     output.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict[str, dict[str, float]]] = {}
     configs = {}
-    with (output / "steps.jsonl").open("w") as steps_file:
-        for index, (scenario, tree) in enumerate(scenarios):
-            tree = copy.deepcopy(tree)
-            for item in overrides:
-                set_dotted(tree, item)
-            cfg = build(tree)
-            configs[scenario] = to_dict(cfg)
-            variants = FIRST if index == 0 else MAIN
-            results = experiments.compare(cfg, variants, cfg.training.steps)
-            for variant, steps in results.items():
-                for r in steps:
-                    steps_file.write(json.dumps({"scenario": scenario, "variant": variant, **r.row()}) + "\n")
-            summaries[scenario] = experiments.summarize(results)
-            if index == 0:
-                first_cfg = cfg
-                figures.ablation_scatter(
-                    {k: results[k] for k in experiments.ABLATION}, output / "ablation.png"
-                )
-                figures.bars(
-                    summaries[scenario],
-                    ("+assignment", "rlhfuse"),
-                    output / "assignment_vs_rlhfuse.png",
-                    "Per-actor cut (RLHFless) vs global cut (RLHFuse)",
-                )
+    rows: list[str] = []
+    for index, (scenario, tree) in enumerate(scenarios):
+        tree = copy.deepcopy(tree)
+        for item in overrides:
+            set_dotted(tree, item)
+        cfg = build(tree)
+        configs[scenario] = to_dict(cfg)
+        variants = FIRST if index == 0 else MAIN
+        results = experiments.compare(cfg, variants, cfg.training.steps)
+        for variant, steps in results.items():
+            for r in steps:
+                rows.append(json.dumps({"scenario": scenario, "variant": variant, **r.row()}) + "\n")
+        summaries[scenario] = experiments.summarize(results)
+        if index == 0:
+            first_cfg = cfg
+            figures.ablation_scatter({k: results[k] for k in experiments.ABLATION}, output / "ablation.png")
+            figures.bars(
+                summaries[scenario],
+                ("+assignment", "rlhfuse"),
+                output / "assignment_vs_rlhfuse.png",
+                "Per-actor cut (RLHFless) vs global cut (RLHFuse)",
+            )
+    write_atomic(output / "steps.jsonl", "".join(rows))
     swept = _sweeps(first_cfg, output) if sweeps else {}
     headline = _headline(name, summaries)
     summary = {
@@ -62,7 +62,7 @@ def simulate(
         "sweeps": swept,
         "configs": configs,
     }
-    (output / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_atomic(output / "summary.json", json.dumps(summary, indent=1) + "\n")
     return _table(name, summaries, headline)
 
 
