@@ -239,15 +239,12 @@ def train_tiny(tmp_path, name: str, *extra: str) -> list[dict]:
 
 
 def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_learned(tmp_path):
-    def run(name: str, *extra: str):
-        return train_tiny(tmp_path, name, *extra)
-
-    first = run("a")
+    first = train_tiny(tmp_path, "a")
     [memory] = (tmp_path / "cache" / "profiles").glob("calibration-*.json")
     learned = json.loads(memory.read_text())["calibration"]
     assert learned["decode_scale"] == pytest.approx(first[-1]["calibration/decode_scale"])
-    forgetful = run("b", "runtime.calibration_memory=false")
-    remembering = run("c")
+    forgetful = train_tiny(tmp_path, "b", "runtime.calibration_memory=false")
+    remembering = train_tiny(tmp_path, "c")
     # Its first step's plan already used the scale the earlier runs learned: one more EWMA update.
     assert remembering[0]["calibration/decode_scale"] != forgetful[0]["calibration/decode_scale"]
 

@@ -26,10 +26,6 @@ from rlhfless.planner.timemodel import RangeModel, Workload
 ALPHA = 0.5  # weight of the newest step in every learned figure
 
 
-def _ewma(old: float | None, new: float) -> float:
-    return ewma(old, new, ALPHA)
-
-
 @dataclass
 class Calibration:
     """The time model's correction, learned from finished steps (None: nothing observed yet)."""
@@ -47,16 +43,16 @@ class Calibration:
         return replace(base, prefill_ms=base.prefill_ms * k, decode_ms=base.decode_ms * k, cold_start_s=cold)
 
     def observe_cold_start(self, seconds: float) -> None:
-        self.cold_start_s = _ewma(self.cold_start_s, seconds)
+        self.cold_start_s = ewma(self.cold_start_s, seconds, ALPHA)
 
     def observe(self, measured_busy_s: float, model_busy_s: float, measured_s: float, model_s: float) -> None:
         """Fold in one step: the functions' measured busy (prefill + decode) seconds against the
         base profile's for the same sequences (`model_busy_s`), and the generation's wall time
         against the base model's (`model_s`, the slowest actor)."""
         if model_busy_s > 0 and measured_busy_s > 0:
-            self.decode_scale = _ewma(self.decode_scale, measured_busy_s / model_busy_s)
+            self.decode_scale = ewma(self.decode_scale, measured_busy_s / model_busy_s, ALPHA)
         k = self.decode_scale or 1.0
-        self.overhead_s = _ewma(self.overhead_s, max(0.0, measured_s - k * model_s))
+        self.overhead_s = ewma(self.overhead_s, max(0.0, measured_s - k * model_s), ALPHA)
         self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -77,7 +73,7 @@ class PhaseModel:
 
     def observe(self, tokens: float, seconds: float) -> None:
         if tokens > 0:
-            self.per_token_s = _ewma(self.per_token_s, seconds / tokens)
+            self.per_token_s = ewma(self.per_token_s, seconds / tokens, ALPHA)
             self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -86,8 +86,7 @@ def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int) -> Pr
         torch.set_num_threads(before)
     table["note"] = f"measured on this machine with {threads} thread(s)"
     profile = Profile.from_dict(table)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
+    profile.save(path)
     return profile
 
 
@@ -243,7 +242,6 @@ class StepPlanner:
         self.observed += 1
         if self.memory is not None:
             state = {"calibration": self.calibration.state_dict(), "phases": self.phases.state_dict()}
-            self.memory.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.memory, json.dumps(state))
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0

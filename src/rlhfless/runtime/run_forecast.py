@@ -74,7 +74,6 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     seconds = time.perf_counter() - start
     del model, learner
     rate = seconds / sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(
         path, json.dumps({"seconds_per_token": rate, "measured_tokens": 8 * (len(prompt_ids) + length)})
     )
@@ -137,7 +136,6 @@ def length_pilot(
         lengths = {}
         for r in results:
             lengths.setdefault(r.uid, []).append(len(r.response_ids))
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps({"lengths": lengths, "seconds": time.perf_counter() - start}))
     predictor.predict(uids, None, [p.prompt.data_source for p in picked])  # tells it their sources
     predictor.update_many(uids, [lengths[u] for u in uids])
