@@ -27,15 +27,56 @@ def flat_profile(step_ms: float = 10.0) -> Profile:
 
 def test_an_unseen_prompt_takes_its_sources_lengths_and_its_answer_only_where_answers_fit():
     p = LengthPredictor(default_length=256)
-    p.predict(["a1", "b1"], [2, 40], ["arith", "essay"])  # tells it sources and answers
-    p.update_many(["a1", "b1"], [[60, 40], [44, 36]])  # arith answers 2 tokens: no fit; essay 40: fits
-    gmax, gmean = p.predict(["a2", "b2", "c2"], [3, 50, 5], ["arith", "essay", "poetry"])
-    assert (gmax[0], gmean[0]) == (60.0, 50.0)  # the source's lengths, not the 3-token answer
-    assert gmax[1] == gmean[1] == 50.0  # the answer, since answers fit this source
-    assert gmax[2] == 256.0  # a source never seen: the default
+    # "solution": each group's mean runs 2x its worked answer, its max 2.5x. "arith": answers of
+    # 1-3 tokens whose length says nothing of the responses'.
+    solution, arith = [f"s{k}" for k in range(4)], [f"a{k}" for k in range(4)]
+    answers = [20, 40, 60, 80, 1, 3, 2, 1]
+    p.predict(solution + arith, answers, ["solution"] * 4 + ["arith"] * 4)  # tells it sources and answers
+    lengths = [[1.5 * a, 2.5 * a] for a in answers[:4]] + [[60, 40], [30, 50], [70, 90], [20, 40]]
+    p.update_many(solution + arith, lengths)
+    gmax, gmean = p.predict(
+        ["s9", "s10", "a9", "p9"], [100, 10, 3, 5], ["solution", "solution", "arith", "poetry"]
+    )
+    # the answer times the ratios learned, so the two unseen solutions are told apart
+    assert gmax[:2].tolist() == pytest.approx([250.0, 25.0])
+    assert gmean[:2].tolist() == pytest.approx([200.0, 20.0])
+    # arith: its source's lengths (the median of its group maxima for 1 unseen prompt), not the answer
+    assert (gmax[2], gmean[2]) == (np.quantile([60, 50, 90, 40], 0.5), 50.0)
+    assert gmax[3] == 256.0  # a source never seen: the default
     restored = LengthPredictor(default_length=256)
     restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
-    assert np.array_equal(restored.predict(["a2"], [3], ["arith"])[0], [60.0])
+    assert restored.predict(["s9"], [100], ["solution"])[0].tolist() == pytest.approx([250.0])
+
+
+def test_one_group_cannot_vouch_for_its_sources_answers():
+    # A ratio fitted to the one group it is judged on fits perfectly, so a source's answers stand
+    # in only once a group has fitted a ratio learned without it.
+    p = LengthPredictor(default_length=256)
+    p.predict(["s0"], [40], ["solution"])
+    p.update_many(["s0"], [[60, 100]])
+    assert p.predict(["s1"], [10], ["solution"])[0].tolist() == [100.0]  # the source's group max
+    p.update_many(["s1"], [[15, 25]])  # judged by the first group's ratio (2.0 on the mean): fits
+    assert p.predict(["s2"], [30], ["solution"])[1].tolist() == pytest.approx([60.0])
+
+
+def test_a_group_cut_at_the_cap_teaches_no_answer_ratio():
+    # Responses run 2x their answers, but the 100-token cap cut the two longest groups: their 100
+    # says only "at least 100", and would pull the ratio (and the fit) down.
+    p = LengthPredictor(default_length=256)
+    uids, answers = [f"s{k}" for k in range(6)], [10, 20, 30, 40, 80, 90]
+    p.predict(uids, answers, ["solution"] * 6)
+    p.update_many(uids, [[2 * min(a, 50)] * 2 for a in answers], cap=100)
+    assert p.predict(["s9"], [25], ["solution"])[1].tolist() == pytest.approx([50.0])
+
+
+def test_answers_of_one_length_rank_nothing_so_they_never_stand_in():
+    # Every answer 1 token (a count), every group within 10% of the others: a scaled answer fits
+    # within 25%, but only as well as the source's one length, so the source's lengths stay.
+    p = LengthPredictor(default_length=256)
+    uids = [f"q{k}" for k in range(6)]
+    p.predict(uids, [1] * 6, ["count"] * 6)
+    p.update_many(uids, [[50, 60], [55, 65], [60, 70], [52, 62], [58, 68], [54, 64]])
+    assert p.predict(["q9"], [1], ["count"])[0].tolist() == [np.quantile([60, 65, 70, 62, 68, 64], 0.5)]
 
 
 def test_an_unseen_prompts_mean_follows_its_sources_recent_steps():

@@ -131,3 +131,25 @@ def test_noisy_predictions_survive_a_checkpoint(tmp_path):
     q = LengthPredictor(mode="noisy", noise=0.5, seed=1)
     q.load(tmp_path / "predictor.json")
     np.testing.assert_array_equal(q.predict(["a", "b"])[0], p.predict(["a", "b"])[0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(0.5, 20.0),
+    st.lists(st.integers(5, 400), min_size=3, max_size=12, unique=True),
+    st.lists(st.integers(5, 400), min_size=2, max_size=6, unique=True),
+)
+def test_answers_that_fit_rank_unseen_prompts_as_their_answers_do(ratio, seen, unseen):
+    # A source whose groups run `ratio` times their answers, over two steps (the first teaches
+    # the ratio, the second shows it fits): unseen prompts are predicted `ratio` times their
+    # answers, so in their answers' order.
+    p = LengthPredictor()
+    for step in range(2):
+        uids = [f"s{step}-{k}" for k in range(len(seen))]
+        p.predict(uids, seen, ["src"] * len(seen))
+        p.update_many(uids, [[ratio * a, ratio * a] for a in seen])
+    new = [f"new-{k}" for k in range(len(unseen))]
+    gmax, gmean = p.predict(new, unseen, ["src"] * len(unseen))
+    expected = np.maximum(ratio * np.array(unseen, dtype=float), 1.0)
+    assert gmax == pytest.approx(expected) and gmean == pytest.approx(expected)
+    assert np.argsort(gmax).tolist() == np.argsort(unseen).tolist()

@@ -4,6 +4,10 @@ import json
 
 import numpy as np
 
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.sim.config import build
+from rlhfless.sim.runner import make_stage, make_workload, scheduler_for
+from rlhfless.sim.step import Simulator
 from rlhfless.sim.workload import SyntheticWorkload, TraceWorkload
 
 
@@ -84,3 +88,24 @@ def test_trace_uses_recorded_prompt_ids_and_survives_unicode_line_separators(tmp
     step = TraceWorkload(tmp_path).step(0)
     assert [t.tolist() for t in step.prompt_tokens] == [[5, 6, 7], [5, 8]]
     assert step.lengths.tolist() == [[4], [2]]
+
+
+def test_the_simulators_plans_predict_no_response_past_the_workloads_cap():
+    # LiveCodeBench's answers stand in for lengths once they fit: half a response each, so a long
+    # prompt's answer times its ratio runs past a 2k cap. The runtime caps predictions at
+    # max_new_tokens; the simulator plans as it does.
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100"},
+            "model": {"name": "qwen2.5-3b", "tp": 1},
+            "workload": {"dataset": "lcb", "prompts_per_step": 64, "samples": 4, "max_response": 2048},
+        }
+    )
+    stage, workload = make_stage(cfg), make_workload(cfg)
+    sim = Simulator(stage, scheduler_for(cfg, {}), LengthPredictor())
+    for step in range(2):
+        sim.run_step(step, workload.step(step))
+    prompts = workload.step(2)
+    assert (prompts.answer_tokens * 2 > 2048).any()  # answers that would predict past the cap
+    plan = sim.plan(prompts)
+    assert max(plan.predicted_length.values()) == 2048

@@ -194,7 +194,12 @@ class SchedulerConfig:
         default=256, metadata={"help": "predicted length for a prompt with no history and no answer"}
     )
     answer_length_factor: float = field(
-        default=1.0, metadata={"help": "first epoch: predicted length = answer tokens x this factor"}
+        default=1.0,
+        metadata={
+            "help": "first epoch, a prompt naming no data source: predicted length = answer tokens x "
+            "this factor (a named source learns its own ratio from its groups, and uses answers only "
+            "where they fit its responses)"
+        },
     )
     length_pilot: int = field(
         default=1,

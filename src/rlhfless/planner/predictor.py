@@ -3,16 +3,25 @@
 A prompt is sampled again every epoch and its response length is stable across steps, so the
 prediction is an EWMA over the prompt's last `window` observations (window 1 = last observation).
 With G samples per prompt the planner needs the group's max (when the group finishes) and mean
-(how much work it is), so both are tracked. A prompt never seen uses its ground-truth answer's
-token count times a factor, else a default. A prompt never seen whose data source (or task) has
-been seen takes, as its group max, the quantile of that source's recent group maxima that the
-step's longest of n such prompts reaches (n / (n + 1)): an actor's time follows its longest
-sequence, so one mean for all would miss the stragglers. As its group mean it takes the source's
-mean length, an EWMA over steps (`SOURCE_ALPHA`): responses lengthen or shorten as the policy
-trains, and a mean over every group seen lags that drift. Its answer's length is used only where answers have been seen to fit that source's responses
-(`ANSWER_FIT`): reasoning-gym answers are a number or a word, a response is a sentence or more. A source never seen takes the default (the planner caps it at max_new_tokens). Modes: `ewma`; `oracle` (told the true lengths of the
-coming step via `reveal`); `noisy` (EWMA times a deterministic log-normal factor, for sensitivity
-studies: the same state and uids always give the same predictions).
+(how much work it is), so both are tracked.
+
+A prompt never seen whose data source (or task) has been seen takes, as its group max, the quantile
+of that source's recent group maxima that the step's longest of n such prompts reaches
+(n / (n + 1)): an actor's time follows its longest sequence, so one mean for all would miss the
+stragglers. As its group mean it takes the source's mean length, an EWMA over steps
+(`SOURCE_ALPHA`): responses lengthen or shorten as the policy trains, and a mean over every group
+seen lags that drift. Where the prompts' ground-truth answers have been seen to fit the source's
+responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), the answer
+stands in instead, times the ratio of group length to answer length learned from the source's
+groups: it ranks the prompts, where the quantile gives every one the same length. A worked
+solution (GSM8K's answer field) grows with the reasoning a response needs; reasoning-gym's answers
+are a number or a word, whose length says nothing of the response's, so there they never fit. A
+prompt naming no source takes its answer's length times `answer_length_factor`; a source never
+seen, the default (the planner caps it at max_new_tokens).
+
+Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `noisy` (EWMA
+times a deterministic log-normal factor, for sensitivity studies: the same state and uids always
+give the same predictions).
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.smoothing import ewma
 
 MODES = ("ewma", "oracle", "noisy")
-SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's answer misfit and mean length
+SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's ratios, their errors and mean length
 SOURCE_RECENT = 1024  # a source's latest group (max, mean) pairs that unseen prompts are estimated from
-ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%
+ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%,
+ANSWER_GAIN = 0.5  # and with at most half the error of the source's one length for all
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -86,7 +96,8 @@ class LengthPredictor:
         self._truth: dict[str, tuple[float, float]] = {}
         self._source_of: dict[str, str] = {}  # uid -> source, as told by `predict`
         self._answer_of: dict[str, float] = {}  # uid -> answer tokens, as told by `predict`
-        self._misfit: dict[str, float] = {}  # source -> answer stand-in's relative error (EWMA)
+        self._ratio: dict[str, np.ndarray] = {}  # source -> log (group max, mean) / (answer, 1), EWMA
+        self._errors: dict[str, np.ndarray] = {}  # source -> those two ratios' relative errors, EWMA
         self._recent: dict[str, np.ndarray] = {}  # source -> its latest (group max, mean) rows
         self._source_mean: dict[str, float] = {}  # source -> its groups' mean length (EWMA over steps)
 
@@ -127,9 +138,11 @@ class LengthPredictor:
         self._push(self._rows([uid]), obs_max, obs_mean)
         self._truth.pop(uid, None)
 
-    def update_many(self, uids: Sequence[str], observed_lengths: Any) -> None:
+    def update_many(self, uids: Sequence[str], observed_lengths: Any, cap: float | None = None) -> None:
         """`update` for many uids at once: `observed_lengths` is a (uids, samples) array or one
-        sequence of lengths per uid. A uid listed twice is recorded twice, in order."""
+        sequence of lengths per uid. A uid listed twice is recorded twice, in order. `cap`: the
+        response cap they were sampled under; a group that reached it says only that its length is
+        at least the cap, so it teaches no answer ratio."""
         if isinstance(observed_lengths, np.ndarray) and observed_lengths.ndim == 2:
             if observed_lengths.shape[0] != len(uids) or observed_lengths.shape[1] == 0:
                 raise ValueError(
@@ -152,7 +165,7 @@ class LengthPredictor:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
-        self._observe_sources(uids, obs_max, obs_mean)
+        self._observe_sources(uids, obs_max, obs_mean, cap)
         rows = self._rows(uids)
         order = np.arange(rows.size)
         while order.size:  # each pass records at most one observation per row, in input order
@@ -164,7 +177,9 @@ class LengthPredictor:
             for uid in uids:
                 self._truth.pop(uid, None)
 
-    def _observe_sources(self, uids: Sequence[str], obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
+    def _observe_sources(
+        self, uids: Sequence[str], obs_max: np.ndarray, obs_mean: np.ndarray, cap: float | None = None
+    ) -> None:
         """Fold one step's group lengths into each source's estimate (uids whose source is known)."""
         by_source: dict[str, list[int]] = {}
         for i, uid in enumerate(uids):
@@ -178,13 +193,21 @@ class LengthPredictor:
             step_mean = float(pairs[:, 1].mean())
             self._source_mean[source] = ewma(self._source_mean.get(source), step_mean, SOURCE_ALPHA)
             answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
-            has = ~np.isnan(answers)
+            has = (answers > 0) & (pairs[:, 0] < (cap or np.inf))  # NaN (no answer) compares false
             if has.any():
-                mean = obs_mean[idx][has]
-                misfit = float(
-                    np.mean(np.abs(mean - answers[has] * self.answer_length_factor) / np.maximum(mean, 1.0))
-                )
-                self._misfit[source] = ewma(self._misfit.get(source), misfit, SOURCE_ALPHA)
+                self._observe_answers(source, answers[has], pairs[has])
+
+    def _observe_answers(self, source: str, answers: np.ndarray, pairs: np.ndarray) -> None:
+        """Fold one step's answered groups of `source` into its learned ratios and their errors: the
+        answer's (group length over answer length) and, to beat, the flat one's (every prompt the
+        source's one length, as an answer of 1 token would give)."""
+        logs = np.log(np.maximum(pairs, 1.0))  # (groups, (max, mean))
+        fits = np.stack((logs - np.log(answers)[:, None], logs))  # (answer, flat), groups, (max, mean)
+        old = self._ratio.get(source)
+        errors = _judged_errors(fits, old, np.stack((answers, np.ones_like(answers))), pairs[:, 1])
+        if errors is not None:
+            self._errors[source] = ewma(self._errors.get(source), errors, SOURCE_ALPHA)
+        self._ratio[source] = ewma(old, fits.mean(axis=1), SOURCE_ALPHA)
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -266,9 +289,9 @@ class LengthPredictor:
         answer_tokens: Sequence[int | None] | None,
         sources: Sequence[str] | None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(max, mean, whether it is the default) for prompts never seen: the answer's length where
-        it fits the prompt's source (or the prompt names no source), else a draw from the source's
-        recent groups, else the default."""
+        """(max, mean, whether it is the default) for prompts never seen: the answer's length times
+        the source's learned ratios where answers fit it (times `answer_length_factor` where the
+        prompt names no source), else a draw from the source's recent groups, else the default."""
         n = len(uids)
         # As floats, None (no answer) is NaN.
         answers = np.array(answer_tokens, dtype=float) if answer_tokens is not None else np.full(n, np.nan)
@@ -284,15 +307,17 @@ class LengthPredictor:
                 else np.array([i for i, name in enumerate(names) if name == source])
             )
             recent = self._recent.get(source) if source else None
-            fits = self._misfit.get(source, np.inf) <= ANSWER_FIT
-            use_answer = ~np.isnan(answers[idx]) & (fits or not source)
+            errors = self._errors.get(source)
+            fits = errors is not None and errors[0] <= min(ANSWER_FIT, ANSWER_GAIN * errors[1])
+            use_answer = (answers[idx] > 0) & (fits or not source)  # NaN (no answer) compares false
             if recent is not None:
                 # The step waits for its longest group: of n unseen prompts, expect the n/(n+1) quantile.
                 out_max[idx] = np.quantile(recent[:, 0], idx.size / (idx.size + 1.0))
                 out_mean[idx] = self._source_mean.get(source, float(recent[:, 1].mean()))
                 default[idx] = False
             answered = idx[use_answer]
-            out_max[answered] = out_mean[answered] = answers[answered] * self.answer_length_factor
+            ratio = np.exp(self._ratio[source][0]) if fits else np.full(2, self.answer_length_factor)
+            out_max[answered], out_mean[answered] = answers[answered] * ratio[0], answers[answered] * ratio[1]
             default[answered] = False
         return out_max, out_mean, default
 
@@ -318,7 +343,8 @@ class LengthPredictor:
             "history": {uid: obs[r][self.window - kept[r] :] for r, uid in enumerate(self._uids)},
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
             "recent": {k: v.tolist() for k, v in self._recent.items()},
-            "misfit": dict(self._misfit),
+            "answer_ratio": {k: v.tolist() for k, v in self._ratio.items()},
+            "answer_errors": {k: v.tolist() for k, v in self._errors.items()},
             "source_mean": dict(self._source_mean),
             "source_of": dict(self._source_of),
         }
@@ -338,7 +364,8 @@ class LengthPredictor:
         self._recent = {
             k: np.array(v, dtype=float).reshape(-1, 2) for k, v in state.get("recent", {}).items()
         }
-        self._misfit = {k: float(v) for k, v in state.get("misfit", {}).items()}
+        self._ratio = {k: np.array(v, dtype=float) for k, v in state.get("answer_ratio", {}).items()}
+        self._errors = {k: np.array(v, dtype=float) for k, v in state.get("answer_errors", {}).items()}
         self._source_mean = {k: float(v) for k, v in state.get("source_mean", {}).items()}
         self._source_of = dict(state.get("source_of", {}))
         counts = state.get("counts", {})
@@ -351,6 +378,25 @@ class LengthPredictor:
 
     def load(self, path: str | Path) -> None:
         self.load_state_dict(json.loads(Path(path).read_text()))
+
+
+def _judged_errors(
+    fits: np.ndarray, old: np.ndarray | None, scales: np.ndarray, mean: np.ndarray
+) -> np.ndarray | None:
+    """Each of the step's (ratio, scale) fits' mean relative error on the groups' mean lengths,
+    every group judged by the ratio learned without it: the earlier steps' (`old`) blended with the
+    step's other groups. A ratio fitted to the group it judges would fit one group perfectly, so a
+    lone group with nothing learned before it is judged by nothing (None)."""
+    n = fits.shape[1]
+    if n > 1:
+        others = (fits.sum(axis=1, keepdims=True) - fits) / (n - 1)
+        judge = others if old is None else SOURCE_ALPHA * others + (1.0 - SOURCE_ALPHA) * old[:, None]
+    elif old is not None:
+        judge = old[:, None]
+    else:
+        return None
+    mean = np.maximum(mean, 1.0)
+    return np.mean(np.abs(mean - scales * np.exp(judge[..., 1])) / mean, axis=1)
 
 
 def _inversions(y: np.ndarray) -> int:

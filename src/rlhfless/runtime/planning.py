@@ -316,8 +316,11 @@ def plan_metrics(plan: StepPlan) -> dict[str, float]:
     }
 
 
-def observe_lengths(plan: StepPlan, samples: list[Sample], predictor: LengthPredictor) -> dict[str, float]:
-    """Score the plan's predictions against this step's lengths, then teach the predictor."""
+def observe_lengths(
+    plan: StepPlan, samples: list[Sample], predictor: LengthPredictor, cap: int
+) -> dict[str, float]:
+    """Score the plan's predictions against this step's lengths, then teach the predictor (`cap`:
+    the step's max_new_tokens)."""
     lengths: dict[str, list[int]] = {}
     for s in samples:
         lengths.setdefault(s.uid, []).append(len(s.response_ids))
@@ -325,5 +328,5 @@ def observe_lengths(plan: StepPlan, samples: list[Sample], predictor: LengthPred
     quality = prediction_quality(
         np.array([plan.predicted_length[u] for u in uids]), np.array([max(lengths[u]) for u in uids])
     )
-    predictor.update_many(uids, [lengths[u] for u in uids])
+    predictor.update_many(uids, [lengths[u] for u in uids], cap)
     return {f"predictor/{k}": v for k, v in quality.items()}

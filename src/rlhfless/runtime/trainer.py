@@ -321,7 +321,7 @@ def run_step(
     if timeline is not None:
         log.step_file("timeline", step, timeline)
 
-    quality = observe_lengths(plan, samples, predictor)
+    quality = observe_lengths(plan, samples, predictor, cfg.generation.max_new_tokens)
     log.step_file("rollouts", step, rollout_records(samples, prompts, plan.predicted_length))
     log.step_file("plans", step, plan.to_dict())
     timings["time/step"] = time.perf_counter() - t0

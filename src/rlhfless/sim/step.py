@@ -106,13 +106,20 @@ class Simulator:
                 self.predictor.reveal(uid, lengths)
         g = prompts.lengths.shape[1]
         return plan_step(
-            specs, self.predictor, self.planner_profile, self.stage.cluster, self.config, g, self.billing()
+            specs,
+            self.predictor,
+            self.planner_profile,
+            self.stage.cluster,
+            self.config,
+            g,
+            self.billing(),
+            self.stage.max_response,  # as the runtime caps predictions at max_new_tokens
         )
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         plan = self.plan(prompts)
         result = self.execute(step, prompts, plan)
-        self.predictor.update_many(prompts.uids, prompts.lengths)
+        self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response)
         self.phases.observe(result.tokens, result.preparation + result.learning)
         self.margins.observe(plan.predicted_step_time, result.time, plan.predicted_step_cost, result.cost)
         return result
