@@ -109,3 +109,21 @@ def test_the_simulators_plans_predict_no_response_past_the_workloads_cap():
     assert (prompts.answer_tokens * 2 > 2048).any()  # answers that would predict past the cap
     plan = sim.plan(prompts)
     assert max(plan.predicted_length.values()) == 2048
+
+
+def test_the_simulators_first_plan_starts_from_the_length_pilot_as_the_runtimes_does():
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100"},
+            "model": {"name": "qwen2.5-3b", "tp": 1},
+            "workload": {"dataset": "gpqa", "prompts_per_step": 16, "samples": 4, "max_response": 4096},
+        }
+    )
+    prompts = make_workload(cfg).step(0)
+    sim = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
+    sim.pilot(prompts, 1)
+    plan = sim.plan(prompts)
+    # every prompt, the piloted one too (its uid stays unseen), takes the pilot group's max
+    assert set(plan.predicted_length.values()) == {float(prompts.lengths[0].max())}
+    unpiloted = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 0}), LengthPredictor())
+    assert set(unpiloted.plan(prompts).predicted_length.values()) == {256.0}  # default_length

@@ -117,12 +117,22 @@ class Simulator:
         )
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
+        if step == 0 and self.config.length_pilot:
+            self.pilot(prompts, self.config.length_pilot)
         plan = self.plan(prompts)
         result = self.execute(step, prompts, plan)
         self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response)
         self.phases.observe(result.tokens, result.preparation + result.learning)
         self.margins.observe(plan.predicted_step_time, result.time, plan.predicted_step_cost, result.cost)
         return result
+
+    def pilot(self, prompts: StepPrompts, count: int) -> None:
+        """The runtime's length pilot (`scheduler.length_pilot`): `count` prompts of the source
+        sampled G times before the first step, under uids of their own, so that the prompts stay
+        unseen and the first plan starts from the source's lengths instead of `default_length`."""
+        uids = [f"pilot:{uid}" for uid in prompts.uids[:count]]
+        self.predictor.predict(uids, None, ["workload"] * len(uids))
+        self.predictor.update_many(uids, prompts.lengths[:count], self.stage.max_response)
 
     def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
         st = self.stage
