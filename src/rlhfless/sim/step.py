@@ -31,6 +31,9 @@ from rlhfless.sim.workload import StepPrompts
 __all__ = ["Simulator", "Stage", "StepResult"]
 
 
+SOURCE = "workload"  # the data source of every simulated prompt: one workload, one source
+
+
 @dataclass
 class StepResult:
     """What one simulated step cost and how long each part took."""
@@ -96,7 +99,7 @@ class Simulator:
 
     def plan(self, prompts: StepPrompts) -> StepPlan:
         specs = [
-            PromptSpec(uid, tokens, int(answer) or None, "workload")  # one source: the workload
+            PromptSpec(uid, tokens, int(answer) or None, SOURCE)
             for uid, tokens, answer in zip(
                 prompts.uids, prompts.prompt_tokens, prompts.answer_tokens, strict=True
             )
@@ -131,7 +134,7 @@ class Simulator:
         sampled G times before the first step, under uids of their own, so that the prompts stay
         unseen and the first plan starts from the source's lengths instead of `default_length`."""
         uids = [f"pilot:{uid}" for uid in prompts.uids[:count]]
-        self.predictor.predict(uids, None, ["workload"] * len(uids))
+        self.predictor.predict(uids, None, [SOURCE] * len(uids))
         self.predictor.update_many(uids, prompts.lengths[:count], self.stage.max_response)
 
     def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
