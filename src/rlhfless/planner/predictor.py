@@ -307,8 +307,7 @@ class LengthPredictor:
                 else np.array([i for i, name in enumerate(names) if name == source])
             )
             recent = self._recent.get(source) if source else None
-            errors = self._errors.get(source)
-            fits = errors is not None and errors[0] <= min(ANSWER_FIT, ANSWER_GAIN * errors[1])
+            fits = self.answers_fit(source)
             use_answer = (answers[idx] > 0) & (fits or not source)  # NaN (no answer) compares false
             if recent is not None:
                 # The step waits for its longest group: of n unseen prompts, expect the n/(n+1) quantile.
@@ -320,6 +319,17 @@ class LengthPredictor:
             out_max[answered], out_mean[answered] = answers[answered] * ratio[0], answers[answered] * ratio[1]
             default[answered] = False
         return out_max, out_mean, default
+
+    def answers_fit(self, source: str) -> bool:
+        """Whether `source`'s answers stand in for its unseen prompts' lengths: their learned ratio
+        has fitted its groups within `ANSWER_FIT`, with at most `ANSWER_GAIN` of the error of the
+        source's one length for all."""
+        errors = self._errors.get(source)
+        return errors is not None and bool(errors[0] <= min(ANSWER_FIT, ANSWER_GAIN * errors[1]))
+
+    def answer_errors(self) -> dict[str, tuple[float, float]]:
+        """Per source: the answer ratio's and the one length's relative errors on its groups (EWMA)."""
+        return {source: (float(e[0]), float(e[1])) for source, e in self._errors.items()}
 
     def _noise_factor(self, uids: Sequence[str], rows: np.ndarray, seen: np.ndarray) -> np.ndarray:
         """exp(N(0, noise)) keyed on (seed, uid, observations so far): deterministic, not stateful."""

@@ -1,0 +1,48 @@
+"""Do a run's ground-truth answers rank its prompts' response lengths? Replays a finished run.
+
+Feeds each step's groups (`rollouts/step_*.jsonl`) with their prompts' answers (the run's own data
+config, tokenized as the trainer does) through a fresh length predictor, and prints, after each
+step, per data source the answer ratio's and the source's one length's relative errors on the
+groups so far, and whether answers would stand in for unseen prompts (`planner/predictor.py`:
+within 25%, and at most half the one length's error).
+
+    .venv/bin/python benchmarks/answer_fit.py RUN_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlhfless.config import load_config
+from rlhfless.data.sources import load_prompts
+from rlhfless.models import load_tokenizer
+from rlhfless.planner.predictor import LengthPredictor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a finished run's directory")
+    args = parser.parse_args()
+    cfg = load_config(str(args.run / "config.yaml"))
+    prompts = {p.uid: p for p in load_prompts(cfg.data)}
+    tokenizer = load_tokenizer(cfg.model)
+    predictor = LengthPredictor.from_config(cfg.scheduler)
+    for path in sorted((args.run / "rollouts").glob("step_*.jsonl")):
+        groups: dict[str, list[int]] = {}
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            groups.setdefault(row["uid"], []).append(int(row["response_tokens"]))
+        uids = list(groups)
+        truths = [prompts[u].ground_truth for u in uids]
+        answers = [len(tokenizer(t)["input_ids"]) if t else None for t in truths]
+        predictor.predict(uids, answers, [prompts[u].data_source for u in uids])
+        predictor.update_many(uids, [groups[u] for u in uids], cfg.generation.max_new_tokens)
+        for source, (answer, flat) in sorted(predictor.answer_errors().items()):
+            fits = "stands in" if predictor.answers_fit(source) else "no"
+            print(f"{path.stem}  {source:40s} answer {answer:6.1%}  one length {flat:6.1%}  {fits}")
+
+
+if __name__ == "__main__":
+    main()
