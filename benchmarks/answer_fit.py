@@ -3,7 +3,7 @@
 Feeds each step's groups (`rollouts/step_*.jsonl`) with their prompts' answers (the run's own data
 config, tokenized as the trainer does) through a fresh length predictor, and prints, after each
 step, per data source the answer ratio's and the source's one length's relative errors on the
-groups so far, and whether answers would stand in for unseen prompts (`planner/predictor.py`:
+groups so far, and whether answers would stand in for unseen prompts (`planner/source_lengths.py`:
 within 25%, and at most half the one length's error).
 
     .venv/bin/python benchmarks/answer_fit.py RUN_DIR
@@ -39,8 +39,8 @@ def main() -> None:
         answers = [len(tokenizer(t)["input_ids"]) if t else None for t in truths]
         predictor.predict(uids, answers, [prompts[u].data_source for u in uids])
         predictor.update_many(uids, [groups[u] for u in uids], cfg.generation.max_new_tokens)
-        for source, (answer, flat) in sorted(predictor.answer_errors().items()):
-            fits = "stands in" if predictor.answers_fit(source) else "no"
+        for source, (answer, flat) in sorted(predictor.sources.answer_errors().items()):
+            fits = "stands in" if predictor.sources.answers_fit(source) else "no"
             print(f"{path.stem}  {source:40s} answer {answer:6.1%}  one length {flat:6.1%}  {fits}")
 
 

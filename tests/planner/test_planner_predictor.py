@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.planner.predictor import LengthPredictor, kendall_tau, prediction_quality
+from rlhfless.planner.prediction_quality import kendall_tau, prediction_quality
+from rlhfless.planner.predictor import LengthPredictor
 
 
 def test_window_one_predicts_the_last_observation():

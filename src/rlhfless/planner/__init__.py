@@ -4,7 +4,8 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.migration import ActorProgress, Migration, decide
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
-from rlhfless.planner.predictor import LengthPredictor, prediction_quality
+from rlhfless.planner.prediction_quality import prediction_quality
+from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 
 __all__ = [

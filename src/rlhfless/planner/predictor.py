@@ -1,23 +1,11 @@
-"""Per-prompt response-length prediction and its quality statistics.
+"""Per-prompt response-length prediction (its quality statistics: `planner.prediction_quality`).
 
 A prompt is sampled again every epoch and its response length is stable across steps, so the
 prediction is an EWMA over the prompt's last `window` observations (window 1 = last observation).
 With G samples per prompt the planner needs the group's max (when the group finishes) and mean
 (how much work it is), so both are tracked.
 
-A prompt never seen whose data source (or task) has been seen takes, as its group max, the quantile
-of that source's recent group maxima that the step's longest of n such prompts reaches
-(n / (n + 1)): an actor's time follows its longest sequence, so one mean for all would miss the
-stragglers. As its group mean it takes the source's mean length, an EWMA over steps
-(`SOURCE_ALPHA`): responses lengthen or shorten as the policy trains, and a mean over every group
-seen lags that drift. Where the prompts' ground-truth answers have been seen to fit the source's
-responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), the answer
-stands in instead, times the ratio of group length to answer length learned from the source's
-groups: it ranks the prompts, where the quantile gives every one the same length. A worked
-solution (GSM8K's answer field) grows with the reasoning a response needs; reasoning-gym's answers
-are a number or a word, whose length says nothing of the response's, so there they never fit. A
-prompt naming no source takes its answer's length times `answer_length_factor`; a source never
-seen, the default (the planner caps it at max_new_tokens).
+A prompt never seen is estimated from its data source's groups (`planner.source_lengths`).
 
 Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `noisy` (EWMA
 times a deterministic log-normal factor, for sensitivity studies: the same state and uids always
@@ -37,13 +25,9 @@ import numpy as np
 
 from rlhfless.files import write_atomic
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.smoothing import ewma
+from rlhfless.planner.source_lengths import SourceLengths
 
 MODES = ("ewma", "oracle", "noisy")
-SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's ratios, their errors and mean length
-SOURCE_RECENT = 1024  # a source's latest group (max, mean) pairs that unseen prompts are estimated from
-ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%,
-ANSWER_GAIN = 0.5  # and with at most half the error of the source's one length for all
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -94,12 +78,7 @@ class LengthPredictor:
         self._count = np.zeros(0, dtype=np.uint64)
         self._hash = np.zeros(0, dtype=np.uint64)
         self._truth: dict[str, tuple[float, float]] = {}
-        self._source_of: dict[str, str] = {}  # uid -> source, as told by `predict`
-        self._answer_of: dict[str, float] = {}  # uid -> answer tokens, as told by `predict`
-        self._ratio: dict[str, np.ndarray] = {}  # source -> log (group max, mean) / (answer, 1), EWMA
-        self._errors: dict[str, np.ndarray] = {}  # source -> those two ratios' relative errors, EWMA
-        self._recent: dict[str, np.ndarray] = {}  # source -> its latest (group max, mean) rows
-        self._source_mean: dict[str, float] = {}  # source -> its groups' mean length (EWMA over steps)
+        self.sources = SourceLengths(default_length, answer_length_factor)  # prompts never seen
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -134,7 +113,7 @@ class LengthPredictor:
         if len(observed_lengths) == 0:
             raise ValueError(f"observed_lengths for {uid!r}: got none, expected one length per sample")
         obs_max, obs_mean = np.array([max(observed_lengths)], float), np.array([np.mean(observed_lengths)])
-        self._observe_sources([uid], obs_max, obs_mean)
+        self.sources.observe([uid], obs_max, obs_mean)
         self._push(self._rows([uid]), obs_max, obs_mean)
         self._truth.pop(uid, None)
 
@@ -165,7 +144,7 @@ class LengthPredictor:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
-        self._observe_sources(uids, obs_max, obs_mean, cap)
+        self.sources.observe(uids, obs_max, obs_mean, cap)
         rows = self._rows(uids)
         order = np.arange(rows.size)
         while order.size:  # each pass records at most one observation per row, in input order
@@ -176,38 +155,6 @@ class LengthPredictor:
         if self._truth:
             for uid in uids:
                 self._truth.pop(uid, None)
-
-    def _observe_sources(
-        self, uids: Sequence[str], obs_max: np.ndarray, obs_mean: np.ndarray, cap: float | None = None
-    ) -> None:
-        """Fold one step's group lengths into each source's estimate (uids whose source is known)."""
-        by_source: dict[str, list[int]] = {}
-        for i, uid in enumerate(uids):
-            source = self._source_of.get(uid)
-            if source is not None:
-                by_source.setdefault(source, []).append(i)
-        for source, idx in by_source.items():
-            pairs = np.stack((obs_max[idx], obs_mean[idx]), axis=1).astype(float)
-            old = self._recent.get(source)
-            self._recent[source] = (pairs if old is None else np.concatenate((old, pairs)))[-SOURCE_RECENT:]
-            step_mean = float(pairs[:, 1].mean())
-            self._source_mean[source] = ewma(self._source_mean.get(source), step_mean, SOURCE_ALPHA)
-            answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
-            has = (answers > 0) & (pairs[:, 0] < (cap or np.inf))  # NaN (no answer) compares false
-            if has.any():
-                self._observe_answers(source, answers[has], pairs[has])
-
-    def _observe_answers(self, source: str, answers: np.ndarray, pairs: np.ndarray) -> None:
-        """Fold one step's answered groups of `source` into its learned ratios and their errors: the
-        answer's (group length over answer length) and, to beat, the flat one's (every prompt the
-        source's one length, as an answer of 1 token would give)."""
-        logs = np.log(np.maximum(pairs, 1.0))  # (groups, (max, mean))
-        fits = np.stack((logs - np.log(answers)[:, None], logs))  # (answer, flat), groups, (max, mean)
-        old = self._ratio.get(source)
-        errors = _judged_errors(fits, old, np.stack((answers, np.ones_like(answers))), pairs[:, 1])
-        if errors is not None:
-            self._errors[source] = ewma(self._errors.get(source), errors, SOURCE_ALPHA)
-        self._ratio[source] = ewma(old, fits.mean(axis=1), SOURCE_ALPHA)
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -239,21 +186,14 @@ class LengthPredictor:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(group max, group mean) predicted response lengths, one entry per uid. `sources` (data
         source or task per uid) are remembered, so that observations teach the source estimate."""
-        if sources is not None and any(sources):  # answers matter only for a named source's fit
-            self._source_of.update((u, s) for u, s in zip(uids, sources, strict=True) if s)
-            if answer_tokens is not None:
-                self._answer_of.update(
-                    (u, float(a))
-                    for u, a, s in zip(uids, answer_tokens, sources, strict=True)
-                    if s and a is not None
-                )
+        self.sources.tell(uids, answer_tokens, sources)
         rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         seen = rows >= 0
         safe = np.where(seen, rows, 0)
         gmax = np.where(seen, self._max[safe] if self._max.size else 0.0, np.nan)
         gmean = np.where(seen, self._mean[safe] if self._mean.size else 0.0, np.nan)
         if not seen.all():
-            fallback_max, fallback_mean, _ = self._first_sight(uids, answer_tokens, sources)
+            fallback_max, fallback_mean, _ = self.sources.estimate(uids, answer_tokens, sources)
             gmax = np.where(seen, gmax, fallback_max)
             gmean = np.where(seen, gmean, fallback_mean)
         if self.mode == "oracle" and self._truth:
@@ -281,55 +221,7 @@ class LengthPredictor:
             unseen &= np.array([u not in self._truth for u in uids], dtype=bool)
         if not unseen.any():
             return unseen
-        return unseen & self._first_sight(uids, answer_tokens, sources)[2]
-
-    def _first_sight(
-        self,
-        uids: Sequence[str],
-        answer_tokens: Sequence[int | None] | None,
-        sources: Sequence[str] | None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(max, mean, whether it is the default) for prompts never seen: the answer's length times
-        the source's learned ratios where answers fit it (times `answer_length_factor` where the
-        prompt names no source), else a draw from the source's recent groups, else the default."""
-        n = len(uids)
-        # As floats, None (no answer) is NaN.
-        answers = np.array(answer_tokens, dtype=float) if answer_tokens is not None else np.full(n, np.nan)
-        out_max = np.full(n, float(self.default_length))
-        out_mean = out_max.copy()
-        default = np.ones(n, dtype=bool)
-        names = list(sources) if sources is not None else [""] * n
-        kinds = set(names)
-        for source in kinds:
-            idx = (
-                np.arange(n)
-                if len(kinds) == 1
-                else np.array([i for i, name in enumerate(names) if name == source])
-            )
-            recent = self._recent.get(source) if source else None
-            fits = self.answers_fit(source)
-            use_answer = (answers[idx] > 0) & (fits or not source)  # NaN (no answer) compares false
-            if recent is not None:
-                # The step waits for its longest group: of n unseen prompts, expect the n/(n+1) quantile.
-                out_max[idx] = np.quantile(recent[:, 0], idx.size / (idx.size + 1.0))
-                out_mean[idx] = self._source_mean.get(source, float(recent[:, 1].mean()))
-                default[idx] = False
-            answered = idx[use_answer]
-            ratio = np.exp(self._ratio[source][0]) if fits else np.full(2, self.answer_length_factor)
-            out_max[answered], out_mean[answered] = answers[answered] * ratio[0], answers[answered] * ratio[1]
-            default[answered] = False
-        return out_max, out_mean, default
-
-    def answers_fit(self, source: str) -> bool:
-        """Whether `source`'s answers stand in for its unseen prompts' lengths: their learned ratio
-        has fitted its groups within `ANSWER_FIT`, with at most `ANSWER_GAIN` of the error of the
-        source's one length for all."""
-        errors = self._errors.get(source)
-        return errors is not None and bool(errors[0] <= min(ANSWER_FIT, ANSWER_GAIN * errors[1]))
-
-    def answer_errors(self) -> dict[str, tuple[float, float]]:
-        """Per source: the answer ratio's and the one length's relative errors on its groups (EWMA)."""
-        return {source: (float(e[0]), float(e[1])) for source, e in self._errors.items()}
+        return unseen & self.sources.estimate(uids, answer_tokens, sources)[2]
 
     def _noise_factor(self, uids: Sequence[str], rows: np.ndarray, seen: np.ndarray) -> np.ndarray:
         """exp(N(0, noise)) keyed on (seed, uid, observations so far): deterministic, not stateful."""
@@ -352,11 +244,7 @@ class LengthPredictor:
             "window": self.window,
             "history": {uid: obs[r][self.window - kept[r] :] for r, uid in enumerate(self._uids)},
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
-            "recent": {k: v.tolist() for k, v in self._recent.items()},
-            "answer_ratio": {k: v.tolist() for k, v in self._ratio.items()},
-            "answer_errors": {k: v.tolist() for k, v in self._errors.items()},
-            "source_mean": dict(self._source_mean),
-            "source_of": dict(self._source_of),
+            **self.sources.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -371,13 +259,7 @@ class LengthPredictor:
             uids = [u for u, past in history.items() if len(past) > k]
             observed = np.array([history[u][k] for u in uids], dtype=float)
             self._push(self._rows(uids), observed[:, 0], observed[:, 1])
-        self._recent = {
-            k: np.array(v, dtype=float).reshape(-1, 2) for k, v in state.get("recent", {}).items()
-        }
-        self._ratio = {k: np.array(v, dtype=float) for k, v in state.get("answer_ratio", {}).items()}
-        self._errors = {k: np.array(v, dtype=float) for k, v in state.get("answer_errors", {}).items()}
-        self._source_mean = {k: float(v) for k, v in state.get("source_mean", {}).items()}
-        self._source_of = dict(state.get("source_of", {}))
+        self.sources.load_state_dict(state)
         counts = state.get("counts", {})
         if counts:
             rows = self._rows(list(counts))
@@ -388,81 +270,3 @@ class LengthPredictor:
 
     def load(self, path: str | Path) -> None:
         self.load_state_dict(json.loads(Path(path).read_text()))
-
-
-def _judged_errors(
-    fits: np.ndarray, old: np.ndarray | None, scales: np.ndarray, mean: np.ndarray
-) -> np.ndarray | None:
-    """Each of the step's (ratio, scale) fits' mean relative error on the groups' mean lengths,
-    every group judged by the ratio learned without it: the earlier steps' (`old`) blended with the
-    step's other groups. A ratio fitted to the group it judges would fit one group perfectly, so a
-    lone group with nothing learned before it is judged by nothing (None)."""
-    n = fits.shape[1]
-    if n > 1:
-        others = (fits.sum(axis=1, keepdims=True) - fits) / (n - 1)
-        judge = others if old is None else SOURCE_ALPHA * others + (1.0 - SOURCE_ALPHA) * old[:, None]
-    elif old is not None:
-        judge = old[:, None]
-    else:
-        return None
-    mean = np.maximum(mean, 1.0)
-    return np.mean(np.abs(mean - scales * np.exp(judge[..., 1])) / mean, axis=1)
-
-
-def _inversions(y: np.ndarray) -> int:
-    """Pairs i < j with y[i] > y[j], for integer ranks y in [0, n): bottom-up merge, vectorised."""
-    n = y.size
-    y = y.astype(np.int64)
-    idx = np.arange(n)
-    total = 0
-    width = 1
-    while width < n:
-        block = idx // (2 * width)
-        left = (idx % (2 * width)) < width
-        key = y + block * n
-        lkeys = key[left]
-        rkeys, rblock = key[~left], block[~left]
-        pos = np.searchsorted(lkeys, rkeys, side="right")
-        end = np.searchsorted(lkeys, (rblock + 1) * n, side="left")
-        total += int((end - pos).sum())
-        y = np.sort(key) - block * n
-        width *= 2
-    return total
-
-
-def _tied_pairs(x: np.ndarray) -> int:
-    _, counts = np.unique(x, return_counts=True)
-    return int((counts * (counts - 1) // 2).sum())
-
-
-def kendall_tau(x: Any, y: Any) -> float:
-    """Kendall's tau-b in O(n log n); nan when either side is constant or has < 2 points."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    n = x.size
-    if n < 2:
-        return float("nan")
-    order = np.lexsort((y, x))
-    xs, ys = x[order], y[order]
-    ranks = np.unique(ys, return_inverse=True)[1]
-    discordant = _inversions(ranks)
-    n0 = n * (n - 1) // 2
-    n1, n2 = _tied_pairs(xs), _tied_pairs(ys)
-    n3 = _tied_pairs(xs + 1j * ys)
-    denom = np.sqrt(float(n0 - n1) * float(n0 - n2))
-    if denom == 0:
-        return float("nan")
-    return float((n0 - n1 - n2 + n3 - 2 * discordant) / denom)
-
-
-def prediction_quality(predicted: Any, observed: Any) -> dict[str, float]:
-    """Report figures: mean absolute error, share within 50 / 100 tokens, Kendall tau of the ranking."""
-    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
-    if p.shape != o.shape or p.size == 0:
-        raise ValueError(f"predicted/observed: got shapes {p.shape} and {o.shape}, expected equal, non-empty")
-    err = np.abs(p - o)
-    return {
-        "mae": float(err.mean()),
-        "within_50": float((err <= 50).mean()),
-        "within_100": float((err <= 100).mean()),
-        "kendall_tau": kendall_tau(p, o),
-    }

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfless.planner.predictor import prediction_quality
+from rlhfless.planner.prediction_quality import prediction_quality
 from rlhfless.report.rundir import Run, Sample, Timeline
 
 WITHIN_TOKENS = 50
