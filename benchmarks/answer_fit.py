@@ -1,7 +1,7 @@
 """Do a run's ground-truth answers rank its prompts' response lengths? Replays a finished run.
 
 Feeds each step's groups (`rollouts/step_*.jsonl`) with their prompts' answers (the run's own data
-config, tokenized as the trainer does) through a fresh length predictor, and prints, after each
+config, tokenized by the trainer's own helpers) through a fresh length predictor, and prints, after each
 step, per data source the answer ratio's and the source's one length's relative errors on the
 groups so far, and whether answers would stand in for unseen prompts (`planner/source_lengths.py`:
 within 25%, and at most half the one length's error).
@@ -19,6 +19,7 @@ from rlhfless.config import load_config
 from rlhfless.data.sources import load_prompts
 from rlhfless.models import load_tokenizer
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
 
 def main() -> None:
@@ -34,10 +35,9 @@ def main() -> None:
         for line in path.read_text().splitlines():
             row = json.loads(line)
             groups.setdefault(row["uid"], []).append(int(row["response_tokens"]))
-        uids = list(groups)
-        truths = [prompts[u].ground_truth for u in uids]
-        answers = [len(tokenizer(t)["input_ids"]) if t else None for t in truths]
-        predictor.predict(uids, answers, [prompts[u].data_source for u in uids])
+        step = tokenize_prompts([prompts[u] for u in groups], tokenizer, cfg.generation.max_prompt_tokens)
+        uids = [p.uid for p in step]
+        predictor.predict(uids, answer_lengths(step, tokenizer), [p.prompt.data_source for p in step])
         predictor.update_many(uids, [groups[u] for u in uids], cfg.generation.max_new_tokens)
         for source, (answer, flat) in sorted(predictor.sources.answer_errors().items()):
             fits = "stands in" if predictor.sources.answers_fit(source) else "no"
