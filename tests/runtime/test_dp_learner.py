@@ -184,6 +184,63 @@ def test_a_lost_rank_costs_the_phase_its_width_not_the_step():
     assert any(event["kind"] == "fault" for event in lost["events"])
 
 
+@pytest.mark.parametrize("changed", [False, True])
+def test_groups_learned_ahead_on_rank_1_make_the_single_process_step(changed):
+    """GRPO with a KL loss: rank 1, started ahead of the phase, learns two scored groups with the
+    step's published weights while (as it were) stragglers decode; the update leaves them out of
+    the ranks' shares and is the single-process one. When one of their advantages is not the
+    update's (`changed`), none of rank 1's ahead gradients count, and the step is still the same."""
+    cfg = load_config(
+        preset="tiny",
+        overrides=(
+            "runtime.executor=ray",
+            "algorithm.kl_coef=0.1",
+            "trainer.micro_batch_tokens=64",
+            "runtime.learner_width=0",
+        ),
+    )
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    single_policy = copy.deepcopy(policy)
+    advantages = [torch.full((len(s.response_ids),), s.reward - 0.5) for s in samples]
+    ref = [
+        -torch.rand(len(s.response_ids), generator=torch.Generator().manual_seed(i))
+        for i, s in enumerate(samples)
+    ]
+    want = build_learner(cfg, single_policy, tokenizer.pad_token_id).learn(samples, advantages, ref)
+
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    groups = len({s.uid for s in samples})
+    try:
+        assert elastic.ahead_rank() is None  # no rank requested yet
+        elastic.prestart(meter, 0, groups, time.time())
+        weights = ray.put(flat_weights(policy))
+        for uid in ("u1", "u3"):
+            rows = [i for i, s in enumerate(samples) if s.uid == uid]
+            sent = [advantages[i] + (1.0 if changed and uid == "u3" else 0.0) for i in rows]
+            elastic.learn_ahead(weights, [samples[i] for i in rows], sent, [ref[i] for i in rows])
+        elastic.widen(meter, groups, [], time.time())
+        got = elastic.learn(samples, advantages, ref)
+        elastic.narrow(time.time())
+        _, records = meter.close_step(time.time())
+    finally:
+        elastic.close()
+
+    assert got["learner/width"] == 2
+    assert got["learn/ahead_groups"] == (0 if changed else 2)
+    assert got["time/learn_ahead"] > 0
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
+        weights_close(a, b, cfg.optim.lr)
+    extra = {r["name"]: r for r in records}["learner-1"]
+    assert len(extra["busy"]) >= 2  # ahead, then in the phase: billed busy both times
+    assert elastic.token_s is not None and elastic.token_s > 0
+
+
 def test_a_warm_idle_function_gives_its_slot_to_the_learning_phase():
     """A decode function released warm holds the one free slot; the phase (not yet measured: every
     slot) stops it and puts rank 1 there, rather than learning on one rank beside it idling."""

@@ -100,6 +100,57 @@ def test_micro_batching_does_not_change_the_update(model, agg):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("agg", list(LOSS_AGGREGATIONS))
+def test_groups_learned_ahead_make_the_same_update(model, agg):
+    """Two groups' gradients learned ahead, before the batch's other groups (and so its token
+    count) exist, then the rest: the one update of the whole batch, KL to a reference included,
+    and the same metrics."""
+    samples = make_samples(12, group=3)
+    algo, optim = AlgorithmConfig(loss_agg=agg, kl_coef=0.1), OptimConfig(lr=1e-3, grad_clip=0)
+    adv = [torch.full((len(s.response_ids),), (-1.0) ** i * (i + 1)) for i, s in enumerate(samples)]
+    ref = [
+        -torch.rand(len(s.response_ids), generator=torch.Generator().manual_seed(i))
+        for i, s in enumerate(samples)
+    ]
+    results = []
+    for early in ([], [0, 1, 2, 6, 7, 8]):  # groups u0 and u2
+        m = copy.deepcopy(model)
+        learner = Learner(m, algo, optim, 1, 24, 1.0, pad_id=0, seed=0, norm_len=16)
+        if early:
+            tokens = learner.learn_ahead(*([xs[i] for i in early] for xs in (samples, adv, ref)))
+            assert tokens == sum(len(samples[i].response_ids) for i in early) + sum(
+                len(samples[i].prompt_ids) for i in (0, 6)
+            )
+        ahead = frozenset(samples[i].key for i in early)
+        metrics = learner.learn(samples, adv, ref, ahead=ahead)
+        results.append(([p.detach().clone() for p in m.parameters()], metrics))
+    (want, want_m), (got, got_m) = results
+    for key in ("loss/policy", "kl/mean", "actor/clip_frac", "actor/approx_kl", "grad_norm"):
+        assert got_m[key] == pytest.approx(want_m[key], rel=1e-5, abs=1e-7), key
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_gradients_learned_ahead_count_only_when_the_update_names_all_their_samples(model):
+    """A rank whose ahead gradients the update does not name (their advantages changed, say)
+    drops them and learns its share as if it had learned nothing ahead."""
+    samples = make_samples(8)
+    adv = [torch.full((len(s.response_ids),), (-1.0) ** i * (i + 1)) for i, s in enumerate(samples)]
+    algo, optim = AlgorithmConfig(), OptimConfig(lr=1e-3, grad_clip=0)
+    plain = Learner(copy.deepcopy(model), algo, optim, 1, 24, 1.0, pad_id=0, seed=0, norm_len=16)
+    want = plain.learn(samples, adv, None)
+    dropped = Learner(copy.deepcopy(model), algo, optim, 1, 24, 1.0, pad_id=0, seed=0, norm_len=16)
+    dropped.learn_ahead(samples[:2], [-a for a in adv[:2]], None)
+    got = dropped.learn(samples, adv, None, ahead=frozenset())
+    assert got["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-6)
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+    with pytest.raises(ValueError, match="one update a step"):
+        several = Learner(
+            copy.deepcopy(model), AlgorithmConfig(epochs=2), optim, 1, 24, 1.0, pad_id=0, seed=0, norm_len=16
+        )
+        several.learn(samples, adv, None, ahead=frozenset({samples[0].key}))
+
+
 def test_on_policy_loss_is_minus_the_mean_token_advantage(model):
     """With old log-probs = current (one epoch), ratio = 1: token-mean loss = -mean(A) over tokens."""
     samples = make_samples(4)

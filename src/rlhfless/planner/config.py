@@ -151,6 +151,16 @@ class SchedulerConfig:
             "decode function (the in-process executor prepares after generation)"
         },
     )
+    learn_ahead: bool = field(
+        default=True,
+        metadata={
+            "help": "rlhfless, with a group-local estimator (grpo, rloo) and one update a step: the "
+            "learning phase's extra ranks start during generation once a scored group can be "
+            "learned before it ends, and compute that group's gradients while stragglers decode; "
+            "the update sums them with the rest (the same update, within float rounding). The Ray "
+            "runtime runs it; the simulator does not model it"
+        },
+    )
     longest_first: bool = field(
         default=True,
         metadata={
@@ -308,6 +318,7 @@ class SchedulerConfig:
                 "cut": "actor" if self.cut_and_migrate else "none",
                 "migration": self.migration if self.cut_and_migrate else "none",
                 "overlap_preparation": self.overlap_preparation,
+                "learn_ahead": self.learn_ahead,
             }
         return {
             "dedup_prefill": False,
@@ -321,4 +332,5 @@ class SchedulerConfig:
             "cut": "global" if self.policy == "rlhfuse" else "none",
             "migration": "global" if self.policy == "rlhfuse" else "none",
             "overlap_preparation": False,
+            "learn_ahead": False,
         }

@@ -130,3 +130,22 @@ def start_ranks_now(left_s: float | None, rank_start_s: float | None) -> bool:
     idle, later makes learning wait. Never before a start was measured (`None`): the first phase
     starts its ranks when it begins."""
     return left_s is not None and rank_start_s is not None and left_s <= rank_start_s
+
+
+def start_ranks_ahead(left_s: float | None, rank_start_s: float | None, group_s: float | None) -> bool:
+    """Whether to request the extra ranks now to learn a scored group ahead (`learn_ahead`): once
+    generation's live forecast leaves time for their start and that group's learning
+    (`group_s`, at the last phase's seconds a token) before it ends. Their slots are billed
+    from then, idle while no group is ready; the group's learning leaves the phase."""
+    if left_s is None or rank_start_s is None or group_s is None:
+        return False
+    return left_s >= rank_start_s + group_s
+
+
+def learn_ahead_fits(left_s: float | None, queued_s: float, group_s: float | None) -> bool:
+    """Whether a started rank takes a scored group now: when its learning, after what the rank
+    has queued (`queued_s`: the rest of its start, calls under way), ends before generation is
+    forecast to. A call that runs past generation's end delays the phase: the ranks join after it."""
+    if left_s is None or group_s is None:
+        return False
+    return queued_s + group_s <= left_s

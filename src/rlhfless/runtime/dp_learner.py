@@ -36,10 +36,12 @@ import torch
 from ray.exceptions import RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.learning import LearningHistory, learner_width
+from rlhfless.runtime.ahead import StepAhead, group_tokens
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
 from rlhfless.runtime.learner_rank import LearnerRank
@@ -47,6 +49,7 @@ from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
 from rlhfless.runtime.ray_cluster import await_free, slots_in
+from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import flat_weights, join_state
 
 RELEASE_WAIT_S = 2.0  # at most, for Ray to count a phase's released slots as free again
@@ -95,6 +98,9 @@ class ElasticLearner(LearnerSide):
         self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
         self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
         self.link: RankLink | None = None  # the driver's line to rank 0, for weights and state
+        self.step_ahead = StepAhead()  # this step's groups learned ahead (`ahead`)
+        self.token_s: float | None = None  # rank-seconds a learned token took, the last phase
+        self.phase_tokens = 0  # the open phase's tokens (each group's prompt once)
 
     def _create(self, device: str, **options):
         return (
@@ -282,12 +288,63 @@ class ElasticLearner(LearnerSide):
         its own."""
         return max(self.rank_starts) if self.rank_starts else None
 
+    # ----- learning ahead (`ahead`) ---------------------------------------------------------
+
+    def group_s(self, samples: list[Sample]) -> float | None:
+        """Forecast seconds for one rank to learn this prompt group, at the last phase's seconds a
+        token (None before a phase was measured)."""
+        return None if self.token_s is None else self.token_s * group_tokens(samples)
+
+    def ahead_rank(self) -> tuple[Any, Invocation] | None:
+        """The rank that learns ahead: the phase's first extra one, once requested, until the
+        phase opens (None: none requested)."""
+        if self.opened or self.serverful or self.group is None or len(self.ranks) < 2:
+            return None
+        return self.ranks[1], self.invocations[0]
+
+    def queued_s(self, now: float) -> float:
+        """What the ahead rank has to do before a new call: the rest of its start, as last
+        measured, and its calls under way, as forecast."""
+        _, inv = self.ahead_rank()
+        start_left = max(0.0, inv.requested + (self.rank_start_s or 0.0) - now)
+        return start_left + self.step_ahead.queued_s()
+
+    def learn_ahead(
+        self,
+        weights: ray.ObjectRef,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+    ) -> None:
+        """A scored group's gradients, on the ahead rank, with the step's published `weights`."""
+        rank, inv = self.ahead_rank()
+        estimate = self.group_s(samples) or 0.0
+        self.step_ahead.send(rank, inv, weights, samples, advantages, ref, estimate)
+
+    def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[tuple[str, int]]:
+        """The samples learned ahead that count in this update (`StepAhead.settle`)."""
+        by_uid: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_uid.setdefault(s.uid, []).append(s)
+        self.phase_tokens = sum(group_tokens(group) for group in by_uid.values())
+        counted = self.step_ahead.settle(self.ranks[1:], samples, advantages)
+        self.phase |= {
+            "learn/ahead_groups": float(len({uid for uid, _ in counted})),
+            "time/learn_ahead": self.step_ahead.seconds,
+        }
+        return counted
+
     def narrow(self, now: float) -> None:
         """Close the learning phase: ranks 1.. leave the group, the elastic ones stopped and
-        released (resident ones stay, on their held slots), rank 0 alone again."""
+        released (resident ones stay, on their held slots), rank 0 alone again. What the phase
+        measured prices the next: its learning seconds, those learned ahead spread over its width
+        as the phase would have spent them, and its seconds a token."""
         if not self.serverful and self.busy_s > 0:
-            self.learned = (len(self.ranks), self.busy_s)
-        self.busy_s = 0.0
+            width, ahead_s = len(self.ranks), self.step_ahead.seconds
+            self.learned = (width, self.busy_s + ahead_s / width)
+            if self.phase_tokens:
+                self.token_s = (width * self.busy_s + ahead_s) / self.phase_tokens
+        self.busy_s, self.phase_tokens, self.step_ahead = 0.0, 0, StepAhead()
         if len(self.ranks) > 1:
             ray.get([rank.leave.remote() for rank in self.ranks])
             if not self.serverful:

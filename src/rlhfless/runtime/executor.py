@@ -148,8 +148,12 @@ class LearnerReplica:
         advantages: list[Tensor],
         ref: list[Tensor] | None,
         old: list[Tensor] | None,
+        ahead: frozenset[tuple[str, int]] = frozenset(),
     ) -> dict:
-        return self.learner.learn(samples, advantages, ref, old)
+        return self.learner.learn(samples, advantages, ref, old, ahead)
+
+    def learn_ahead(self, samples: list[Sample], advantages: list[Tensor], ref: list[Tensor] | None) -> int:
+        return self.learner.learn_ahead(samples, advantages, ref)
 
     def state_dict(self) -> dict:
         state = {"learner": self.learner.state_dict()}
@@ -210,6 +214,11 @@ class LearnerSide:
         """Metrics of the learning phase (its width, its start)."""
         return {}
 
+    def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[tuple[str, int]]:
+        """The samples whose gradients a replica learned ahead, with the very advantages given now
+        (`LearnerReplica.learn_ahead`); none in this process."""
+        return frozenset()
+
     def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
         return self._run("logprobs", samples)
 
@@ -226,7 +235,8 @@ class LearnerSide:
         ref: list[Tensor] | None,
         old: list[Tensor] | None = None,
     ) -> dict:
-        metrics = self._run("learn", samples, advantages, ref, old) | self._phase() | self._synced()
+        ahead = self._ahead(samples, advantages)
+        metrics = self._run("learn", samples, advantages, ref, old, ahead) | self._phase() | self._synced()
         self.version += 1
         self.engine.weight_version = self.version
         return metrics

@@ -3,6 +3,12 @@
 Micro-batches come from `micro_batch`, their log-probs from `logprobs`; with one epoch and one
 mini-batch the old log-probs are the current ones, detached, so no extra forward pass is spent on
 them.
+
+With one update a phase, a prompt group's gradient can also be computed ahead (`learn_ahead`),
+before the step's other groups exist: the update's gradient is a sum over micro-batches, each
+weighed by its share of the whole batch. Ahead of it, a micro-batch is weighed by its own tokens
+(or rows) alone, and `learn` divides what was summed by the batch's total once it is known, then
+adds the other groups as usual: the same sum, within float rounding.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import ctypes
 import ctypes.util
 import hashlib
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,7 +27,7 @@ from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.config import OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.logprobs import response_logprobs
-from rlhfless.runtime.micro_batch import MicroBatch, pack, stack
+from rlhfless.runtime.micro_batch import MicroBatch, pack, prompt_groups, stack
 from rlhfless.runtime.precision import autocast
 from rlhfless.runtime.samples import Sample
 
@@ -74,6 +81,22 @@ def adamw(params: list[torch.nn.Parameter], lr: float, optim: OptimConfig) -> to
     )
 
 
+SUMS = ("loss/policy", "kl/mean", "actor/clip_frac", "actor/approx_kl")  # an update's weighted metric sums
+
+
+@dataclass
+class Ahead:
+    """Gradients learned ahead of a step's update: of which samples, and their metrics' raw sums."""
+
+    keys: set[tuple[str, int]] = field(default_factory=set)
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMS, 0.0))
+
+    def add(self, keys: set[tuple[str, int]], sums: dict[str, float]) -> None:
+        self.keys |= keys
+        for key, value in sums.items():
+            self.sums[key] += value
+
+
 class Learner:
     """Owns the policy's optimizer and schedule; updates the policy from scored samples. As one rank
     of a data-parallel learner (`dp`) it computes its share of each step and the ranks add up."""
@@ -103,6 +126,7 @@ class Learner:
         self.optimizer = adamw([p for p in model.parameters() if p.requires_grad], optim.lr, optim)
         updates = total_steps * algo.epochs * algo.mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda(updates))
+        self.ahead: Ahead | None = None  # gradients learned ahead of this step's update
 
     def _lr_lambda(self, updates: int):
         warmup, cosine = self.optim_cfg.warmup_steps, self.optim_cfg.schedule == "cosine"
@@ -141,15 +165,24 @@ class Learner:
         advantages: list[Tensor],
         ref_logprobs: list[Tensor] | None,
         old_logprobs: list[Tensor] | None = None,
+        ahead: frozenset[tuple[str, int]] = frozenset(),
     ) -> dict[str, float]:
         """Epochs x mini-batches of clipped policy-gradient updates; returns step metrics.
 
         `old_logprobs` are the policy's log-probs before this update when the caller already has
         them (PPO with the KL in the reward); otherwise they are computed here only when more than
-        one update is made, and one update reuses its own forward pass, detached.
+        one update is made, and one update reuses its own forward pass, detached. `ahead`: the
+        samples (keys) whose gradients some rank learned ahead (`learn_ahead`), left out of the
+        ranks' shares; this rank's ahead gradients count only if all of theirs are in it.
         """
         algo = self.algo
         old = old_logprobs
+        if ahead and (algo.epochs > 1 or algo.mini_batches > 1):
+            raise ValueError(
+                "learn: gradients learned ahead need one update a step (epochs = mini_batches = 1)"
+            )
+        if self.ahead is not None and not self.ahead.keys <= ahead:
+            self.drop_ahead()
         if old is None and (algo.epochs > 1 or algo.mini_batches > 1):
             old = self.logprobs(self.model, samples)
         self.model.train()
@@ -157,12 +190,35 @@ class Learner:
         seed = shuffle_seed(self.seed, self.scheduler.last_epoch, "policy")
         chunks = update_order(len(samples), algo.epochs, algo.mini_batches, seed)
         for n, rows in enumerate(chunks):
-            stats = self._update(samples, rows, advantages, old, ref_logprobs, last=n == len(chunks) - 1)
+            stats = self._update(
+                samples, rows, advantages, old, ref_logprobs, last=n == len(chunks) - 1, ahead=ahead
+            )
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value
         self.optimizer.zero_grad(set_to_none=True)  # not needed until the next step: 4 bytes a parameter
         release_free_memory()
         return {key: value / len(chunks) for key, value in totals.items()}
+
+    def learn_ahead(
+        self, samples: list[Sample], advantages: list[Tensor], ref_logprobs: list[Tensor] | None
+    ) -> int:
+        """Whole prompt groups' gradients, ahead of the step's update: summed into the parameters'
+        gradients, each micro-batch weighed by its own tokens (rows, under a per-sequence loss),
+        which `learn` divides by the batch's once it is known. Returns the tokens run (each prompt once
+        a group, as the micro-batches run it)."""
+        if self.ahead is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.ahead = Ahead()
+        self.model.train()
+        rows = list(range(len(samples)))
+        sums = self._backward(samples, rows, advantages, None, ref_logprobs, 1.0, 1.0)
+        self.ahead.add({s.key for s in samples}, sums)
+        return sum(sum(group.cost()) for group in prompt_groups(samples, rows))
+
+    def drop_ahead(self) -> None:
+        """Forget the gradients learned ahead (the step's update will not count them)."""
+        self.ahead = None
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _update(
         self,
@@ -172,13 +228,50 @@ class Learner:
         old: list[Tensor] | None,
         ref: list[Tensor] | None,
         last: bool,
+        ahead: frozenset[tuple[str, int]] = frozenset(),
     ) -> dict[str, float]:
+        tokens = max(sum(len(samples[i].response_ids) for i in rows), 1)
+        per = float(tokens) if self.algo.loss_agg == "token-mean" else float(len(rows))
+        sums = dict.fromkeys(SUMS, 0.0)
+        if self.ahead is not None:  # its raw sums and gradients, now weighed by the whole batch
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(per)
+            sums = {
+                key: value / (per if key == "loss/policy" else tokens)
+                for key, value in self.ahead.sums.items()
+            }
+            self.ahead = None
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        share = [i for i in rows if samples[i].key not in ahead]
+        mine = self.dp.rows(samples, share)  # weighed by the whole `rows`
+        for key, value in self._backward(samples, mine, advantages, old, ref, per, tokens).items():
+            sums[key] += value
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        sums = self.dp.reduce_sums(sums)
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+        grad_norm = self.dp.step(self.optimizer, trainable, max_norm, share=not last)
+        self.scheduler.step()
+        return {**sums, "grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0]}
+
+    def _backward(
+        self,
+        samples: list[Sample],
+        rows: list[int],
+        advantages: list[Tensor],
+        old: list[Tensor] | None,
+        ref: list[Tensor] | None,
+        per: float,
+        tokens: float,
+    ) -> dict[str, float]:
+        """The loss of `rows`' micro-batches, backward into the gradients: each micro-batch's loss
+        weighed by its tokens (rows, under a per-sequence loss) over `per`, its metrics by its
+        tokens over `tokens`; returns the metrics' weighted sums."""
         algo = self.algo
-        tokens = sum(len(samples[i].response_ids) for i in rows)
         by_tokens = algo.loss_agg == "token-mean"
-        sums = {"loss/policy": 0.0, "kl/mean": 0.0, "actor/clip_frac": 0.0, "actor/approx_kl": 0.0}
-        self.optimizer.zero_grad(set_to_none=True)
-        for mb in self._batches(samples, self.dp.rows(samples, rows)):  # weighed by the whole `rows`
+        sums = dict.fromkeys(SUMS, 0.0)
+        for mb in self._batches(samples, rows):
             width = mb.mask.shape[1]
             with autocast(self.model, self.compute_dtype):
                 logp = response_logprobs(self.model, mb, self.temperature)
@@ -196,24 +289,19 @@ class Learner:
                 self.norm_len,
             )
             mb_tokens = float(mb.mask.sum())
-            weight = mb_tokens / max(tokens, 1) if by_tokens else len(mb.rows) / len(rows)
+            weight = (mb_tokens if by_tokens else len(mb.rows)) / per
             kl_value = 0.0
             if ref is not None:
                 kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
                 kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
             (loss * weight).backward()
-            token_share = mb_tokens / max(tokens, 1)
+            token_share = mb_tokens / tokens
             sums["loss/policy"] += float(loss.detach()) * weight
             sums["kl/mean"] += kl_value * token_share
             sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
             sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        sums = self.dp.reduce_sums(sums)
-        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        grad_norm = self.dp.step(self.optimizer, trainable, max_norm, share=not last)
-        self.scheduler.step()
-        return {**sums, "grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0]}
+        return sums
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

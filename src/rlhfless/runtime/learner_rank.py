@@ -18,6 +18,7 @@ from rlhfless.runtime import rank_link
 from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
 from rlhfless.runtime.executor import LearnerReplica
 from rlhfless.runtime.functions import Started, function_setup, started
+from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import load_flat_weights, split_state
 
 
@@ -56,6 +57,19 @@ class LearnerRank(LearnerReplica):
         if rank:
             self.load_phase_state(state)
         self._use(DataParallel(rank, width, self.device))
+
+    def take_weights(self, flat: np.ndarray) -> None:
+        """The step's published weights (the decode functions' buffer), to learn ahead with before
+        the phase's group broadcasts rank 0's, the same ones."""
+        load_flat_weights(self.policy, flat)
+
+    def ahead(
+        self, samples: list[Sample], advantages: list[torch.Tensor], ref: list[torch.Tensor] | None
+    ) -> tuple[int, float, float]:
+        """`learn_ahead`, timed: the tokens run, and when it began and ended (it is billed busy)."""
+        begin = time.time()
+        tokens = self.learn_ahead(samples, advantages, ref)
+        return tokens, begin, time.time()
 
     def updates(self) -> tuple[int, int]:
         """Optimizer steps taken so far, the policy's and the critic's: a call that failed when a

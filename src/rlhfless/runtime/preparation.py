@@ -64,12 +64,15 @@ class Preparation:
         reference: tuple[ray.ObjectRef, int] | None,
         step: int,
         overlap: bool,
+        eager: bool = False,
     ) -> None:
         """`reference`: the reference's flat weights in the object store and their bytes (None:
-        no KL penalty, rewards only); `overlap`: prepare groups during generation."""
+        no KL penalty, rewards only); `overlap`: prepare groups during generation; `eager`: on
+        the prepare function even while a decode function runs on the learner's slot (rewards
+        only, a short call: for groups learned ahead, `ahead`)."""
         self.cfg, self.functions, self.meter, self.tokenizer = cfg, functions, meter, tokenizer
         self.prompts = {p.uid: p for p in prompts}
-        self.reference, self.step, self.overlap = reference, step, overlap
+        self.reference, self.step, self.overlap, self.eager = reference, step, overlap, eager
         self.kind = "reward" if reference is None else "reference"
         self.setup = functions.prep_setup()
         self.finished: dict[str, dict[int, SequenceResult]] = {}
@@ -111,7 +114,7 @@ class Preparation:
         phase's ranks want the slots (`hand_back`); decode functions left with nothing are
         released."""
         idle, self.idle = self.idle, []
-        if self.overlap and self.ready and learner_free and self._prepare_fn_idle():
+        if self.overlap and self.ready and (learner_free or self.eager) and self._prepare_fn_idle():
             if not idle or self._prepare_fn_started():
                 self._send(self._prepare_fn(), self._take())
         for p in idle:
@@ -166,6 +169,26 @@ class Preparation:
         p.keys = []
         if not p.learner:
             self.idle.append(p)
+
+    def scored(self) -> list[str]:
+        """Groups whose every sample is scored (and has its reference log-probs, with a KL)."""
+        group, with_ref = self.cfg.algorithm.group_size, self.reference is not None
+        return [
+            uid
+            for uid, done in self.finished.items()
+            if len(done) == group
+            and all((uid, k) in self.scores and (not with_ref or (uid, k) in self.ref) for k in done)
+        ]
+
+    def group(self, uid: str) -> tuple[list[Sample], list[Tensor] | None]:
+        """A scored group's samples, rewards set, in sample order, and their reference log-probs."""
+        samples = self._samples([uid])
+        for s in samples:
+            s.reward, s.reward_components = self.scores[s.key]
+        ref = (
+            None if self.reference is None else [torch.from_numpy(np.array(self.ref[s.key])) for s in samples]
+        )
+        return samples, ref
 
     def end_generation(self, now: float) -> None:
         self.generation_end = now
@@ -264,13 +287,17 @@ class Preparation:
         self.prepare_fn = Worker(lease, inv, True)
         return self.prepare_fn
 
-    def _send(self, p: Worker, uids: list[str]) -> None:
+    def _samples(self, uids: list[str]) -> list[Sample]:
+        """The finished samples of groups `uids`, decoded, in sample order."""
         results = [self.finished[uid][s] for uid in uids for s in sorted(self.finished[uid])]
         texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
-        samples = [
+        return [
             Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
             for r, text in zip(results, texts, strict=True)
         ]
+
+    def _send(self, p: Worker, uids: list[str]) -> None:
+        samples = self._samples(uids)
         prompts = [self.prompts[uid] for uid in uids]
         p.keys = [s.key for s in samples]
         if p.learner:

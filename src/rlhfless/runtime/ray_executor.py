@@ -9,7 +9,8 @@ leased per step on the nodes the plan names (`lifecycle`), get the new weights a
 through the object store (`publishing`), and are driven by one `DecodeRound` per step. The plan is
 made for the cluster Ray reports at the start of the step (`cluster`). Preparation (rewards, the
 reference's log-probs) runs by prompt group, overlapped with generation's tail when the plan says
-so (`preparation`).
+so (`preparation`); with a group-local estimator, scored groups are learned ahead on the learning
+phase's first extra rank, started early for them (`ahead`).
 
 Billing (the one pricing model, through the meter): the learner's resources for the whole step
 under every policy, and its ranks beyond rank 0 per slot while they are held; the prefill
@@ -32,7 +33,7 @@ from torch import Tensor
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.hardware import ModelShape
-from rlhfless.planner.learning import start_ranks_now
+from rlhfless.planner.learning import learn_ahead_fits, start_ranks_ahead, start_ranks_now
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import StepPlan
 from rlhfless.rewards import RewardFn
@@ -45,6 +46,7 @@ from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.preparation import Preparation
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
 from rlhfless.runtime.ray_cluster import ClusterView, start_ray
+from rlhfless.runtime.returns import advantages, group_local
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 from rlhfless.runtime.transfer import flat_weights
 
@@ -110,8 +112,17 @@ class RayExecutor:
         with self.learner_inv.busy_while():
             ref, nbytes, put_s = self.weights.publish(self.learner.version)
         overlap = bool(plan.features.get("overlap_preparation"))  # rlhfless only
+        ahead = overlap and self._learns_ahead(plan)
         self.preparation = Preparation(
-            self.cfg, self.functions, self.meter, self.tokenizer, prompts, self.reference, step, overlap
+            self.cfg,
+            self.functions,
+            self.meter,
+            self.tokenizer,
+            prompts,
+            self.reference,
+            step,
+            overlap,
+            eager=ahead and self.reference is None,
         )
         round_ = DecodeRound(
             self.cfg,
@@ -133,7 +144,7 @@ class RayExecutor:
         if kv is not None:
             self._on_learner("prefill", kv.start, kv.computed, kv.put)
         round_.assign(kv)
-        results = round_.run(tick=self._prestarter(len(prompts)))
+        results = round_.run(tick=self._prestarter(len(prompts), ref if ahead else None))
         self.preparation.end_generation(time.time())
         round_.settle(kv)
         # verl's held functions as generation left them: none a fault dropped, their replacements in
@@ -222,21 +233,67 @@ class RayExecutor:
         learner's slot and every held decode function's; else on the slots free now."""
         self.learner.widen(self.meter, len({s.uid for s in samples}), self.hosts, now)
 
-    def _prestarter(self, groups: int):
+    def _learns_ahead(self, plan: StepPlan) -> bool:
+        """Whether this step may learn groups ahead (`ahead`): the plan says so, its estimator is
+        group-local with one update, and a phase was measured (its seconds a token, its ranks' start)."""
+        learner = self.learner
+        return (
+            bool(plan.features.get("learn_ahead"))
+            and group_local(self.cfg.algorithm)
+            and learner.token_s is not None
+            and learner.rank_start_s is not None
+        )
+
+    def _prestarter(self, groups: int, weights: ray.ObjectRef | None):
         """Called at each decode report: once generation's live forecast is within one rank start,
         the learning phase's extra ranks start on the slots free then, those that decode
         functions prepare on and then free included (`Preparation.holding`): once ranks are
-        requested, decode functions take no new group."""
+        requested, decode functions take no new group. With `weights` (the step's published
+        ones), scored groups are learned ahead: the ranks start earlier, as soon as one can be
+        learned before generation ends (`start_ranks_ahead`), and take each that still can."""
+        tried = False  # learning ahead asked for the ranks this step
 
         def tick(round_: DecodeRound) -> None:
-            if start_ranks_now(round_.left_s(), self.learner.rank_start_s):
-                leased = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
-                held = leased - self.preparation.holding()
-                self.learner.prestart(self.meter, held, groups, time.time())
-                if self.learner.group is not None:
-                    self.preparation.hand_back()
+            nonlocal tried
+            left = round_.left_s()
+            if weights is not None:
+                waiting = self._scored_waiting()
+                if waiting and not tried and self.learner.group is None:
+                    if start_ranks_ahead(
+                        left, self.learner.rank_start_s, self.learner.group_s(waiting[0][0])
+                    ):
+                        tried = True
+                        self._prestart(groups)
+                if waiting and self.learner.ahead_rank() is not None:
+                    self._learn_ahead(weights, waiting, left)
+            if start_ranks_now(left, self.learner.rank_start_s):
+                self._prestart(groups)
 
         return tick
+
+    def _prestart(self, groups: int) -> None:
+        leased = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
+        held = leased - self.preparation.holding()
+        self.learner.prestart(self.meter, held, groups, time.time())
+        if self.learner.group is not None:
+            self.preparation.hand_back()
+
+    def _scored_waiting(self) -> list[tuple[list[Sample], list[Tensor] | None]]:
+        """Scored groups not yet learned ahead, with their reference log-probs."""
+        self.learner.step_ahead.poll()
+        sent = self.learner.step_ahead.sent
+        return [self.preparation.group(uid) for uid in self.preparation.scored() if uid not in sent]
+
+    def _learn_ahead(
+        self,
+        weights: ray.ObjectRef,
+        waiting: list[tuple[list[Sample], list[Tensor] | None]],
+        left: float | None,
+    ) -> None:
+        """Each waiting group the ahead rank can learn before generation is forecast to end."""
+        for samples, ref in waiting:
+            if learn_ahead_fits(left, self.learner.queued_s(time.time()), self.learner.group_s(samples)):
+                self.learner.learn_ahead(weights, samples, advantages(self.cfg, samples), ref)
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         end = time.time()

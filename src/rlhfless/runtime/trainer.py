@@ -17,16 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from rlhfless.algo import (
-    AdaptiveKLController,
-    FixedKLController,
-    get_advantage_estimator,
-    kl_penalty,
-    reinforce_pp_advantages,
-    whiten,
-)
+from rlhfless.algo import AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.config import Config, resolve_output_dir, save_config, to_dict
 from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
@@ -40,6 +32,7 @@ from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
 from rlhfless.runtime.planning import build_planner, observe_lengths, plan_metrics
+from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt
@@ -82,60 +75,6 @@ def answer_lengths(prompts: list[StepPrompt], tokenizer) -> list[int | None]:
     return [
         len(tokenizer(p.prompt.ground_truth)["input_ids"]) if p.prompt.ground_truth else None for p in prompts
     ]
-
-
-def _padded(per_sample: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Per-sample token tensors as one right-padded [B, R] batch, and its mask."""
-    width = max(t.numel() for t in per_sample)
-    batch, mask = torch.zeros((len(per_sample), width)), torch.zeros((len(per_sample), width))
-    for b, t in enumerate(per_sample):
-        batch[b, : t.numel()], mask[b, : t.numel()] = t, 1.0
-    return batch, mask
-
-
-def _unpad(batch: Tensor, like: list[Tensor]) -> list[Tensor]:
-    return [batch[b, : t.numel()].clone() for b, t in enumerate(like)]
-
-
-def token_rewards(
-    samples: list[Sample], kl: list[Tensor] | None, beta: float, normalize: bool = False
-) -> list[Tensor]:
-    """Per-token rewards for the token-level estimators (ppo, reinforce_pp): the sample's reward on
-    its last response token, and `-beta * kl_t` on every response token when `kl` is given.
-    `normalize` whitens the rewards over the step first (`algorithm.normalize_reward`)."""
-    scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    if normalize:
-        scores = whiten(scores, torch.ones_like(scores))
-    out = []
-    for i, s in enumerate(samples):
-        r = torch.zeros(len(s.response_ids)) if kl is None else -beta * kl[i].float()
-        r[-1] += scores[i]
-        out.append(r)
-    return out
-
-
-def advantages(cfg: Config, samples: list[Sample], rewards: list[Tensor] | None = None) -> list[Tensor]:
-    """Per-token advantages of the critic-free estimators. Sequence-level (grpo, rloo) broadcast
-    over each sample's response tokens; reinforce_pp whitens the returns-to-go of `rewards` (the
-    token rewards, see `token_rewards`) over the batch. PPO's come from its critic instead."""
-    algo = cfg.algorithm
-    if algo.name == "reinforce_pp":
-        if rewards is None:
-            rewards = token_rewards(samples, None, 0.0, algo.normalize_reward)
-        batch, mask = _padded(rewards)
-        adv, _ = reinforce_pp_advantages(batch, mask, gamma=algo.gamma)
-        return _unpad(adv, rewards)
-    scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    estimator = get_advantage_estimator(algo.name)
-    kwargs = {"norm_by_std": algo.norm_adv_by_std} if algo.name == "grpo" else {}
-    per_sample = estimator(scores, [s.uid for s in samples], **kwargs)
-    return [torch.full((len(s.response_ids),), float(a)) for s, a in zip(samples, per_sample, strict=True)]
-
-
-def whiten_tokens(per_sample: list[Tensor]) -> list[Tensor]:
-    """`whiten` over every response token of the batch (PPO normalises its GAE advantages so)."""
-    batch, mask = _padded(per_sample)
-    return _unpad(whiten(batch, mask), per_sample)
 
 
 def kl_controller(algo: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
