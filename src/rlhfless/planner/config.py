@@ -152,13 +152,16 @@ class SchedulerConfig:
         },
     )
     learn_ahead: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "rlhfless, with a group-local estimator (grpo, rloo) and one update a step: the "
-            "learning phase's extra ranks start during generation once a scored group can be "
-            "learned before it ends, and compute that group's gradients while stragglers decode; "
-            "the update sums them with the rest (the same update, within float rounding). The Ray "
-            "runtime runs it; the simulator does not model it"
+            "learning phase's first extra rank starts during generation once a scored group can be "
+            "learned before it ends, and computes scored groups' gradients while stragglers decode; "
+            "the update sums them with the rest. Shorter steps, but the update equals the one "
+            "without it only within float rounding (sums in another order), so a later step's "
+            "sample can differ where two tokens nearly tie: off by default, which keeps every "
+            "sample bitwise what any other schedule draws. The Ray runtime runs it; the simulator "
+            "does not model it"
         },
     )
     longest_first: bool = field(

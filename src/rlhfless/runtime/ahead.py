@@ -36,6 +36,14 @@ def group_tokens(samples: list[Sample]) -> int:
     return len(samples[0].prompt_ids) + sum(len(s.response_ids) for s in samples)
 
 
+def batch_tokens(samples: list[Sample]) -> int:
+    """Tokens the learner runs for a batch: `group_tokens` over its prompt groups."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        groups.setdefault(s.uid, []).append(s)
+    return sum(group_tokens(group) for group in groups.values())
+
+
 @dataclass
 class Call:
     """One group sent to a rank: what it learns with, and its forecast seconds."""

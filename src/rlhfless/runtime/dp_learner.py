@@ -7,7 +7,8 @@ last phase's learning seconds and rank starts): ranks 1.. start cold on the slot
 generation ends, idle warm functions' included where the planner finds stopping them worth their
 restart (keep-alive gives way; one placement group: all of them or none), requested once generation's live
 forecast is within one measured rank start, so their start overlaps its tail
-(`planner.learning.start_ranks_now`). They get rank 0's weights and schedule over the phase's
+(`planner.learning.start_ranks_now`), or earlier, when the first of them learns scored groups
+ahead (`ahead`). They get rank 0's weights and schedule over the phase's
 process group, compute their share of the gradients, which reduces per optimizer step sum on
 rank 0 (`data_parallel`: gloo on CPUs, NCCL on GPUs; not sharded with FSDP2, docs/DECISIONS.md),
 and are stopped when the phase ends. Each rank is billed per slot from its start to its stop;
@@ -41,10 +42,10 @@ from torch import Tensor
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.learning import LearningHistory, learner_width
-from rlhfless.runtime.ahead import StepAhead, group_tokens
+from rlhfless.runtime.ahead import StepAhead, batch_tokens, group_tokens
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
-from rlhfless.runtime.learner_rank import LearnerRank
+from rlhfless.runtime.learner_rank import LearnerRank, rank_env
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
@@ -105,7 +106,7 @@ class ElasticLearner(LearnerSide):
     def _create(self, device: str, **options):
         return (
             ray.remote(LearnerRank)
-            .options(max_restarts=0, runtime_env=rank_env(self.cfg), **options)
+            .options(max_restarts=0, runtime_env=rank_env(self.cfg.runtime.learner_mmap_threshold), **options)
             .remote(*self.rank_args, device)
         )
 
@@ -323,10 +324,7 @@ class ElasticLearner(LearnerSide):
 
     def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[tuple[str, int]]:
         """The samples learned ahead that count in this update (`StepAhead.settle`)."""
-        by_uid: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_uid.setdefault(s.uid, []).append(s)
-        self.phase_tokens = sum(group_tokens(group) for group in by_uid.values())
+        self.phase_tokens = batch_tokens(samples)
         counted = self.step_ahead.settle(self.ranks[1:], samples, advantages)
         self.phase |= {
             "learn/ahead_groups": float(len({uid for uid, _ in counted})),
@@ -459,13 +457,6 @@ def _gpu_of(function) -> str:
     """Run inside a held function (Ray's `__ray_call__`): the Ray id of the GPU it was given, which
     is its CUDA index in a process of its node that asked for none (`devices.learner_device`)."""
     return ray.get_gpu_ids()[0]
-
-
-def rank_env(cfg: Config) -> dict | None:
-    """The ranks' runtime_env: glibc's mmap threshold fixed (`runtime.learner_mmap_threshold`), read
-    when the process starts. None with 0: the job's environment as it is."""
-    threshold = cfg.runtime.learner_mmap_threshold
-    return {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(threshold)}} if threshold else None
 
 
 def _any_lost(calls: list) -> bool:

@@ -108,3 +108,9 @@ class LearnerRank(LearnerReplica):
         """A checkpoint's policy weights and learner state (a resumed run)."""
         load_flat_weights(self.policy, flat)
         self.load_state_dict(state)
+
+
+def rank_env(mmap_threshold: int) -> dict | None:
+    """A rank's runtime_env: glibc's mmap threshold fixed (`runtime.learner_mmap_threshold`), read
+    when the process starts. None with 0: the job's environment as it is."""
+    return {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)}} if mmap_threshold else None
