@@ -7,7 +7,9 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.learning import (
     LearningHistory,
     generation_left_s,
+    learn_ahead_fits,
     learner_width,
+    start_ranks_ahead,
     start_ranks_now,
     width_table,
 )
@@ -111,3 +113,22 @@ def test_extra_ranks_are_requested_once_generation_is_within_one_measured_rank_s
     assert not start_ranks_now(6.1, 6.0)
     assert not start_ranks_now(None, 6.0)  # no actor measured yet
     assert not start_ranks_now(0.0, None)  # no start measured yet: when learning begins
+
+
+def test_ranks_start_ahead_once_the_waiting_groups_keep_the_first_busy_to_generations_end():
+    # 20 s of generation left, a 6 s start: 14 s of waiting groups fill the rest, 13 do not.
+    assert start_ranks_ahead(20.0, 6.0, ready_s=14.0, group_s=3.0)
+    assert not start_ranks_ahead(20.0, 6.0, ready_s=13.0, group_s=3.0)  # it would idle, billed
+    assert not start_ranks_ahead(8.0, 6.0, ready_s=30.0, group_s=3.0)  # no group fits after the start
+    assert not start_ranks_ahead(None, 6.0, 10.0, 3.0) and not start_ranks_ahead(20.0, None, 30.0, 3.0)
+    assert not start_ranks_ahead(20.0, 6.0, 30.0, None)  # no phase measured: no seconds a token
+
+
+@given(st.floats(0, 100), st.floats(0, 100), st.floats(0, 50), st.floats(0, 50))
+def test_a_started_rank_never_takes_a_group_it_is_forecast_to_finish_after_generation(
+    left, start, ready, group
+):
+    assert learn_ahead_fits(left, ready, group) == (ready + group <= left)
+    if start_ranks_ahead(left, start, ready + group, group):
+        assert learn_ahead_fits(left, start, group)  # the first group fits behind the start
+    assert not learn_ahead_fits(None, 0.0, 1.0) and not learn_ahead_fits(10.0, 0.0, None)

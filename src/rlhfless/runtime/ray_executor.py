@@ -249,8 +249,9 @@ class RayExecutor:
         the learning phase's extra ranks start on the slots free then, those that decode
         functions prepare on and then free included (`Preparation.holding`): once ranks are
         requested, decode functions take no new group. With `weights` (the step's published
-        ones), scored groups are learned ahead: the ranks start earlier, as soon as one can be
-        learned before generation ends (`start_ranks_ahead`), and take each that still can."""
+        ones), scored groups are learned ahead: the ranks start earlier, once the groups waiting
+        would keep the first busy until generation ends (`start_ranks_ahead`), and it takes each
+        that can still be learned before then."""
         tried = False  # learning ahead asked for the ranks this step
 
         def tick(round_: DecodeRound) -> None:
@@ -259,9 +260,8 @@ class RayExecutor:
             if weights is not None:
                 waiting = self._scored_waiting()
                 if waiting and not tried and self.learner.group is None:
-                    if start_ranks_ahead(
-                        left, self.learner.rank_start_s, self.learner.group_s(waiting[0][0])
-                    ):
+                    each = [self.learner.group_s(samples) or 0.0 for samples, _ in waiting]
+                    if start_ranks_ahead(left, self.learner.rank_start_s, sum(each), min(each)):
                         tried = True
                         self._prestart(groups)
                 if waiting and self.learner.ahead_rank() is not None:
