@@ -46,7 +46,7 @@ from rlhfless.runtime.ahead import StepAhead, batch_tokens, group_tokens
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
 from rlhfless.runtime.learner_rank import LearnerRank, rank_env
-from rlhfless.runtime.lifecycle import LOST, Functions
+from rlhfless.runtime.lifecycle import LOST, Functions, any_lost, gpu_of
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
 from rlhfless.runtime.ray_cluster import await_free, slots_in
@@ -228,7 +228,7 @@ class ElasticLearner(LearnerSide):
         on the host's GPU when the run is on GPUs."""
         device = self.cfg.runtime.device
         if device == "cuda":  # a process that asks for no GPU sees every GPU of its node
-            device = f"cuda:{ray.get(host.lease.handle.__ray_call__.remote(_gpu_of))}"
+            device = f"cuda:{ray.get(host.lease.handle.__ray_call__.remote(gpu_of))}"
         on_node = NodeAffinitySchedulingStrategy(host.lease.shape[2], soft=False)
         handle = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=on_node)
         return Resident(handle)
@@ -292,13 +292,11 @@ class ElasticLearner(LearnerSide):
     # ----- learning ahead (`ahead`) ---------------------------------------------------------
 
     def group_s(self, samples: list[Sample]) -> float | None:
-        """Forecast seconds for one rank to learn this prompt group, at the last phase's seconds a
-        token (None before a phase was measured)."""
+        """Forecast seconds of one rank learning this group (None before a phase was measured)."""
         return None if self.token_s is None else self.token_s * group_tokens(samples)
 
     def ahead_rank(self) -> tuple[Any, Invocation] | None:
-        """The rank that learns ahead: the phase's first extra one, once requested, until the
-        phase opens (None: none requested)."""
+        """The phase's first extra rank, once requested, until the phase opens: it learns ahead."""
         if self.opened or self.serverful or self.group is None or len(self.ranks) < 2:
             return None
         return self.ranks[1], self.invocations[0]
@@ -307,8 +305,7 @@ class ElasticLearner(LearnerSide):
         """What the ahead rank has to do before a new call: the rest of its start, as last
         measured, and its calls under way, as forecast."""
         _, inv = self.ahead_rank()
-        start_left = max(0.0, inv.requested + (self.rank_start_s or 0.0) - now)
-        return start_left + self.step_ahead.queued_s()
+        return max(0.0, inv.requested + (self.rank_start_s or 0.0) - now) + self.step_ahead.queued_s()
 
     def learn_ahead(
         self,
@@ -371,7 +368,7 @@ class ElasticLearner(LearnerSide):
             try:
                 return ray.get(calls)[0]
             except (*LOST, RayTaskError):
-                if before is None or not _any_lost(calls[1:]):
+                if before is None or not any_lost(calls[1:]):
                     raise
             try:
                 done = ray.get(calls[0])  # rank 0 finished before the peer was lost
@@ -451,22 +448,3 @@ class ElasticLearner(LearnerSide):
         self.retire(set())
         if self.group is not None:
             remove_placement_group(self.group)
-
-
-def _gpu_of(function) -> str:
-    """Run inside a held function (Ray's `__ray_call__`): the Ray id of the GPU it was given, which
-    is its CUDA index in a process of its node that asked for none (`devices.learner_device`)."""
-    return ray.get_gpu_ids()[0]
-
-
-def _any_lost(calls: list) -> bool:
-    """Whether the process of any of these calls' actors died (a failed task is not a loss)."""
-    lost = False
-    for call in calls:
-        try:
-            ray.get(call)
-        except LOST:
-            lost = True
-        except RayTaskError:
-            pass
-    return lost

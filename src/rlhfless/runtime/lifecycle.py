@@ -11,7 +11,13 @@ stopped first: keep-alive gives way to a request.
 from __future__ import annotations
 
 import ray
-from ray.exceptions import ActorUnschedulableError, OutOfMemoryError, RayActorError, WorkerCrashedError
+from ray.exceptions import (
+    ActorUnschedulableError,
+    OutOfMemoryError,
+    RayActorError,
+    RayTaskError,
+    WorkerCrashedError,
+)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlhfless.config import Config
@@ -23,6 +29,25 @@ from rlhfless.runtime.ray_cluster import ClusterView, free_slots, read_cluster
 
 # The function's process is gone (crashed, killed, its node lost) or can never be placed.
 LOST = (RayActorError, OutOfMemoryError, WorkerCrashedError, ActorUnschedulableError)
+
+
+def gpu_of(function) -> str:
+    """Run inside a held function (Ray's `__ray_call__`): the Ray id of the GPU it was given, which
+    is its CUDA index in a process of its node that asked for none (`devices.learner_device`)."""
+    return ray.get_gpu_ids()[0]
+
+
+def any_lost(calls: list[ray.ObjectRef]) -> bool:
+    """Whether the process of any of these calls' actors died (a failed task is not a loss)."""
+    lost = False
+    for call in calls:
+        try:
+            ray.get(call)
+        except LOST:
+            lost = True
+        except RayTaskError:
+            pass
+    return lost
 
 
 class Functions:
