@@ -12,7 +12,7 @@ import json
 import pytest
 import ray
 import torch
-from torch.nn.utils import parameters_to_vector
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from rlhfless.config import load_config
 from rlhfless.data import PromptLoader, load_prompts
@@ -20,6 +20,8 @@ from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.hardware import ModelShape, roofline_profile
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.runtime import ray_executor
+from rlhfless.runtime.executor import build_learner
 from rlhfless.runtime.planning import CPU_SLOT, StepPlanner
 from rlhfless.runtime.trainer import advantages, build_executor, tokenize_prompts, train
 
@@ -36,11 +38,16 @@ pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
 
 def run(
-    *overrides: str, steps: int = 1, full: bool = True, cold_start_s: float = 0.0, prefill_scale: float = 1.0
+    *overrides: str,
+    steps: int = 1,
+    full: bool = True,
+    cold_start_s: float = 0.0,
+    prefill_scale: float = 1.0,
+    setup=lambda executor: None,
 ) -> list[dict]:
     """Steps of the tiny preset on the Ray executor, planned for a two-slot machine whose cold
     starts the planner takes to last `cold_start_s` (and its prefills `prefill_scale` times the
-    roofline's)."""
+    roofline's); `setup` sees the executor before the first step."""
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
     tokenizer = load_tokenizer(cfg.model)
     loader = PromptLoader(load_prompts(cfg.data), cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
@@ -59,11 +66,20 @@ def run(
     )
     out = []
     try:
+        record = {"weights": parameters_to_vector(policy.parameters()).detach().clone()}
+        setup(executor)
         for step in range(1, steps + 1):
+            before = record.get("weights")
             prompts = tokenize_prompts(next(loader), tokenizer, cfg.generation.max_prompt_tokens)
             plan = planner.plan(prompts, [None] * len(prompts), predictor, executor.warm_functions())
             samples, metrics = executor.generate(prompts, plan, step)
-            record = {"plan": plan, "samples": samples, "metrics": metrics, "n_prompts": len(prompts)}
+            record = {
+                "plan": plan,
+                "samples": samples,
+                "metrics": metrics,
+                "n_prompts": len(prompts),
+                "before": before,
+            }
             if full:
                 record["ref"], record["prepare"] = executor.prepare(prompts, samples)
                 record["advantages"] = advantages(cfg, samples)
@@ -355,3 +371,40 @@ def test_groups_prepared_in_the_tail_change_no_reward_log_prob_advantage_or_upda
             assert f["kind"] == "reference" and (f["cost"] > 0) == (f["colocated_with"] is None)
             overlapped.add(f["colocated_with"] or "decode slot")
     assert overlapped == {"learner", "decode slot"}
+
+
+def test_groups_learned_ahead_on_an_early_rank_make_the_update_the_learner_would(monkeypatch):
+    """Sequences admitted in waves, the decode function (on the learner's slot) paused after the
+    first: its groups are scored while it decodes, the first extra rank starts early on the free
+    slot and learns them ahead, and the update's gradient and loss are the in-process learner's on
+    the same samples. A measured phase is stood in for (its seconds a token, its rank start), and
+    the planner's two timing rules say yes, so that the step's timing alone decides nothing."""
+    monkeypatch.setattr(ray_executor, "start_ranks_ahead", lambda *args: True)
+    monkeypatch.setattr(ray_executor, "learn_ahead_fits", lambda *args: True)
+
+    def measured(executor) -> None:
+        executor.learner.token_s, executor.learner.rank_starts = 1e-3, [1.0]
+
+    overrides = (
+        *RLHFLESS,
+        "scheduler.n_min=1",
+        "scheduler.learn_ahead=true",
+        "algorithm.kl_coef=0",
+        "generation.max_running=8",
+        "runtime.learner_width=2",
+        "runtime.faults=[{kind: slow, step: 1, actor: 0, after: 60, seconds: 2}]",
+    )
+    (step,) = run(*overrides, setup=measured)
+    cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    vector_to_parameters(step["before"], policy.parameters())
+    want = build_learner(cfg, policy, tokenizer.pad_token_id).learn(step["samples"], step["advantages"], None)
+
+    got = step["learning"]
+    assert got["learner/width"] == 2 and got["learn/ahead_groups"] >= 1 and got["time/learn_ahead"] > 0
+    for key in ("loss/policy", "grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    rank = {f["name"]: f for f in step["timeline"]["functions"]}["learner-1"]
+    generation_end = step["timeline"]["preparation"]["generation_end"]
+    assert rank["requested"] < generation_end and rank["busy"][0][0] < rank["busy"][-1][0]
