@@ -290,10 +290,15 @@ class RayExecutor:
         waiting: list[tuple[list[Sample], list[Tensor] | None]],
         left: float | None,
     ) -> None:
-        """Each waiting group the ahead rank can learn before generation is forecast to end."""
+        """The first waiting group the ahead rank can learn before generation is forecast to end,
+        once its last call is back: each is sent with the freshest forecast (a call queued behind
+        another, on an older one, ran 3.3 s past generation's end and the phase waited for it)."""
+        if self.learner.step_ahead.calls:
+            return
         for samples, ref in waiting:
             if learn_ahead_fits(left, self.learner.queued_s(time.time()), self.learner.group_s(samples)):
                 self.learner.learn_ahead(weights, samples, advantages(self.cfg, samples), ref)
+                return
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         end = time.time()
