@@ -31,19 +31,6 @@ from rlhfless.runtime.samples import Sample
 Key = tuple[str, int]  # (uid, sample index)
 
 
-def group_tokens(samples: list[Sample]) -> int:
-    """Tokens the learner runs for one prompt group: its prompt once and every response."""
-    return len(samples[0].prompt_ids) + sum(len(s.response_ids) for s in samples)
-
-
-def batch_tokens(samples: list[Sample]) -> int:
-    """Tokens the learner runs for a batch: `group_tokens` over its prompt groups."""
-    groups: dict[str, list[Sample]] = {}
-    for s in samples:
-        groups.setdefault(s.uid, []).append(s)
-    return sum(group_tokens(group) for group in groups.values())
-
-
 @dataclass
 class Call:
     """One group sent to a rank: what it learns with, and its forecast seconds."""
@@ -64,7 +51,6 @@ class StepAhead:
     weighed: set = field(default_factory=set)  # ranks given the step's weights
     sent: set[str] = field(default_factory=set)  # groups sent
     seconds: float = 0.0  # rank-seconds spent learning ahead
-    tokens: int = 0
 
     def send(
         self,
@@ -114,11 +100,10 @@ class StepAhead:
     def _absorb(self, ref: ray.ObjectRef) -> None:
         call = self.calls.pop(ref)
         try:
-            tokens, begin, end = ray.get(ref)
+            begin, end = ray.get(ref)
         except (*LOST, RayTaskError):
             self.failed.add(call.rank)
             return
         call.inv.mark_busy(begin, end)
         self.seconds += end - begin
-        self.tokens += tokens
         self.learned.setdefault(call.rank, {}).update(call.advantages)

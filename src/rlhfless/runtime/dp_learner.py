@@ -42,11 +42,12 @@ from torch import Tensor
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.learning import LearningHistory, learner_width
-from rlhfless.runtime.ahead import StepAhead, batch_tokens, group_tokens
+from rlhfless.runtime.ahead import StepAhead
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
 from rlhfless.runtime.learner_rank import LearnerRank, rank_env
 from rlhfless.runtime.lifecycle import LOST, Functions, any_lost, gpu_of
+from rlhfless.runtime.micro_batch import tokens_run
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
 from rlhfless.runtime.ray_cluster import await_free, slots_in
@@ -293,7 +294,7 @@ class ElasticLearner(LearnerSide):
 
     def group_s(self, samples: list[Sample]) -> float | None:
         """Forecast seconds of one rank learning this group (None before a phase was measured)."""
-        return None if self.token_s is None else self.token_s * group_tokens(samples)
+        return None if self.token_s is None else self.token_s * tokens_run(samples)
 
     def ahead_rank(self) -> tuple[Any, Invocation] | None:
         """The phase's first extra rank, once requested, until the phase opens: it learns ahead."""
@@ -321,7 +322,7 @@ class ElasticLearner(LearnerSide):
 
     def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[tuple[str, int]]:
         """The samples learned ahead that count in this update (`StepAhead.settle`)."""
-        self.phase_tokens = batch_tokens(samples)
+        self.phase_tokens = tokens_run(samples)
         counted = self.step_ahead.settle(self.ranks[1:], samples, advantages)
         self.phase |= {
             "learn/ahead_groups": float(len({uid for uid, _ in counted})),

@@ -27,7 +27,7 @@ from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.config import OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.logprobs import response_logprobs
-from rlhfless.runtime.micro_batch import MicroBatch, pack, prompt_groups, stack
+from rlhfless.runtime.micro_batch import MicroBatch, pack, stack, tokens_run
 from rlhfless.runtime.precision import autocast
 from rlhfless.runtime.samples import Sample
 
@@ -210,10 +210,9 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             self.ahead = Ahead()
         self.model.train()
-        rows = list(range(len(samples)))
-        sums = self._backward(samples, rows, advantages, None, ref_logprobs, 1.0, 1.0)
+        sums = self._backward(samples, list(range(len(samples))), advantages, None, ref_logprobs, 1.0, 1.0)
         self.ahead.add({s.key for s in samples}, sums)
-        return sum(sum(group.cost()) for group in prompt_groups(samples, rows))
+        return tokens_run(samples)
 
     def drop_ahead(self) -> None:
         """Forget the gradients learned ahead (the step's update will not count them)."""

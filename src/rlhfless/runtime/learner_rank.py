@@ -65,11 +65,11 @@ class LearnerRank(LearnerReplica):
 
     def ahead(
         self, samples: list[Sample], advantages: list[torch.Tensor], ref: list[torch.Tensor] | None
-    ) -> tuple[int, float, float]:
-        """`learn_ahead`, timed: the tokens run, and when it began and ended (it is billed busy)."""
+    ) -> tuple[float, float]:
+        """`learn_ahead`, timed: when it began and ended (it is billed busy)."""
         begin = time.time()
-        tokens = self.learn_ahead(samples, advantages, ref)
-        return tokens, begin, time.time()
+        self.learn_ahead(samples, advantages, ref)
+        return begin, time.time()
 
     def updates(self) -> tuple[int, int]:
         """Optimizer steps taken so far, the policy's and the critic's: a call that failed when a

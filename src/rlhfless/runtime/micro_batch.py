@@ -35,6 +35,12 @@ def prompt_groups(samples: list[Sample], rows: list[int]) -> list[Group]:
     ]
 
 
+def tokens_run(samples: list[Sample]) -> int:
+    """Tokens the learner's backbone runs for these samples: each prompt once a group, and every
+    response (`Group.cost`)."""
+    return sum(sum(group.cost()) for group in prompt_groups(samples, list(range(len(samples)))))
+
+
 def micro_batches(groups: list[Group], token_budget: int) -> list[list[int]]:
     """Group indices packed so that padded prompt tokens plus padded packed-response tokens fit the
     budget: K groups cost K x (longest prompt + longest packed row).

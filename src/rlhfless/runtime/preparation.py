@@ -76,6 +76,7 @@ class Preparation:
         self.kind = "reward" if reference is None else "reference"
         self.setup = functions.prep_setup()
         self.finished: dict[str, dict[int, SequenceResult]] = {}
+        self.groups: dict[str, tuple[list[Sample], list[Tensor] | None]] = {}  # scored, as `group` built them
         self.ready: list[str] = []  # groups whose samples have all finished, not sent yet
         self.calls: dict[ray.ObjectRef, Worker] = {}
         self.idle: list[Worker] = []  # decode functions between calls
@@ -181,14 +182,20 @@ class Preparation:
         ]
 
     def group(self, uid: str) -> tuple[list[Sample], list[Tensor] | None]:
-        """A scored group's samples, rewards set, in sample order, and their reference log-probs."""
-        samples = self._samples([uid])
+        """A scored group's samples, rewards set, in sample order, and their reference log-probs;
+        built (decoded) once, as it is asked for at every decode report until it is learned."""
+        if uid not in self.groups:
+            samples = self._samples([uid])
+            self.groups[uid] = samples, self._scored(samples)
+        return self.groups[uid]
+
+    def _scored(self, samples: list[Sample]) -> list[Tensor] | None:
+        """Each sample's score set in place; their reference log-probs (None without a reference)."""
         for s in samples:
             s.reward, s.reward_components = self.scores[s.key]
-        ref = (
-            None if self.reference is None else [torch.from_numpy(np.array(self.ref[s.key])) for s in samples]
-        )
-        return samples, ref
+        if self.reference is None:
+            return None
+        return [torch.from_numpy(np.array(self.ref[s.key])) for s in samples]
 
     def end_generation(self, now: float) -> None:
         self.generation_end = now
@@ -214,12 +221,7 @@ class Preparation:
             end = time.time()
             p.inv.released = end
             self.functions.release(p.lease, end)
-        for s in samples:
-            s.reward, s.reward_components = self.scores[s.key]
-        ref = (
-            None if self.reference is None else [torch.from_numpy(np.array(self.ref[s.key])) for s in samples]
-        )
-        return ref, self.metrics | self._overlapped()
+        return self._scored(samples), self.metrics | self._overlapped()
 
     def timeline(self, origin: float) -> dict:
         """The step's preparation calls, seconds from the step start, and when generation ended."""
