@@ -182,6 +182,13 @@ def test_heaviest_actor_sits_with_the_learner_and_remote_ones_wait_for_weights()
     remote = [a for a in p.actors if a.node == 1]
     assert remote and all(a.start_delay >= 10**9 / make_cluster().inter_node_bandwidth for a in remote)
 
+    # Before the run's first step the functions' start loads its weights: none stream to them.
+    config = SchedulerConfig(actor_scaling=False)
+    billing = Billing(config.pricing, weights_loaded=True)
+    first = plan_step(prompts, predictor, PROFILE, make_cluster(), config, 2, billing)
+    remote = [a for a in first.actors if a.node == 1]
+    assert remote and all(a.start_delay < 10**9 / make_cluster().inter_node_bandwidth for a in remote)
+
 
 def test_dedup_feeds_the_prefill_actor():
     prompts = [PromptSpec(f"p{i}", list(range(40)) + [i]) for i in range(10)]

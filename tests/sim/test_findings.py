@@ -5,7 +5,7 @@ import pytest
 
 from rlhfless.sim import experiments
 from rlhfless.sim.config import build
-from rlhfless.sim.runner import VARIANTS, run_policy
+from rlhfless.sim.runner import VARIANTS, make_stage, run_policy
 
 STEPS = 6
 
@@ -61,3 +61,15 @@ def test_without_a_cut_nothing_migrates_and_with_one_stragglers_move(cfg):
 def test_serverful_verl_pays_every_gpu_for_the_whole_step(cfg):
     (step,) = run_policy(cfg, VARIANTS["verl"], 1)
     assert step.cost == pytest.approx(cfg.cluster.total_gpus * step.time * cfg.cluster.price / 3600)
+
+
+def test_only_the_runs_first_step_finds_the_weights_already_loaded(cfg):
+    """Functions pre-started before the first step load the checkpoint it samples with; from the
+    second step on, each waits for the weights that the step before learned."""
+    stage = make_stage(cfg)
+    first, second = run_policy(cfg, VARIANTS["rlhfless"], 2)
+    for step, loaded in ((first, True), (second, False)):
+        for actor in (a for a in step.actors if not a["colocated"]):
+            near = actor["node"] == 0
+            weights = float(stage.cluster.transfer_seconds(stage.model.weight_bytes, near, actor["gpus"]))
+            assert (actor["ready"] < weights) is loaded, (step.step, actor)

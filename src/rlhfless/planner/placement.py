@@ -96,11 +96,19 @@ def rank_within(groups: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 def start_delays(
-    slots: np.ndarray, kv_tokens: np.ndarray, prefill_s: float, cluster: ClusterSpec, gpus_per_actor: int
+    slots: np.ndarray,
+    kv_tokens: np.ndarray,
+    prefill_s: float,
+    cluster: ClusterSpec,
+    gpus_per_actor: int,
+    weights_loaded: bool = False,
 ) -> np.ndarray:
-    """Seconds from the end of learning until each actor can decode, by its placement slot."""
+    """Seconds from the end of learning until each actor can decode, by its placement slot: the
+    prefix KV, and the new weights unless its start loaded them (`weights_loaded`)."""
     same_node = slots < cluster.node_slots(gpus_per_actor)[0]
-    weights = cluster.transfer_seconds(cluster.model_bytes, same_node, gpus_per_actor)
+    weights = (
+        0.0 if weights_loaded else cluster.transfer_seconds(cluster.model_bytes, same_node, gpus_per_actor)
+    )
     kv = prefill_s + cluster.transfer_seconds(
         cluster.kv_bytes_per_token * kv_tokens, same_node, gpus_per_actor
     )

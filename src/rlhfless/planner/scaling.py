@@ -47,7 +47,9 @@ class Billing:
     The runtime's learner is a resident process holding `resident_units` all step; the simulated
     learner takes every GPU only to learn (0). Functions start on demand at the step's start
     (the runtime) or are pre-started while the previous step learns (`cold_start_hidden`, the
-    simulator). The rest of the step (preparation and learning) takes `after_fixed_s` plus
+    simulator). A function pre-started before a run's first step loads the policy that step samples
+    with from storage, since no update precedes it (`weights_loaded`): no weights stream to it
+    after learning. The rest of the step (preparation and learning) takes `after_fixed_s` plus
     `after_per_token_s` per predicted token on `after_units`, whatever N is: a budget or deadline
     is for the whole step, and a released function's next use is that far away unless
     `next_use_after` is False (the learner takes its resources: never).
@@ -57,6 +59,7 @@ class Billing:
     resident_units: float = 0.0
     warm_actors: int = 0
     cold_start_hidden: bool = False
+    weights_loaded: bool = False
     overhead_s: float = 0.0  # the executor's own seconds on every actor's time (learned: `Calibration`)
     time_margin: float = 0.0  # a deadline is met with this relative margin (learned: `Margins`)
     cost_margin: float = 0.0  # likewise a budget
@@ -104,7 +107,7 @@ def estimate_actors(
     parts = model.times(starts, ends)
     busy = parts["prefill"] + parts["decode"]
     slot = rank_within(n_of, busy)
-    delay = start_delays(slot, parts["kv_tokens"], prefill_s, cluster, profile.gpus)
+    delay = start_delays(slot, parts["kv_tokens"], prefill_s, cluster, profile.gpus, billing.weights_loaded)
     on_learner = (slot == 0) & (billing.resident_units > 0)
     # Slot 0 is the learner's GPUs: never a cold start; the next `warm_actors` reuse warm functions.
     cold = np.where((slot == 0) | (slot <= billing.warm_actors), 0.0, profile.cold_start_s)

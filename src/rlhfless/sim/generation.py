@@ -1,12 +1,13 @@
 """The generation phase of one simulated step: the planner's plan executed on the modelled cluster.
 
 The prefill actor (on the learner's GPUs) computes the deduplicated prefixes; each decode actor
-waits for its cold start, the new weights and its prefix KV (the actor on the learner's GPUs needs
-neither), prefills what is left of its prompts, then decodes with continuous batching
-(`execution.schedule`). Cut-and-migrate events are found analytically from the schedules; at each
-one the planner's `migration.decide` is asked what moves, and the receiving actors are rescheduled
-from that moment (migrated sequences are resumed by re-prefilling prompt + partial response, or by
-receiving their KV when that is cheaper).
+waits for its cold start, the new weights (not on the run's first step: its start loaded them) and
+its prefix KV (the actor on the learner's GPUs needs neither), prefills what is left of its
+prompts, then decodes with continuous batching (`execution.schedule`). Cut-and-migrate events
+are found analytically from the schedules; at each one the planner's `migration.decide` is asked
+what moves, and the receiving actors are rescheduled from that moment (migrated sequences are
+resumed by re-prefilling prompt + partial response, or by receiving their KV when that is
+cheaper).
 """
 
 from __future__ import annotations
@@ -80,8 +81,16 @@ class Generation:
     """The generation phase of one step: actors, their schedules, and the cut events."""
 
     def __init__(
-        self, stage: Stage, config: SchedulerConfig, prompts: StepPrompts, plan: StepPlan, serverful: bool
+        self,
+        stage: Stage,
+        config: SchedulerConfig,
+        prompts: StepPrompts,
+        plan: StepPlan,
+        serverful: bool,
+        weights_loaded: bool = False,
     ) -> None:
+        """`weights_loaded`: each function's start loaded the weights this step samples with (the
+        run's first step), so none stream to it after learning."""
         self.stage, self.config, self.plan = stage, config, plan
         g = self.group_size = prompts.lengths.shape[1]
         plen = prompts.prompt_lengths
@@ -116,7 +125,9 @@ class Generation:
             else:
                 # The plan is known before learning ends, so the container starts during learning
                 # (billed from its request); weights stream as soon as learning ends (t = 0).
-                weights = float(cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
+                weights = 0.0
+                if not weights_loaded:
+                    weights = float(cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
                 kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
                 kv = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
                 ready = max(weights, kv)

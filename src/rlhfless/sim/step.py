@@ -85,19 +85,21 @@ class Simulator:
         self.phases = PhaseModel(per_token_s=stage.after_per_token_s)
         self.margins = Margins()  # how far the step forecast fell short lately (budget, deadline)
 
-    def billing(self) -> Billing:
-        """The simulated executor: cold starts hidden behind the previous step's learning, no
-        resident learner, the rest of the step on every GPU."""
+    def billing(self, weights_loaded: bool = False) -> Billing:
+        """The simulated executor: cold starts hidden behind the previous step's learning (before
+        the run's first step: then they load its weights, `weights_loaded`), no resident learner,
+        the rest of the step on every GPU."""
         return Billing(
             self.stage.pricing,
             cold_start_hidden=True,
+            weights_loaded=weights_loaded,
             after_units=float(self.stage.total_gpus),
             after_per_token_s=self.phases.per_token_s or 0.0,
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
         )
 
-    def plan(self, prompts: StepPrompts) -> StepPlan:
+    def plan(self, prompts: StepPrompts, weights_loaded: bool = False) -> StepPlan:
         specs = [
             PromptSpec(uid, tokens, int(answer) or None, SOURCE)
             for uid, tokens, answer in zip(
@@ -115,15 +117,16 @@ class Simulator:
             self.stage.cluster,
             self.config,
             g,
-            self.billing(),
+            self.billing(weights_loaded),
             self.stage.max_response,  # as the runtime caps predictions at max_new_tokens
         )
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         if step == 0 and self.config.length_pilot:
             self.pilot(prompts, self.config.length_pilot)
-        plan = self.plan(prompts)
-        result = self.execute(step, prompts, plan)
+        first = step == 0  # the functions' start loads the run's first weights: none stream
+        plan = self.plan(prompts, first)
+        result = self.execute(step, prompts, plan, first)
         self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response)
         self.phases.observe(result.tokens, result.preparation + result.learning)
         self.margins.observe(plan.predicted_step_time, result.time, plan.predicted_step_cost, result.cost)
@@ -137,9 +140,11 @@ class Simulator:
         self.predictor.predict(uids, None, [SOURCE] * len(uids))
         self.predictor.update_many(uids, prompts.lengths[:count], self.stage.max_response)
 
-    def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
+    def execute(
+        self, step: int, prompts: StepPrompts, plan: StepPlan, weights_loaded: bool = False
+    ) -> StepResult:
         st = self.stage
-        gen = Generation(st, self.config, prompts, plan, self.serverful)
+        gen = Generation(st, self.config, prompts, plan, self.serverful, weights_loaded)
         gen.run()
         generation = max(r.released for r in gen.runs)
         tokens = float(gen.true.sum() + gen.prompt_len.sum())
