@@ -9,6 +9,7 @@ import json
 import shutil
 import time
 
+import numpy as np
 import psutil
 import pytest
 import ray
@@ -73,7 +74,8 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
 ):
     # PPO with the KL as a loss against a reference that differs from the policy, micro-batches
     # of a few groups each: one update (fused old log-probs and values), then several, with
-    # rank 1 started ahead of the phase (as during generation) and given only rank 0's weights.
+    # rank 1 started ahead of the phase (as during generation) and given the published weights
+    # then, so that joining sends none; else it joins with rank 0's, sent.
     cfg = load_config(
         preset="tiny",
         overrides=(
@@ -109,7 +111,7 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
     groups = len({s.uid for s in samples})
     try:
         if prestarted:
-            elastic.prestart(meter, 0, groups, time.time())
+            elastic.prestart(meter, 0, groups, time.time(), ray.put(flat_weights(policy)))
             time.sleep(0.01)
         elastic.widen(meter, groups, [], time.time())
         for got_lp, want_lp in zip(
@@ -126,6 +128,7 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
         elastic.close()
 
     assert got["learner/width"] == 2
+    assert got["learner/weights_sent"] == (0.0 if prestarted else 1.0)
     assert free_after == 2  # rank 1's slot is free again as soon as the phase is closed
     for a, b in zip(got_raw, raw, strict=True):
         close(a, b)
@@ -230,6 +233,7 @@ def test_groups_learned_ahead_on_rank_1_make_the_single_process_step(changed):
         elastic.close()
 
     assert got["learner/width"] == 2
+    assert got["learner/weights_sent"] == 0.0  # rank 1 took the published ones to learn ahead
     assert got["learn/ahead_groups"] == (0 if changed else 2)
     assert got["time/learn_ahead"] > 0
     for key, value in want.items():
@@ -239,6 +243,37 @@ def test_groups_learned_ahead_on_rank_1_make_the_single_process_step(changed):
     extra = {r["name"]: r for r in records}["learner-1"]
     assert len(extra["busy"]) >= 2  # ahead, then in the phase: billed busy both times
     assert elastic.token_s is not None and elastic.token_s > 0
+
+
+def test_a_rank_given_the_published_weights_joins_with_them_and_none_are_sent():
+    """Rank 0 holds the step's published weights (here: not those a rank loads at its start); a
+    rank prestarted with them joins holding exactly them, and joining sends none."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=0"))
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    published = flat_weights(policy)
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        ref = ray.put(published)
+        ray.get(elastic.rank0.take_weights.remote(ref))  # as the driver's policy is rank 0's
+        elastic.prestart(meter, 0, 4, time.time(), ref)
+        elastic.widen(meter, 4, [], time.time())
+        joined = [
+            ray.get(rank.__ray_call__.remote(lambda r: flat_weights(r.policy))) for rank in elastic.ranks
+        ]
+        phase = dict(elastic.phase)
+        elastic.narrow(time.time())
+    finally:
+        elastic.close()
+
+    assert phase["learner/width"] == 2 and phase["learner/weights_sent"] == 0.0
+    assert all(np.array_equal(w, published) for w in joined)
+    assert not np.array_equal(published, flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)))
 
 
 def test_a_warm_idle_function_gives_its_slot_to_the_learning_phase():
@@ -266,6 +301,7 @@ def test_a_warm_idle_function_gives_its_slot_to_the_learning_phase():
         functions.close()
 
     assert got["learner/width"] == 2
+    assert got["learner/weights_sent"] == 1.0  # started as the phase opened: rank 0's sent
     assert functions.warm() == 0 and [span.lease for span in spans] == [lease]  # stopped, idle no more
 
 
@@ -322,6 +358,7 @@ def test_verl_learns_on_its_held_slot_with_one_rank_living_across_phases():
         functions.close()
 
     assert [g["learner/width"] for g in got] == [2, 2] and alone == 1 and retired
+    assert [g["learner/weights_sent"] for g in got] == [1.0, 1.0]  # a resident's are last phase's
     assert pids[0] == pids[1] and len(set(pids[0])) == 2  # rank 0 and one resident, both phases
     for g, w in zip(got, want, strict=True):
         for key, value in w.items():

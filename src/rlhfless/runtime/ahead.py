@@ -48,7 +48,6 @@ class StepAhead:
     calls: dict[ray.ObjectRef, Call] = field(default_factory=dict)
     learned: dict[Any, dict[Key, Tensor]] = field(default_factory=dict)  # per rank, what came back
     failed: set = field(default_factory=set)  # ranks a call failed on: none of theirs counts
-    weighed: set = field(default_factory=set)  # ranks given the step's weights
     sent: set[str] = field(default_factory=set)  # groups sent
     seconds: float = 0.0  # rank-seconds spent learning ahead
 
@@ -56,16 +55,12 @@ class StepAhead:
         self,
         rank: Any,
         inv: Invocation,
-        weights: ray.ObjectRef,
         samples: list[Sample],
         advantages: list[Tensor],
         ref: list[Tensor] | None,
         estimate_s: float,
     ) -> None:
-        """A scored group to `rank`, after the step's weights when it has not got them yet."""
-        if rank not in self.weighed:
-            rank.take_weights.remote(weights)
-            self.weighed.add(rank)
+        """A scored group to `rank`, which holds the step's weights."""
         call = rank.ahead.remote(samples, advantages, ref)
         keys = [s.key for s in samples]
         self.calls[call] = Call(rank, inv, dict(zip(keys, advantages, strict=True)), estimate_s)

@@ -134,6 +134,13 @@ def broadcast_tensors(tensors: list[Tensor], src: int = 0) -> None:
             _unflatten(flat, bucket)
 
 
+def everyone(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """Whether `flag` holds on every rank of the default process group (one small reduce)."""
+    held = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(held, op=dist.ReduceOp.MIN)
+    return bool(held.item())
+
+
 def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
     """`src`'s parameters into every rank's `module`."""
     broadcast_tensors([p.data for p in module.parameters()], src)

@@ -101,6 +101,7 @@ class ElasticLearner(LearnerSide):
         self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
         self.link: RankLink | None = None  # the driver's line to rank 0, for weights and state
         self.step_ahead = StepAhead()  # this step's groups learned ahead (`ahead`)
+        self.weighed: set = set()  # the phase's ranks given the step's published weights
         self.token_s: float | None = None  # rank-seconds a learned token took, the last phase
         self.phase_tokens = 0  # the open phase's tokens (each group's prompt once)
 
@@ -111,13 +112,25 @@ class ElasticLearner(LearnerSide):
             .remote(*self.rank_args, device)
         )
 
-    def prestart(self, meter: Meter, held_slots: int, groups: int, now: float) -> None:
+    def prestart(
+        self, meter: Meter, held_slots: int, groups: int, now: float, weights: ray.ObjectRef | None = None
+    ) -> None:
         """Start the coming phase's ranks now, on the slots free now, so that their cold start
-        runs during generation's tail (`planner.learning.start_ranks_now` says when). They are
-        billed from their start, as any function holding a slot. Not under verl: it learns on
-        the slots it holds (`widen`)."""
+        runs during generation's tail (`planner.learning.start_ranks_now` says when), and give
+        them the step's published `weights` then, so that joining sends none. They are billed
+        from their start, as any function holding a slot. Not under verl: it learns on the slots
+        it holds (`widen`)."""
         if not self.opened and self.group is None and not self.serverful:
             self._launch(meter, self._width(held_slots, groups, exposed=False), now)
+            if weights is not None:
+                for rank in self.ranks[1:]:
+                    self._weigh(rank, weights)
+
+    def _weigh(self, rank, weights: ray.ObjectRef) -> None:
+        """The step's published weights to `rank`, once (queued behind its start)."""
+        if rank not in self.weighed:
+            rank.take_weights.remote(weights)
+            self.weighed.add(rank)
 
     def widen(self, meter: Meter, groups: int, hosts: list[Host], now: float) -> None:
         """Open the learning phase (once a step) on the planner's width: rank 0 and, under verl, the
@@ -142,7 +155,7 @@ class ElasticLearner(LearnerSide):
             node=self.functions.driver,
         )
         self.invocations.insert(0, meter.open(rank0))
-        self.phase = {"faults/learner": 0.0}
+        self.phase = {"faults/learner": 0.0, "learner/weights_sent": 0.0}
         width = self._join() if len(self.ranks) > 1 else 1
         self.phase |= {"learner/width": float(width), "time/learner_start": time.time() - now}
 
@@ -260,7 +273,8 @@ class ElasticLearner(LearnerSide):
         joining = time.time()
         address, port = ray.get(self.rank0.address.remote())
         width = len(self.ranks)
-        ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
+        sent = ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
+        self.phase["learner/weights_sent"] = float(sent[0])
         if self.group is not None:  # the elastic ranks' start, which `prestart` times
             ready = max(hello.ready for hello in hellos)
             self.rank_starts = [
@@ -318,7 +332,8 @@ class ElasticLearner(LearnerSide):
         """A scored group's gradients, on the ahead rank, with the step's published `weights`."""
         rank, inv = self.ahead_rank()
         estimate = self.group_s(samples) or 0.0
-        self.step_ahead.send(rank, inv, weights, samples, advantages, ref, estimate)
+        self._weigh(rank, weights)
+        self.step_ahead.send(rank, inv, samples, advantages, ref, estimate)
 
     def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[tuple[str, int]]:
         """The samples learned ahead that count in this update (`StepAhead.settle`)."""
@@ -353,7 +368,7 @@ class ElasticLearner(LearnerSide):
         for inv in self.invocations:
             inv.released = now
         self.ranks, self.invocations, self.group, self.opened = [self.rank0], [], None, False
-        self.hosts = []
+        self.hosts, self.weighed = [], set()
 
     def _run(self, method: str, *args):
         """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from rlhfless.config import Config
 from rlhfless.models import load_model
 from rlhfless.runtime import rank_link
-from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state
+from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state, everyone
 from rlhfless.runtime.executor import LearnerReplica
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.samples import Sample
@@ -36,6 +36,7 @@ class LearnerRank(LearnerReplica):
             torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
         super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
+        self.published = False  # holds the step's published weights (`take_weights`), unjoined
         self.ready = time.time()
 
     def hello(self) -> Started:
@@ -45,23 +46,30 @@ class LearnerRank(LearnerReplica):
         """Where the phase's process group meets: this node, a port free now."""
         return ray.util.get_node_ip_address(), rank_link.free_port()
 
-    def join(self, address: str, port: int, rank: int, width: int) -> None:
+    def join(self, address: str, port: int, rank: int, width: int) -> bool:
         """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
-        schedule, not its optimizer states (only rank 0 steps)."""
+        schedule, not its optimizer states (only rank 0 steps). Rank 0's weights are the step's
+        published ones, so when every other rank took those already (`take_weights`, during
+        generation) none is sent. Whether they were sent."""
         url = f"tcp://{address}:{port}"
         dist.init_process_group(
             backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
         )
-        broadcast_params(self.policy)
+        send = not everyone(rank == 0 or self.published, self.device)
+        self.published = False  # the phase's update changes rank 0's weights, not these
+        if send:
+            broadcast_params(self.policy)
         state = broadcast_state(self.phase_state() if rank == 0 else None, device=self.device)
         if rank:
             self.load_phase_state(state)
         self._use(DataParallel(rank, width, self.device))
+        return send
 
     def take_weights(self, flat: np.ndarray) -> None:
-        """The step's published weights (the decode functions' buffer), to learn ahead with before
-        the phase's group broadcasts rank 0's, the same ones."""
+        """The step's published weights (the decode functions' buffer, which rank 0's equal), taken
+        while generation runs: to learn ahead with, and so that joining sends none."""
         load_flat_weights(self.policy, flat)
+        self.published = True
 
     def ahead(
         self, samples: list[Sample], advantages: list[torch.Tensor], ref: list[torch.Tensor] | None

@@ -144,7 +144,7 @@ class RayExecutor:
         if kv is not None:
             self._on_learner("prefill", kv.start, kv.computed, kv.put)
         round_.assign(kv)
-        results = round_.run(tick=self._prestarter(len(prompts), ref if ahead else None))
+        results = round_.run(tick=self._prestarter(len(prompts), ref, ahead))
         self.preparation.end_generation(time.time())
         round_.settle(kv)
         # verl's held functions as generation left them: none a fault dropped, their replacements in
@@ -244,12 +244,12 @@ class RayExecutor:
             and learner.rank_start_s is not None
         )
 
-    def _prestarter(self, groups: int, weights: ray.ObjectRef | None):
+    def _prestarter(self, groups: int, weights: ray.ObjectRef, ahead: bool):
         """Called at each decode report: once generation's live forecast is within one rank start,
         the learning phase's extra ranks start on the slots free then, those that decode
-        functions prepare on and then free included (`Preparation.holding`): once ranks are
-        requested, decode functions take no new group. With `weights` (the step's published
-        ones), scored groups are learned ahead: the ranks start earlier, once the groups waiting
+        functions prepare on and then free included (`Preparation.holding`), and take the step's
+        published `weights`: once ranks are requested, decode functions take no new group. With
+        `ahead`, scored groups are learned ahead: the ranks start earlier, once the groups waiting
         would keep the first busy until generation ends (`start_ranks_ahead`), and it takes each
         that can still be learned before then."""
         tried = False  # learning ahead asked for the ranks this step
@@ -257,24 +257,24 @@ class RayExecutor:
         def tick(round_: DecodeRound) -> None:
             nonlocal tried
             left = round_.left_s()
-            if weights is not None:
+            if ahead:
                 waiting = self._scored_waiting()
                 if waiting and not tried and self.learner.group is None:
                     each = [self.learner.group_s(samples) or 0.0 for samples, _ in waiting]
                     if start_ranks_ahead(left, self.learner.rank_start_s, sum(each), min(each)):
                         tried = True
-                        self._prestart(groups)
+                        self._prestart(groups, weights)
                 if waiting and self.learner.ahead_rank() is not None:
                     self._learn_ahead(weights, waiting, left)
             if start_ranks_now(left, self.learner.rank_start_s):
-                self._prestart(groups)
+                self._prestart(groups, weights)
 
         return tick
 
-    def _prestart(self, groups: int) -> None:
+    def _prestart(self, groups: int, weights: ray.ObjectRef) -> None:
         leased = sum(1 for lease in self.functions.pool.leased if lease.units > 0)
         held = leased - self.preparation.holding()
-        self.learner.prestart(self.meter, held, groups, time.time())
+        self.learner.prestart(self.meter, held, groups, time.time(), weights)
         if self.learner.group is not None:
             self.preparation.hand_back()
 
