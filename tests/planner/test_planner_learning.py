@@ -9,6 +9,7 @@ from rlhfless.planner.learning import (
     generation_left_s,
     learn_ahead_fits,
     learner_width,
+    rank_start_estimate,
     start_ranks_ahead,
     start_ranks_now,
     width_table,
@@ -113,6 +114,12 @@ def test_extra_ranks_are_requested_once_generation_is_within_one_measured_rank_s
     assert not start_ranks_now(6.1, 6.0)
     assert not start_ranks_now(None, 6.0)  # no actor measured yet
     assert not start_ranks_now(0.0, None)  # no start measured yet: when learning begins
+
+
+def test_a_rank_start_is_the_longest_of_the_last_three_and_before_any_a_functions_cold_start():
+    assert rank_start_estimate([9.0, 5.0, 6.0, 5.5], 4.6) == 6.0  # the last three, not the first
+    assert rank_start_estimate([], 4.6) == 4.6  # the first phase: a function's cold start
+    assert rank_start_estimate([], 0.0) is None  # nothing known: ranks start as learning begins
 
 
 def test_ranks_start_ahead_once_the_waiting_groups_keep_the_first_busy_to_generations_end():

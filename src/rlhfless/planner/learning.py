@@ -123,12 +123,22 @@ def generation_left_s(actors: Sequence[ActorProgress], token_s: Mapping[int, flo
     return left
 
 
+def rank_start_estimate(measured: Sequence[float], cold_start_s: float) -> float | None:
+    """A rank's start (request to joined) as the next phase should expect it: the longest of the
+    last three measured. Before any, a function's cold start as the step's plan prices it (the
+    run's, or what earlier runs measured on this machine) stands in: a rank's is longer (its
+    optimizer; joining), so the first phase waits only the difference instead of the whole
+    start. None when neither is known."""
+    if measured:
+        return max(measured[-3:])
+    return cold_start_s if cold_start_s > 0 else None
+
+
 def start_ranks_now(left_s: float | None, rank_start_s: float | None) -> bool:
     """Whether to request the learning phase's extra ranks now: once generation's live forecast
-    (`generation_left_s`) is within one rank start (`rank_start_s`, as last measured: process,
-    model, joining the group), so that they are ready as it ends. Earlier would bill their slots
-    idle, later makes learning wait. Never before a start was measured (`None`): the first phase
-    starts its ranks when it begins."""
+    (`generation_left_s`) is within one rank start (`rank_start_s`, `rank_start_estimate`), so
+    that they are ready as it ends. Earlier would bill their slots idle, later makes learning
+    wait. Never without an estimate (`None`): the phase then starts its ranks when it begins."""
     return left_s is not None and rank_start_s is not None and left_s <= rank_start_s
 
 

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
-from rlhfless.planner.learning import LearningHistory, learner_width
+from rlhfless.planner.learning import LearningHistory, learner_width, rank_start_estimate
 from rlhfless.runtime.ahead import StepAhead
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
@@ -299,10 +299,9 @@ class ElasticLearner(LearnerSide):
 
     @property
     def rank_start_s(self) -> float | None:
-        """The longest of the last three phases' rank starts (request to joined), or None before
-        any: learning that waits for a rank costs every slot of the step, a rank started early only
-        its own."""
-        return max(self.rank_starts) if self.rank_starts else None
+        """The rank start to expect (`planner.learning.rank_start_estimate`): learning that waits
+        for a rank costs every slot of the step, a rank started early only its own."""
+        return rank_start_estimate(self.rank_starts, self.restart_s)
 
     # ----- learning ahead (`ahead`) ---------------------------------------------------------
 
