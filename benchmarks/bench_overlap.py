@@ -69,13 +69,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--preset", default="default")
     parser.add_argument("--order", nargs=2, default=["on", "off"], help="which runs first (machine drift)")
-    parser.add_argument("--out", type=Path, help="keep both run directories here (default: a temp dir)")
+    parser.add_argument(
+        "--out", type=Path, help="keep both run directories here (default: a temp dir, removed at exit)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
     args = parser.parse_args()
     if sorted(args.order) != ["off", "on"]:
         parser.error(f"--order: got {args.order}, expected on and off in some order")
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
-    out = args.out or Path(tempfile.mkdtemp(prefix="bench_overlap."))
+    scratch = None if args.out else tempfile.TemporaryDirectory(prefix="bench_overlap.")  # gone at exit
+    out = args.out or Path(scratch.name)
     runs = {o: run(o, args.steps, args.preset, tuple(args.overrides), out) for o in args.order}
     ray.shutdown()
 

@@ -66,13 +66,16 @@ def main() -> None:
     parser.add_argument(
         "--order", nargs=2, default=["verl", "rlhfless"], help="which policy runs first (machine drift)"
     )
-    parser.add_argument("--out", type=Path, help="keep both run directories here (default: a temp dir)")
+    parser.add_argument(
+        "--out", type=Path, help="keep both run directories here (default: a temp dir, removed at exit)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
     args = parser.parse_args()
     if sorted(args.order) != ["rlhfless", "verl"]:
         parser.error(f"--order: got {args.order}, expected verl and rlhfless in some order")
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
-    out = args.out or Path(tempfile.mkdtemp(prefix="bench_runtime."))
+    scratch = None if args.out else tempfile.TemporaryDirectory(prefix="bench_runtime.")  # gone at exit
+    out = args.out or Path(scratch.name)
     runs = {p: run_policy(p, args.steps, args.preset, tuple(args.overrides), out) for p in args.order}
     ray.shutdown()
 

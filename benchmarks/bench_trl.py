@@ -220,7 +220,8 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
 def worker(args: argparse.Namespace) -> None:
     """One framework in this process, under the memory sampler; writes its result to `--result`."""
     run = {"trl": run_trl, "rlhfless": run_rlhfless}[args.worker]
-    out = Path(tempfile.mkdtemp(prefix=f"bench_trl.{args.worker}."))
+    scratch = tempfile.TemporaryDirectory(prefix=f"bench_trl.{args.worker}.")  # the run's files, gone at exit
+    out = Path(scratch.name)
     start = time.perf_counter()
     with MemorySampler(args.period) as mem:
         result = run(args.steps, args.preset, tuple(args.overrides), out / "run", mem)

@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the peaks and every sample here")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.micro_batch_tokens=256")
     args = parser.parse_args()
-    out = Path(tempfile.mkdtemp(prefix="default_memory."))
+    scratch = tempfile.TemporaryDirectory(prefix="default_memory.")  # the run's files, gone at exit
+    out = Path(scratch.name)
     load_before = os.getloadavg()
     start = time.perf_counter()
     with MemorySampler(args.period, series=True) as mem:

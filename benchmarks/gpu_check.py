@@ -198,9 +198,12 @@ def main() -> int:
     parser.add_argument("--model", default="qwen2.5-0.5b", choices=tuple(SHAPES))
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per policy (the first is left out)")
     parser.add_argument("--identity-tokens", type=int, default=32, help="new tokens per identity sequence")
-    parser.add_argument("--out", type=Path, help="keep run directories here (default: a temp dir)")
+    parser.add_argument(
+        "--out", type=Path, help="keep run directories here (default: a temp dir, removed at exit)"
+    )
     args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check."))
+    scratch = None if args.out else tempfile.TemporaryDirectory(prefix="gpu_check.")  # gone at exit
+    out = args.out or Path(scratch.name)
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"gpu_check: model {args.model} (random weights), device {args.device} ({where})", flush=True)
     start = time.perf_counter()
