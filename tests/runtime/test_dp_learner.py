@@ -266,12 +266,19 @@ def test_a_rank_given_the_published_weights_joins_with_them_and_none_are_sent():
         joined = [
             ray.get(rank.__ray_call__.remote(lambda r: flat_weights(r.policy))) for rank in elastic.ranks
         ]
-        phase = dict(elastic.phase)
+        phase, moves = dict(elastic.phase), list(meter.transfers)
         elastic.narrow(time.time())
     finally:
         elastic.close()
 
     assert phase["learner/width"] == 2 and phase["learner/weights_sent"] == 0.0
+    (move,) = moves  # the take, recorded as one of the step's transfers
+    assert (move.kind, move.target, move.bytes, move.same_node) == (
+        "weights",
+        "learner-1",
+        published.nbytes,
+        True,
+    )
     assert all(np.array_equal(w, published) for w in joined)
     assert not np.array_equal(published, flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)))
 

@@ -52,7 +52,7 @@ from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
 from rlhfless.runtime.ray_cluster import await_free, slots_in
 from rlhfless.runtime.samples import Sample
-from rlhfless.runtime.transfer import flat_weights, join_state
+from rlhfless.runtime.transfer import Transfer, flat_weights, join_state
 
 RELEASE_WAIT_S = 2.0  # at most, for Ray to count a phase's released slots as free again
 
@@ -101,7 +101,7 @@ class ElasticLearner(LearnerSide):
         self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
         self.link: RankLink | None = None  # the driver's line to rank 0, for weights and state
         self.step_ahead = StepAhead()  # this step's groups learned ahead (`ahead`)
-        self.weighed: set = set()  # the phase's ranks given the step's published weights
+        self.weighed: dict = {}  # the phase's ranks given the step's published weights: (call, sent)
         self.token_s: float | None = None  # rank-seconds a learned token took, the last phase
         self.phase_tokens = 0  # the open phase's tokens (each group's prompt once)
 
@@ -129,8 +129,21 @@ class ElasticLearner(LearnerSide):
     def _weigh(self, rank, weights: ray.ObjectRef) -> None:
         """The step's published weights to `rank`, once (queued behind its start)."""
         if rank not in self.weighed:
-            rank.take_weights.remote(weights)
-            self.weighed.add(rank)
+            self.weighed[rank] = (rank.take_weights.remote(weights), time.time())
+
+    def _record_weights(self, meter: Meter) -> None:
+        """Each joined rank's take of the published weights, as one of the step's transfers (a
+        take that failed left the rank without them: joining sent rank 0's instead)."""
+        for rank, inv in zip(self.ranks[1:], self.invocations[1:], strict=True):
+            if rank not in self.weighed:
+                continue
+            call, sent = self.weighed[rank]
+            try:
+                seconds, nbytes = ray.get(call)
+            except (*LOST, RayTaskError):
+                continue
+            same = inv.node == self.functions.driver
+            meter.transfer(Transfer("weights", "learner", inv.name, nbytes, seconds, same, sent))
 
     def widen(self, meter: Meter, groups: int, hosts: list[Host], now: float) -> None:
         """Open the learning phase (once a step) on the planner's width: rank 0 and, under verl, the
@@ -158,6 +171,8 @@ class ElasticLearner(LearnerSide):
         self.phase = {"faults/learner": 0.0, "learner/weights_sent": 0.0}
         width = self._join() if len(self.ranks) > 1 else 1
         self.phase |= {"learner/width": float(width), "time/learner_start": time.time() - now}
+        if width > 1:
+            self._record_weights(meter)
 
     def _width(self, held_slots: int, groups: int, exposed: bool) -> int:
         """The planner's width for ranks requested now: during generation's tail (their start
@@ -367,7 +382,7 @@ class ElasticLearner(LearnerSide):
         for inv in self.invocations:
             inv.released = now
         self.ranks, self.invocations, self.group, self.opened = [self.rank0], [], None, False
-        self.hosts, self.weighed = [], set()
+        self.hosts, self.weighed = [], {}
 
     def _run(self, method: str, *args):
         """`method` on every rank of the phase (the args put once), busy while it runs; rank 0's
