@@ -8,7 +8,7 @@ import pytest
 
 from rlhfless.cli import main
 from rlhfless.config import load_config
-from rlhfless.planner.forecast import Calibration, PhaseModel, relative_error, replay_times
+from rlhfless.planner.forecast import Calibration, Margins, PhaseModel, relative_error, replay_times
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
@@ -120,6 +120,18 @@ def test_replay_times_the_plans_actors_at_their_observed_lengths():
     assert busy.tolist() == pytest.approx([30 * 0.010])  # the longest sequence's 30 steps of 10 ms
     assert total[0] >= busy[0]
     assert relative_error(12.0, 10.0) == pytest.approx(0.2)
+
+
+def test_the_shortfall_is_the_mean_of_the_steps_after_the_first_and_never_below_one():
+    margins = Margins()
+    assert margins.shortfall() == 1.0
+    for forecast, observed in ((1.0, 2.0), (1.0, 1.02), (0.5, 0.52)):  # the first step is left out
+        margins.observe({"versus_verl": forecast}, {"versus_verl": observed})
+    assert margins.shortfall() == pytest.approx((1.02 + 1.04) / 2)
+    margins = Margins()
+    for forecast, observed in ((1.0, 1.0), (1.0, 0.9)):
+        margins.observe({"versus_verl": forecast}, {"versus_verl": observed})
+    assert margins.shortfall() == 1.0  # verl's forecast fell further short: the cap stays verl's
 
 
 def _cluster():

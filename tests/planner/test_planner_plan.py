@@ -4,11 +4,13 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.forecast import versus_verl
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
@@ -111,6 +113,44 @@ def test_lam_never_takes_a_plan_predicted_slower_than_verls_own(work, lam):
     }
     fastest = min(c["time"] for c in plans["rlhfless"].candidates)
     assert plans["rlhfless"].predicted_time <= max(plans["verl"].predicted_time, fastest) + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.floats(1.0, 1.2))
+def test_a_run_whose_forecasts_fell_short_of_verls_caps_its_plans_that_much_below_verl(work, shortfall):
+    """A run whose plans' forecasts have lately fallen `shortfall` times further short than verl's
+    (`Billing.generation_shortfall`) takes a plan forecast that much faster than verl's, unless no
+    N is (then the fastest)."""
+    prompts, predictor = work
+    billing = Billing(Pricing(3600.0), cold_start_hidden=True, overhead_s=1.5, generation_shortfall=shortfall)
+    plans = {
+        policy: plan_step(
+            prompts, predictor, PROFILE, make_cluster(), SchedulerConfig(policy=policy, lam=0.0), 2, billing
+        )
+        for policy in ("rlhfless", "verl")
+    }
+    ours, fastest = plans["rlhfless"].predicted_time, min(c["time"] for c in plans["rlhfless"].candidates)
+    assert ours * shortfall <= plans["verl"].predicted_time + 1e-9 or ours == fastest
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 500), min_size=2, max_size=2), min_size=2, max_size=24))
+def test_a_plan_whose_lengths_came_as_predicted_fell_no_further_short_than_verls(lengths):
+    """`versus_verl` times the plan and verl's even split at the predicted lengths and at the
+    observed ones; told the truth, the predictor leaves the two equal."""
+    predictor = LengthPredictor(mode="oracle")
+    uids = [f"p{i}" for i in range(len(lengths))]
+    for uid, sample in zip(uids, lengths, strict=True):
+        predictor.reveal(uid, sample)
+    prompts = [PromptSpec(uid, [1, 2, 3 + i], None) for i, uid in enumerate(uids)]
+    config = SchedulerConfig(dedup_prefill=False, lam=0.0)
+    plan = plan_step(prompts, predictor, PROFILE, make_cluster(), config, 2)
+    tokens = np.array([len(p.prompt_tokens) for p in prompts], dtype=float)
+    versus = versus_verl(plan, np.array(lengths, dtype=float), tokens, PROFILE)
+    if plan.verl_actors:  # capped: lam's cheapest plan was slower than the fastest
+        assert versus is not None and versus[1] == pytest.approx(versus[0])
+    else:
+        assert versus is None
 
 
 @settings(max_examples=25, deadline=None)

@@ -162,11 +162,11 @@ def test_a_budget_keeps_the_margin_its_forecast_has_lately_fallen_short_by():
     margins = Margins()
     assert margins.margin("cost") == pytest.approx(0.5)  # nothing seen: the forecast range's high end
     for forecast, actual in ((1.0, 5.0), (1.0, 1.2), (1.0, 1.2)):  # the first step is left out
-        margins.observe(10.0, 10.0, forecast, actual)
+        margins.observe({"time": 10.0, "cost": forecast}, {"time": 10.0, "cost": actual})
     assert margins.margin("cost") == pytest.approx(0.2 + 0.5 / 3)  # the prior shrinks with each step seen
     margins = Margins(prior=0.0)
     for forecast, actual in ((1.0, 5.0), (1.0, 1.2), (1.0, 1.2)):
-        margins.observe(10.0, 10.0, forecast, actual)
+        margins.observe({"time": 10.0, "cost": forecast}, {"time": 10.0, "cost": actual})
     assert margins.margin("cost") == pytest.approx(0.2)
     assert table.n[choose(table, budget=1.6, margins=(0.0, 0.2))] == 1  # 1.5 x 1.2 > 1.6
     assert table.n[choose(table, budget=1.1, margins=(0.0, 0.2))] == 1  # only the bare forecast fits

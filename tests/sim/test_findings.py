@@ -73,3 +73,20 @@ def test_only_the_runs_first_step_finds_the_weights_already_loaded(cfg):
             near = actor["node"] == 0
             weights = float(stage.cluster.transfer_seconds(stage.model.weight_bytes, near, actor["gpus"]))
             assert (actor["ready"] < weights) is loaded, (step.step, actor)
+
+
+@pytest.mark.parametrize("name", ["ppo-qwen2.5-3b-lcb", "ppo-qwen2.5-7b-gpqa"])
+def test_plans_capped_at_verls_time_generate_no_slower_over_the_run(name):
+    """Two paper-physical scenarios whose forecasts of their own plans fell short by more than
+    verl's did (length predictions that miss): learning that shortfall from the run's steps keeps
+    the run's generation no slower than verl's, which they were before (0.996x)."""
+    from rlhfless.sim.presets import preset
+    from rlhfless.sim.runner import make_workload
+
+    scenario = build(dict(preset("paper-physical"))[name])
+    stage, steps = make_stage(scenario), scenario.training.steps
+    verl, ours = (
+        run_policy(scenario, VARIANTS[policy], steps, stage, make_workload(scenario))
+        for policy in ("verl", "rlhfless")
+    )
+    assert sum(s.generation for s in ours) <= sum(s.generation for s in verl)

@@ -38,9 +38,9 @@ class SchedulerConfig:
         metadata={
             "help": "actor scaling: lam chooses among the N whose predicted generation time is at most "
             "this many times verl's plan of the same step (every actor, equal prompt counts, no "
-            "dedup), timed by the same model; the fastest N when none is; null = among all. Plans "
-            "predicted level with verl's may come out slightly slower: 0.98 kept every simulated "
-            "preset at or above verl's speed, at less saving"
+            "dedup), timed by the same model and divided by how much further short the run's "
+            "forecasts lately fell than verl's, from the lengths alone (forecast/shortfall); the "
+            "fastest N when none is; null = among all. 0.98 adds a fixed margin, at less saving"
         },
     )
     normalise: str = field(

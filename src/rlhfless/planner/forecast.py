@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.plan import StepPlan
+from rlhfless.planner.plan import StepPlan, even_split_seconds, verl_workload
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.smoothing import ewma
 from rlhfless.planner.timemodel import RangeModel, Workload
@@ -89,25 +89,35 @@ LENGTH_RANGE = (0.5, 1.5)
 
 @dataclass
 class Margins:
-    """How far the step forecast has fallen short lately, so that a budget or deadline is met
-    although its plan sits at the edge: the 90th percentile of the last `window` steps' actual /
-    forecast ratios, less one (0 when the forecast has erred high), plus a prior that shrinks as
-    steps are observed. Before any step, the prior is the forecast range's high end (predicted
-    lengths x 1.5); after k steps whose ratios it kept it is a (k + 1)-th of that, because a quantile of a few
-    ratios says little (a run's later epochs may err the other way)."""
+    """How far the forecast has fallen short lately, learned from the run's own steps (the first is
+    left out: its forecast knew nothing of the run).
+
+    - `margin` ("time", "cost": the step's), so that a budget or deadline is met although its plan
+      sits at the edge: the 90th percentile of the last `window` steps' actual / forecast ratios,
+      less one (0 when the forecast has erred high), plus a prior that shrinks as steps are
+      observed. Before any step, the prior is the forecast range's high end (predicted lengths x
+      1.5); after k steps whose ratios it kept it is a (k + 1)-th of that, because a quantile of a
+      few ratios says little (a run's later epochs may err the other way).
+    - `shortfall`, so that a plan capped at verl's generation time is not slower on average: the
+      mean, over the last `window` steps, of how much further short the plan's forecast fell than
+      verl's would have from the lengths alone (`versus_verl`), at least 1. verl does not run to
+      be measured, but its plan is timed at the observed lengths by the same model.
+    """
 
     window: int = 8
     time: list[float] | None = None
     cost: list[float] | None = None
+    versus_verl: list[float] | None = None
     steps: int = 0
     prior: float = LENGTH_RANGE[1] - 1.0
 
-    def observe(self, forecast_s: float, actual_s: float, forecast_cost: float, actual_cost: float) -> None:
-        """Fold in one step; the run's first is left out (its forecast knew nothing of the run)."""
+    def observe(self, forecast: dict[str, float], actual: dict[str, float]) -> None:
+        """Fold in one step's forecast and actual figures, by name ("time", "cost", "versus_verl")."""
         self.steps += 1
         if self.steps == 1:
             return
-        for name, f, a in (("time", forecast_s, actual_s), ("cost", forecast_cost, actual_cost)):
+        for name, f in forecast.items():
+            a = actual.get(name, 0.0)
             if f > 0 and a > 0:
                 ratios = (getattr(self, name) or []) + [a / f]
                 setattr(self, name, ratios[-self.window :])
@@ -117,11 +127,16 @@ class Margins:
         seen = max(0.0, float(np.quantile(ratios, 0.9)) - 1.0) if ratios else 0.0
         return seen + self.prior / max(1, self.steps)  # the first step taught it nothing
 
+    def shortfall(self) -> float:
+        ratios = self.versus_verl or []
+        return max(1.0, float(np.mean(ratios))) if ratios else 1.0
+
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.time, self.cost, self.steps = state.get("time"), state.get("cost"), int(state.get("steps", 0))
+        self.versus_verl = state.get("versus_verl")
 
 
 def replay_times(
@@ -138,25 +153,59 @@ def replay_times(
         return np.zeros(0), np.zeros(0)
     g = max(len(observed[u]) for u in order)
     lengths = [np.asarray(observed[u], dtype=float) for u in order]
+    gmax, gmean = np.array([x.max() for x in lengths]), np.array([x.mean() for x in lengths])
     plen = np.array([prompt_tokens[u] for u in order], dtype=float)
+    return _actor_times(plan, gmax, gmean, plen, g, profile, segments)
+
+
+def _actor_times(
+    plan: StepPlan,
+    gmax: np.ndarray,
+    gmean: np.ndarray,
+    plen: np.ndarray,
+    g: int,
+    profile: Profile,
+    segments: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`replay_times` from per-prompt figures in the plan's actor order."""
     own = np.array([a.prefill_tokens for a in plan.actors], dtype=float)
     sizes = np.array([len(a.uids) for a in plan.actors])
     # Each actor's own prefill, spread over its prompts so that ranges sum back to it.
     per_prompt = np.repeat(own / np.maximum(sizes, 1), sizes)
-    workload = Workload(
-        np.array([x.max() for x in lengths]),
-        np.array([x.mean() for x in lengths]),
-        plen,
-        per_prompt,
-        np.zeros(plen.size),
-        g,
-    )
-    model = RangeModel(workload, np.arange(len(order)), profile, segments)
+    workload = Workload(gmax, gmean, plen, per_prompt, np.zeros(plen.size), g)
+    model = RangeModel(workload, np.arange(plen.size), profile, segments)
     ends = np.cumsum(sizes)
     parts = model.times(ends - sizes, ends)
     busy = parts["decode"] + parts["prefill"]
     delay = np.array([a.start_delay for a in plan.actors], dtype=float)
     return busy, busy + delay
+
+
+def versus_verl(
+    plan: StepPlan,
+    observed: np.ndarray,
+    prompt_tokens: np.ndarray,
+    profile: Profile,
+    segments: int = 16,
+) -> tuple[float, float] | None:
+    """The plan's generation time over verl's plan of the same step (`plan.verl_actors`), both
+    timed by `profile`: (at the predicted response lengths, at the observed ones). `observed`
+    (prompts x samples) and `prompt_tokens` are in the plan's input order. The second over the
+    first is how much further short the plan's forecast fell than verl's would have, from the
+    lengths alone (`Margins.shortfall`); None when no verl plan capped this one."""
+    if not plan.verl_actors or plan.predicted_mean is None or not plan.actors:
+        return None
+    uids = list(plan.predicted_length)
+    position = dict(zip(uids, range(len(uids)), strict=True))
+    order = np.array([position[u] for a in plan.actors for u in a.uids])
+    plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
+    predicted = np.fromiter(plan.predicted_length.values(), dtype=float, count=len(uids))
+    ratios = []
+    for gmax, gmean in ((predicted, plan.predicted_mean), (observed.max(axis=1), observed.mean(axis=1))):
+        ours = _actor_times(plan, gmax[order], gmean[order], plen[order], g, profile, segments)[1].max()
+        verl = verl_workload(Workload(gmax, gmean, plen, plen, plen * 0.0, g))
+        ratios.append(float(ours) / even_split_seconds(verl, plan.verl_actors, profile, segments))
+    return ratios[0], ratios[1]
 
 
 def relative_error(forecast: float, actual: float) -> float:

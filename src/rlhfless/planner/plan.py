@@ -96,6 +96,11 @@ class StepPlan:
     # The (calibrated) time table this plan was made with: the executor's migration decisions read
     # it, as the simulator's do. Not part of `to_dict`: the run's profile file holds it.
     profile: Profile | None = field(default=None, repr=False, compare=False)
+    # verl's plan of the same step that capped this one (its actor count; 0: none did), and the
+    # group means predicted (input order, as `predicted_length`), so that the run can learn how far
+    # its forecasts fall short against verl's (`forecast.versus_verl`). Not part of `to_dict`.
+    verl_actors: int = field(default=0, compare=False)
+    predicted_mean: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def actor_of(self) -> dict[str, int]:
         """uid -> actor index."""
@@ -261,9 +266,9 @@ def plan_step(
         if table.time[pick] <= table.time.min():
             return pick
         if not caps:  # the executor's overhead is on every candidate's time, and on verl's
-            verl = Workload(gmax, gmean, lengths, lengths * group_size, np.zeros_like(lengths), group_size)
-            even = _even_split_seconds(verl, int(ns.max()), profile, config)
-            caps.append(config.max_slowdown * (even + billing.overhead_s))
+            even = even_split_seconds(verl_workload(workload), int(ns.max()), profile, config.segments)
+            cap = config.max_slowdown * (even + billing.overhead_s)
+            caps.append(cap / billing.generation_shortfall)  # as the run's forecasts have erred
         return choose(table, after, time_cap=caps[0])
 
     pick = pick_n(table)
@@ -316,14 +321,28 @@ def plan_step(
         floor=floor.to_dict(),
         prefix_tree=prefix_tree,
         profile=profile,
+        verl_actors=int(ns.max()) if caps else 0,
+        predicted_mean=gmean if caps else None,
     )
 
 
-def _even_split_seconds(verl: Workload, n: int, profile: Profile, config: SchedulerConfig) -> float:
+def verl_workload(w: Workload) -> Workload:
+    """`w` as verl runs it: each sample prefills its whole prompt, and no prefix KV arrives."""
+    return Workload(
+        w.group_max,
+        w.group_mean,
+        w.prompt_tokens,
+        w.prompt_tokens * w.group_size,
+        np.zeros_like(w.prompt_tokens),
+        w.group_size,
+    )
+
+
+def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) -> float:
     """Predicted generation of what verl runs on the same step: equal prompt counts in input order
-    over `n` actors, each sample prefilling its whole prompt (its slowest actor's prefill and
-    decode; the executor's overhead is added by the caller, as on every candidate)."""
-    model = RangeModel(verl, np.arange(verl.size), profile, config.segments)
+    over `n` actors (its slowest actor's prefill and decode; the executor's overhead is added by
+    the caller, as on every candidate)."""
+    model = RangeModel(verl, np.arange(verl.size), profile, segments)
     starts, ends, _ = even_ranges(verl.size, np.array([n]))
     parts = model.times(starts, ends)
     return float((parts["prefill"] + parts["decode"]).max())

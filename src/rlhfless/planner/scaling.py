@@ -63,6 +63,9 @@ class Billing:
     overhead_s: float = 0.0  # the executor's own seconds on every actor's time (learned: `Calibration`)
     time_margin: float = 0.0  # a deadline is met with this relative margin (learned: `Margins`)
     cost_margin: float = 0.0  # likewise a budget
+    generation_shortfall: float = (
+        1.0  # generation lately took this x its forecast: verl's cap / it (`Margins`)
+    )
     after_units: float = 0.0
     after_fixed_s: float = 0.0
     after_per_token_s: float = 0.0

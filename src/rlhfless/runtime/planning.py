@@ -31,7 +31,14 @@ from rlhfless.planner import (
 )
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import generation_floor
-from rlhfless.planner.forecast import Calibration, Margins, PhaseModel, relative_error, replay_times
+from rlhfless.planner.forecast import (
+    Calibration,
+    Margins,
+    PhaseModel,
+    relative_error,
+    replay_times,
+    versus_verl,
+)
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
 from rlhfless.planner.learning import learner_width
 from rlhfless.planner.scaling import Billing
@@ -181,6 +188,7 @@ class StepPlanner:
             next_use_after=True,
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
+            generation_shortfall=self.margins.shortfall(),
         )
 
     def plan(
@@ -212,16 +220,18 @@ class StepPlanner:
         """The step's forecast against what happened, and its floor; then learn from it for the
         next plan."""
         out = forecast_metrics(plan, metrics) | self.floor_metrics(plan, samples, metrics)
-        self.margins.observe(
-            plan.predicted_step_time,
-            metrics["time/step"],
-            plan.predicted_step_cost,
-            metrics.get("cost/step", 0.0),
-        )
         lengths: dict[str, list[int]] = {}
         for s in samples:
             lengths.setdefault(s.uid, []).append(len(s.response_ids))
         prompt_tokens = {s.uid: len(s.prompt_ids) for s in samples}
+        forecast = {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost}
+        actual = {"time": metrics["time/step"], "cost": metrics.get("cost/step", 0.0)}
+        versus = self._versus_verl(plan, lengths, prompt_tokens)
+        if versus is not None:
+            forecast["versus_verl"], actual["versus_verl"] = versus
+            out["forecast/versus_verl"], out["forecast/versus_verl_observed"] = versus
+        self.margins.observe(forecast, actual)
+        out["forecast/shortfall"] = self.margins.shortfall()
         busy, total = replay_times(plan, lengths, prompt_tokens, self.profile, self.scheduler.segments)
         prefill = float(self.profile.prefill_seconds(plan.prefill.get("tokens", 0)))
         measured_busy = metrics.get("time/prefill", 0.0) + metrics.get("time/decode", 0.0)
@@ -247,6 +257,17 @@ class StepPlanner:
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
         out["calibration/after_s_per_token"] = self.phases.per_token_s or 0.0
         return out
+
+    def _versus_verl(
+        self, plan: StepPlan, lengths: dict[str, list[int]], prompt_tokens: dict[str, int]
+    ) -> tuple[float, float] | None:
+        """`forecast.versus_verl` for the step's samples (None unless every prompt has all of them)."""
+        uids = list(plan.predicted_length)
+        if not all(len(lengths.get(u, ())) == self.group_size for u in uids):
+            return None
+        observed = np.array([lengths[u] for u in uids], dtype=float)
+        tokens = np.array([prompt_tokens[u] for u in uids], dtype=float)
+        return versus_verl(plan, observed, tokens, self.profile, self.scheduler.segments)
 
     def floor_metrics(
         self, plan: StepPlan, samples: list[Sample], metrics: dict[str, float]
