@@ -8,7 +8,15 @@ import pytest
 
 from rlhfless.cli import main
 from rlhfless.config import load_config
-from rlhfless.planner.forecast import Calibration, Margins, PhaseModel, relative_error, replay_times
+from rlhfless.planner.forecast import (
+    NOISE,
+    SPREAD,
+    Calibration,
+    PhaseModel,
+    Shortfall,
+    relative_error,
+    replay_times,
+)
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
@@ -122,16 +130,22 @@ def test_replay_times_the_plans_actors_at_their_observed_lengths():
     assert relative_error(12.0, 10.0) == pytest.approx(0.2)
 
 
-def test_the_shortfall_is_the_mean_of_the_steps_after_the_first_and_never_below_one():
-    margins = Margins()
-    assert margins.shortfall() == 1.0
-    for forecast, observed in ((1.0, 2.0), (1.0, 1.02), (0.5, 0.52)):  # the first step is left out
-        margins.observe({"versus_verl": forecast}, {"versus_verl": observed})
-    assert margins.shortfall() == pytest.approx((1.02 + 1.04) / 2)
-    margins = Margins()
-    for forecast, observed in ((1.0, 1.0), (1.0, 0.9)):
-        margins.observe({"versus_verl": forecast}, {"versus_verl": observed})
-    assert margins.shortfall() == 1.0  # verl's forecast fell further short: the cap stays verl's
+def test_the_shortfall_weighs_each_steps_prompts_against_a_prior_of_none_and_never_falls_below_one():
+    """Steps after the first, each weighted by its prompts, against NOISE^2 / SPREAD^2 prompts'
+    worth of 1: a few noisy steps of 8 prompts move the cap a little, 512-prompt steps nearly all
+    the way."""
+    prior = (NOISE / SPREAD) ** 2
+    small, large = Shortfall(), Shortfall()
+    for versus in ((1.0, 2.0), (1.0, 1.06), (0.5, 0.53)):  # the first step is left out
+        small.observe(versus, 8)
+        large.observe(versus, 512)
+    assert small.factor() == pytest.approx(1 + 16 * 0.06 / (16 + prior))
+    assert large.factor() == pytest.approx(1 + 1024 * 0.06 / (1024 + prior))
+    assert small.factor() < 1.01 < 1.05 < large.factor() < 1.06
+    falls_long = Shortfall()
+    for versus in ((1.0, 1.0), (1.0, 0.9), None):
+        falls_long.observe(versus, 512)
+    assert falls_long.factor() == 1.0  # verl's forecast fell further short: the cap stays verl's
 
 
 def _cluster():

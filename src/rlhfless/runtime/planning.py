@@ -35,6 +35,7 @@ from rlhfless.planner.forecast import (
     Calibration,
     Margins,
     PhaseModel,
+    Shortfall,
     relative_error,
     replay_times,
     versus_verl,
@@ -166,6 +167,7 @@ class StepPlanner:
         self.calibration = Calibration()
         self.phases = PhaseModel()
         self.margins = Margins()
+        self.shortfall = Shortfall()
         self.observed = 0  # steps this run (this process) has observed
         self.memory = memory
         if memory is not None and memory.is_file():
@@ -188,7 +190,7 @@ class StepPlanner:
             next_use_after=True,
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
-            generation_shortfall=self.margins.shortfall(),
+            generation_shortfall=self.shortfall.factor(),
         )
 
     def plan(
@@ -224,14 +226,15 @@ class StepPlanner:
         for s in samples:
             lengths.setdefault(s.uid, []).append(len(s.response_ids))
         prompt_tokens = {s.uid: len(s.prompt_ids) for s in samples}
-        forecast = {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost}
-        actual = {"time": metrics["time/step"], "cost": metrics.get("cost/step", 0.0)}
+        self.margins.observe(
+            {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost},
+            {"time": metrics["time/step"], "cost": metrics.get("cost/step", 0.0)},
+        )
         versus = self._versus_verl(plan, lengths, prompt_tokens)
         if versus is not None:
-            forecast["versus_verl"], actual["versus_verl"] = versus
             out["forecast/versus_verl"], out["forecast/versus_verl_observed"] = versus
-        self.margins.observe(forecast, actual)
-        out["forecast/shortfall"] = self.margins.shortfall()
+        self.shortfall.observe(versus, len(plan.predicted_length))
+        out["forecast/shortfall"] = self.shortfall.factor()
         busy, total = replay_times(plan, lengths, prompt_tokens, self.profile, self.scheduler.segments)
         prefill = float(self.profile.prefill_seconds(plan.prefill.get("tokens", 0)))
         measured_busy = metrics.get("time/prefill", 0.0) + metrics.get("time/decode", 0.0)
@@ -300,12 +303,14 @@ class StepPlanner:
             "calibration": self.calibration.state_dict(),
             "phases": self.phases.state_dict(),
             "margins": self.margins.state_dict(),
+            "shortfall": self.shortfall.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.calibration.load_state_dict(state.get("calibration", {}))
         self.phases.load_state_dict(state.get("phases", {}))
         self.margins.load_state_dict(state.get("margins", {}))
+        self.shortfall.load_state_dict(state.get("shortfall", {}))
 
 
 def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:

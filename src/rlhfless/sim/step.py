@@ -18,7 +18,7 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
-from rlhfless.planner.forecast import Margins, PhaseModel, versus_verl
+from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
@@ -83,7 +83,8 @@ class Simulator:
         # Preparation + learning seconds per token: known exactly here (the execution's own
         # formula), learned per step in the runtime.
         self.phases = PhaseModel(per_token_s=stage.after_per_token_s)
-        self.margins = Margins()  # how far the forecast fell short lately (budget, deadline, verl's cap)
+        self.margins = Margins()  # how far the step forecast fell short lately (budget, deadline)
+        self.shortfall = Shortfall()  # how much further short than verl's (verl's cap)
 
     def billing(self, weights_loaded: bool = False) -> Billing:
         """The simulated executor: cold starts hidden behind the previous step's learning (before
@@ -97,7 +98,7 @@ class Simulator:
             after_per_token_s=self.phases.per_token_s or 0.0,
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
-            generation_shortfall=self.margins.shortfall(),
+            generation_shortfall=self.shortfall.factor(),
         )
 
     def plan(self, prompts: StepPrompts, weights_loaded: bool = False) -> StepPlan:
@@ -130,14 +131,14 @@ class Simulator:
         result = self.execute(step, prompts, plan, first)
         self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response)
         self.phases.observe(result.tokens, result.preparation + result.learning)
-        forecast = {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost}
-        actual = {"time": result.time, "cost": result.cost}
+        self.margins.observe(
+            {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost},
+            {"time": result.time, "cost": result.cost},
+        )
         versus = versus_verl(
             plan, prompts.lengths, prompts.prompt_lengths, self.planner_profile, self.config.segments
         )
-        if versus is not None:
-            forecast["versus_verl"], actual["versus_verl"] = versus
-        self.margins.observe(forecast, actual)
+        self.shortfall.observe(versus, len(prompts.uids))
         return result
 
     def pilot(self, prompts: StepPrompts, count: int) -> None:
