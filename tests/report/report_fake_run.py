@@ -228,6 +228,7 @@ def write_fake_run(
                 "candidates": candidates,
                 "plan_seconds": 0.004 + 0.001 * step,
                 "policy": "rlhfless",
+                "time_cap": 1.05 * next(c["time"] for c in candidates if c["n"] == n),
             }
             (path / "plans" / f"step_{step:06d}.json").write_text(json.dumps(plan))
 

@@ -74,6 +74,8 @@ def test_page_shows_candidate_table_with_chosen_row_and_predictor_figures(tiny_p
         assert row in text  # phase table
     assert "<td>idle</td>" not in text and "<td>billed</td>" not in text
     assert "<th>transfer hidden</th>" in text
+    assert "<th>within verl&#x27;s cap</th>" in text and "<td>yes</td>" in text  # the plans record it
+    assert "; verl's cap " in text
     assert "tiny: transfers over 3 recorded step(s)" in text and "<td>across nodes</td>" in text
 
 

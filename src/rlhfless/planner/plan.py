@@ -88,6 +88,10 @@ class StepPlan:
         default_factory=dict
     )  # {"budget_per_step": $} or {"deadline_per_step": s}
     keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
+    # The generation time lam's N had to be within: verl's plan of the step x max_slowdown / the
+    # run's shortfall (`forecast.Shortfall`); None where none was computed (lam took the fastest N,
+    # a budget or deadline, another policy).
+    time_cap: float | None = None
     floor: dict[str, float] = field(default_factory=dict)  # the forecast generation floor (`Floor`)
     # The prefill actor's levels, parents first: {parent, start, end, group} (`Dedup.layout`); a
     # prompt of prefix_groups[g] receives the KV of the path to the node of group g (less its
@@ -128,6 +132,7 @@ class StepPlan:
             "predicted_step_cost": self.predicted_step_cost,
             "target": self.target,
             "keep_unused_warm": self.keep_unused_warm,
+            "time_cap": self.time_cap,
             "floor": self.floor,
         }
 
@@ -321,6 +326,7 @@ def plan_step(
         floor=floor.to_dict(),
         prefix_tree=prefix_tree,
         profile=profile,
+        time_cap=caps[0] if caps else None,
         verl_actors=int(ns.max()) if caps else 0,
         predicted_mean=gmean if caps else None,
     )

@@ -25,6 +25,10 @@ def candidate_table(run: Run, step: int) -> str:
         header.append("transfer hidden")
         for row, c in zip(rows, plan.candidates, strict=True):
             row.append({True: "yes", False: "no", None: "n/a"}[c.hidden])
+    if plan.time_cap is not None:
+        header.append("within verl's cap")
+        for row, c in zip(rows, plan.candidates, strict=True):
+            row.append("yes" if c.time <= plan.time_cap * (1 + 1e-9) else "no")
     classes = ["chosen" if c.n == plan.n_actors else "" for c in plan.candidates]
     metrics = run.metrics.get(step, {})
     actual = (
@@ -34,7 +38,14 @@ def candidate_table(run: Run, step: int) -> str:
     head = (
         f"<p>step {step}: chosen N = {fmt(plan.n_actors, 'd')}, policy {escape(plan.policy or 'n/a')}, "
         f"planned in {fmt(None if plan.plan_seconds is None else 1000 * plan.plan_seconds, '.3g', ' ms')}; "
-        f"{escape(actual)}</p>"
+        f"{escape(actual)}"
+        + (
+            ""
+            if plan.time_cap is None
+            else f"; verl's cap {plan.time_cap:.4g} s (its plan's forecast x max_slowdown, divided by "
+            "the run's shortfall so far)"
+        )
+        + "</p>"
     )
     if not plan.candidates:
         return head + '<p class="missing">no candidate table in this plan</p>'

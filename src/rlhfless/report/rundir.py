@@ -94,6 +94,7 @@ class Plan:
     candidates: list[Candidate]
     plan_seconds: float | None
     policy: str | None
+    time_cap: float | None = None  # verl's cap on generation time, where one was computed
 
     @property
     def chosen(self) -> Candidate | None:
@@ -239,6 +240,7 @@ def _read_plan(step: int, obj: dict) -> Plan:
         candidates=sorted(candidates, key=lambda c: c.n),
         plan_seconds=_number(obj.get("plan_seconds")),
         policy=policy if isinstance(policy, str) else None,
+        time_cap=_number(obj.get("time_cap")),
     )
 
 
