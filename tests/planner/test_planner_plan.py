@@ -132,7 +132,12 @@ def test_a_run_whose_forecasts_fell_short_of_verls_caps_its_plans_that_much_belo
     ours, fastest = plans["rlhfless"].predicted_time, min(c["time"] for c in plans["rlhfless"].candidates)
     assert ours * shortfall <= plans["verl"].predicted_time + 1e-9 or ours == fastest
     cap = plans["rlhfless"].time_cap  # recorded (None: lam took the fastest N, no cap was needed)
-    assert (cap is None and ours == fastest) or cap == pytest.approx(plans["verl"].predicted_time / shortfall)
+    if cap is None:
+        assert ours == fastest
+    else:  # verl's own plan adds its start delays to the same model's time
+        assert cap <= plans["verl"].predicted_time / shortfall + 1e-9 and (
+            ours <= cap + 1e-9 or ours == fastest
+        )
 
 
 @settings(max_examples=30, deadline=None)
