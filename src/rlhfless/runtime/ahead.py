@@ -8,10 +8,11 @@ ranks' shares and sums what was learned ahead with the rest. The update is the o
 been, within float rounding, and strictly on-policy: the weights are the step's own, which the
 samples were drawn from.
 
-This object is one step's bookkeeping on the driver: what was sent to which rank, what came
-back, and, as the update starts, which samples count. A rank's ahead gradients count all or
-none: they count only if its every call came back and every advantage it learned with equals the
-one the update is given (the step loop computes them again, on the whole batch).
+`LearnsAhead` is the elastic learner's side of it: which rank learns ahead, what it has queued,
+and what counts. `StepAhead` is one step's bookkeeping on the driver: what was sent to which
+rank, what came back, and, as the update starts, which samples count. A rank's ahead gradients
+count all or none: they count only if its every call came back and every advantage it learned
+with equals the one the update is given (the step loop computes them again, on the whole batch).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from rlhfless.runtime.billing import Invocation
 from rlhfless.runtime.lifecycle import LOST
+from rlhfless.runtime.micro_batch import tokens_run
 from rlhfless.runtime.samples import Sample
 
 Key = tuple[str, int]  # (uid, sample index)
@@ -102,3 +104,49 @@ class StepAhead:
         call.inv.mark_busy(begin, end)
         self.seconds += end - begin
         self.learned.setdefault(call.rank, {}).update(call.advantages)
+
+
+class LearnsAhead:
+    """`ElasticLearner`'s verbs for learning ahead: the phase's first extra rank, requested early,
+    learns scored groups until the phase opens, and the update counts what it learned. Uses the
+    learner's phase state: its ranks and their invocations, `opened`, `serverful`, `group`, the
+    measured `token_s` and `rank_start_s`, this step's `step_ahead`, and `_weigh`."""
+
+    def group_s(self, samples: list[Sample]) -> float | None:
+        """Forecast seconds of one rank learning this group (None before a phase was measured)."""
+        return None if self.token_s is None else self.token_s * tokens_run(samples)
+
+    def ahead_rank(self) -> tuple[Any, Invocation] | None:
+        """The phase's first extra rank, once requested, until the phase opens: it learns ahead."""
+        if self.opened or self.serverful or self.group is None or len(self.ranks) < 2:
+            return None
+        return self.ranks[1], self.invocations[0]
+
+    def queued_s(self, now: float) -> float:
+        """What the ahead rank has to do before a new call: the rest of its start, as last
+        measured, and its calls under way, as forecast."""
+        _, inv = self.ahead_rank()
+        return max(0.0, inv.requested + (self.rank_start_s or 0.0) - now) + self.step_ahead.queued_s()
+
+    def learn_ahead(
+        self,
+        weights: ray.ObjectRef,
+        samples: list[Sample],
+        advantages: list[Tensor],
+        ref: list[Tensor] | None,
+    ) -> None:
+        """A scored group's gradients, on the ahead rank, with the step's published `weights`."""
+        rank, inv = self.ahead_rank()
+        estimate = self.group_s(samples) or 0.0
+        self._weigh(rank, weights)
+        self.step_ahead.send(rank, inv, samples, advantages, ref, estimate)
+
+    def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[Key]:
+        """The samples learned ahead that count in this update (`StepAhead.settle`)."""
+        self.phase_tokens = tokens_run(samples)
+        counted = self.step_ahead.settle(self.ranks[1:], samples, advantages)
+        self.phase |= {
+            "learn/ahead_groups": float(len({uid for uid, _ in counted})),
+            "time/learn_ahead": self.step_ahead.seconds,
+        }
+        return counted

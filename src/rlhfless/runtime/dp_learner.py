@@ -37,21 +37,18 @@ import torch
 from ray.exceptions import RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
-from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.planner.learning import LearningHistory, learner_width, rank_start_estimate
-from rlhfless.runtime.ahead import StepAhead
+from rlhfless.runtime.ahead import LearnsAhead, StepAhead
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
 from rlhfless.runtime.learner_rank import LearnerRank, rank_env
 from rlhfless.runtime.lifecycle import LOST, Functions, any_lost, gpu_of
-from rlhfless.runtime.micro_batch import tokens_run
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
 from rlhfless.runtime.ray_cluster import await_free, slots_in
-from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import Transfer, flat_weights, join_state
 
 RELEASE_WAIT_S = 2.0  # at most, for Ray to count a phase's released slots as free again
@@ -74,7 +71,7 @@ class Resident:
     started: bool = False  # its cold start has been awaited (in the phase it was created for)
 
 
-class ElasticLearner(LearnerSide):
+class ElasticLearner(LearnsAhead, LearnerSide):
     """The driver's side: the policy its engine prefills with, rank 0, and the phase's ranks.
     The verbs of every `LearnerSide`, run on every rank, plus `widen` and `narrow` around the phase."""
 
@@ -317,47 +314,6 @@ class ElasticLearner(LearnerSide):
         """The rank start to expect (`planner.learning.rank_start_estimate`): learning that waits
         for a rank costs every slot of the step, a rank started early only its own."""
         return rank_start_estimate(self.rank_starts, self.restart_s)
-
-    # ----- learning ahead (`ahead`) ---------------------------------------------------------
-
-    def group_s(self, samples: list[Sample]) -> float | None:
-        """Forecast seconds of one rank learning this group (None before a phase was measured)."""
-        return None if self.token_s is None else self.token_s * tokens_run(samples)
-
-    def ahead_rank(self) -> tuple[Any, Invocation] | None:
-        """The phase's first extra rank, once requested, until the phase opens: it learns ahead."""
-        if self.opened or self.serverful or self.group is None or len(self.ranks) < 2:
-            return None
-        return self.ranks[1], self.invocations[0]
-
-    def queued_s(self, now: float) -> float:
-        """What the ahead rank has to do before a new call: the rest of its start, as last
-        measured, and its calls under way, as forecast."""
-        _, inv = self.ahead_rank()
-        return max(0.0, inv.requested + (self.rank_start_s or 0.0) - now) + self.step_ahead.queued_s()
-
-    def learn_ahead(
-        self,
-        weights: ray.ObjectRef,
-        samples: list[Sample],
-        advantages: list[Tensor],
-        ref: list[Tensor] | None,
-    ) -> None:
-        """A scored group's gradients, on the ahead rank, with the step's published `weights`."""
-        rank, inv = self.ahead_rank()
-        estimate = self.group_s(samples) or 0.0
-        self._weigh(rank, weights)
-        self.step_ahead.send(rank, inv, samples, advantages, ref, estimate)
-
-    def _ahead(self, samples: list[Sample], advantages: list[Tensor]) -> frozenset[tuple[str, int]]:
-        """The samples learned ahead that count in this update (`StepAhead.settle`)."""
-        self.phase_tokens = tokens_run(samples)
-        counted = self.step_ahead.settle(self.ranks[1:], samples, advantages)
-        self.phase |= {
-            "learn/ahead_groups": float(len({uid for uid, _ in counted})),
-            "time/learn_ahead": self.step_ahead.seconds,
-        }
-        return counted
 
     def narrow(self, now: float) -> None:
         """Close the learning phase: ranks 1.. leave the group, the elastic ones stopped and
