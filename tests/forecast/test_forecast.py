@@ -289,6 +289,41 @@ def test_a_run_whose_target_only_the_point_forecast_misses_starts_and_its_steps_
     assert err[1].startswith("rlhfless: step 1: scheduler.deadline_per_step: got")
 
 
+def test_a_run_asked_to_take_the_nearest_plan_goes_on_past_a_missed_target_saying_so_each_step(
+    tmp_path, capsys
+):
+    from rlhfless.runtime.run_forecast import forecast_for_config
+
+    rows = forecast_for_config(_tiny(tmp_path))["per_step"]
+    deadline = (max(r["time_range"][0] for r in rows) + rows[0]["time"]) / 2  # as above: step 1 refused
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            f"output_dir={out}",
+            "trainer.steps=3",
+            "trainer.progress=false",
+            "runtime.calibration_memory=false",
+            f"scheduler.deadline_per_step={deadline}",
+            "scheduler.target_miss=nearest",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 0 and "takes the plan nearest to it" in err[0]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 3 and metrics[0]["target/missed"] == 1.0
+    missed = [m["step"] for m in metrics if m["target/missed"]]
+    warned = [line.split(": ")[1:3] for line in err[1:]]  # one line a missed step
+    assert warned == [["warning", "scheduler.deadline_per_step"]] * len(missed)
+    for step, line in zip(missed, err[1:], strict=True):
+        m = metrics[step - 1]
+        assert f"got {deadline:.6g} s, expected at least the fastest plan's forecast" in line
+        assert line.endswith(f"(N={m['plan/n_actors']:.0f}); step {step} takes that plan")
+        assert m["forecast/step_time"] > deadline and m["target/deadline_per_step"] == deadline
+
+
 def train_tiny(tmp_path, name: str, *extra: str) -> list[dict]:
     """Two tiny steps in `tmp_path / name`, the time model's memory in `tmp_path / "cache"`."""
     cfg = load_config(

@@ -172,3 +172,27 @@ def test_a_budget_keeps_the_margin_its_forecast_has_lately_fallen_short_by():
     assert table.n[choose(table, budget=1.1, margins=(0.0, 0.2))] == 1  # only the bare forecast fits
     with pytest.raises(PlanError, match="cheapest plan's forecast 1 \\$ \\(N=1\\)"):
         choose(table, budget=0.5)
+
+
+@pytest.mark.parametrize(
+    ("key", "target", "forecast"),
+    [("budget_per_step", 1e-9, "predicted_step_cost"), ("deadline_per_step", 1e-6, "predicted_step_time")],
+)
+def test_a_step_no_plan_fits_takes_the_nearest_plan_and_says_so_when_asked(key, target, forecast):
+    profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster()
+
+    def plan(**kw):
+        return plan_step(_prompts(8), _predictor(8), profile, cluster, SchedulerConfig(**kw), 2)
+
+    with pytest.raises(PlanError) as refused:
+        plan(**{key: target})
+    nearest = plan(**{key: target}, target_miss="nearest")
+    assert nearest.target == {key: target, "missed": 1.0}
+    assert nearest.missed_target() == str(refused.value)  # the line the default stops with
+    assert getattr(nearest, forecast) == pytest.approx(refused.value.least)
+    # It is the plan whose target is that forecast: the nearest there is, met exactly.
+    met = plan(**{key: refused.value.least})
+    assert met.n_actors == nearest.n_actors and met.target == {key: refused.value.least, "missed": 0.0}
+    assert met.missed_target() is None
+    with pytest.raises(ValueError, match="target_miss: got 'warn', expected one of stop, nearest"):
+        SchedulerConfig(target_miss="warn")

@@ -287,3 +287,20 @@ def test_a_timeline_recorded_before_nodes_were_gets_a_note_not_a_table(tmp_path:
     page = write_report([run])
     assert _parts(page).notes == ["old: timelines record no nodes (recorded since multi-node placement)"]
     assert "report-timeline-0.png" in _figure_names(page)
+
+
+def test_the_forecast_figure_crosses_the_deadline_at_each_step_that_took_the_nearest_plan(
+    tmp_path: Path,
+) -> None:
+    from rlhfless.report.figures import forecast
+
+    run_dir = write_fake_run(tmp_path / "tiny", steps=3)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row, missed in zip(rows, (1.0, 0.0, 1.0), strict=True):
+        row |= {"target/deadline_per_step": 9.5, "target/missed": missed}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    axes = {ax.get_title(): ax for ax in forecast([load_run(run_dir)]).axes}
+    crosses = [line for line in axes["step time (s)"].get_lines() if line.get_label() == "tiny missed"]
+    assert [list(c.get_xdata()) for c in crosses] == [[1, 3]]
+    assert [list(c.get_ydata()) for c in crosses] == [[9.5, 9.5]]
+    assert not [line for line in axes["step cost ($)"].get_lines() if "missed" in line.get_label()]

@@ -79,6 +79,8 @@ class Display:
             )
             if "warning" in info:
                 print(f"rlhfless: warning: {info['warning']}", file=sys.stderr)  # one line
+        elif kind == "warning":
+            print(f"rlhfless: warning: {info['message']}", file=sys.stderr)  # one line
         elif kind == "phase":
             self.progress.update(self.task, phase=f"step {info['step']}: {info['phase']}")
         elif kind == "step":

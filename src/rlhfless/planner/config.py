@@ -13,6 +13,7 @@ METHODS = ("contiguous", "lpt")
 MIGRATIONS = ("auto", "gain", "gather", "paper")
 NORMALISATIONS = ("relative", "range")
 PREFIX_RULES = ("tree", "paper")
+TARGET_MISSES = ("stop", "nearest")
 
 
 @dataclass
@@ -94,6 +95,16 @@ class SchedulerConfig:
         metadata={
             "help": "seconds: each step takes the cheapest plan whose forecast step time fits "
             "(instead of lam); a deadline below the fastest plan is an error naming it; null = lam"
+        },
+    )
+    target_miss: str = field(
+        default="stop",
+        metadata={
+            "help": "a step no plan fits the budget or deadline for (its forecast, once the run has "
+            "started): stop (the run ends with a one-line error naming the nearest plan; its last "
+            "checkpoint stays) or nearest (the step takes that plan, the cheapest or the fastest, "
+            "says so in one warning line and records target/missed = 1). A target that even the "
+            "run's optimistic forecast misses stops it before it starts, either way"
         },
     )
     dedup_prefill: bool = field(default=True, metadata={"help": "rlhfless: prefill shared prefixes once"})
@@ -243,6 +254,12 @@ class SchedulerConfig:
             "prefix_rule",
             self.prefix_rule,
             f"one of {', '.join(PREFIX_RULES)}",
+        )
+        check(
+            self.target_miss in TARGET_MISSES,
+            "target_miss",
+            self.target_miss,
+            f"one of {', '.join(TARGET_MISSES)}",
         )
         check(self.migration in MIGRATIONS, "migration", self.migration, f"one of {', '.join(MIGRATIONS)}")
         check(

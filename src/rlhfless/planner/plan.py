@@ -32,6 +32,7 @@ from rlhfless.planner.scaling import (
     candidate_table,
     choose,
     estimate_actors,
+    target_message,
 )
 from rlhfless.planner.timemodel import RangeModel, Workload
 
@@ -84,9 +85,9 @@ class StepPlan:
     features: dict[str, Any] = field(default_factory=dict)
     predicted_step_time: float = 0.0  # generation + the forecast rest of the step (`Billing`)
     predicted_step_cost: float = 0.0
-    target: dict[str, float] = field(
-        default_factory=dict
-    )  # {"budget_per_step": $} or {"deadline_per_step": s}
+    # {"budget_per_step": $} or {"deadline_per_step": s}, and "missed": 1.0 where the plan's
+    # forecast is past it (the nearest plan, `target_miss=nearest`), else 0.0
+    target: dict[str, float] = field(default_factory=dict)
     keep_unused_warm: bool = True  # warm functions this plan does not use: keep (idle billed) or stop
     # The generation time lam's N had to be within: verl's plan of the step x max_slowdown / the
     # run's shortfall (`forecast.Shortfall`); None where none was computed (lam took the fastest N,
@@ -105,6 +106,14 @@ class StepPlan:
     # its forecasts fall short against verl's (`forecast.versus_verl`). Not part of `to_dict`.
     verl_actors: int = field(default=0, compare=False)
     predicted_mean: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def missed_target(self) -> str | None:
+        """One line naming the budget or deadline this plan's forecast is past, and the plan."""
+        if not self.target.get("missed"):
+            return None
+        key = "budget_per_step" if "budget_per_step" in self.target else "deadline_per_step"
+        least = self.predicted_step_cost if key == "budget_per_step" else self.predicted_step_time
+        return target_message(key, self.target[key], least, self.n_actors)
 
     def actor_of(self) -> dict[str, int]:
         """uid -> actor index."""
@@ -264,8 +273,10 @@ def plan_step(
     capped = ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless"
     caps: list[float] = []  # verl's time, timed once and only when lam would take a slower plan
 
+    targets = (config.budget_per_step, config.deadline_per_step)
+
     def pick_n(table: CandidateTable) -> int:
-        pick = choose(table, after, config.budget_per_step, config.deadline_per_step, margins)
+        pick = choose(table, after, *targets, margins, nearest=config.target_miss == "nearest")
         if not capped or config.budget_per_step or config.deadline_per_step:
             return pick
         if table.time[pick] <= table.time.min():
@@ -293,14 +304,14 @@ def plan_step(
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
     step_time = float(table.time[pick]) + after[0]
     unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
-    target = {
-        k: v
-        for k, v in (
-            ("budget_per_step", config.budget_per_step),
-            ("deadline_per_step", config.deadline_per_step),
-        )
-        if v is not None
-    }
+    step_cost = float(table.cost[pick] + table.warm_after[pick]) + after[1]
+    target = {}
+    for key, value, forecast in (
+        ("budget_per_step", config.budget_per_step, step_cost),
+        ("deadline_per_step", config.deadline_per_step, step_time),
+    ):
+        if value is not None:  # missed: only the nearest plan was left (`target_miss=nearest`)
+            target = {key: value, "missed": float(forecast > value * (1 + 1e-9))}
 
     prefix_groups, prefix_tree = dedup.layout(uids) if dedup else ([], [])
     return StepPlan(
@@ -320,7 +331,7 @@ def plan_step(
         plan_seconds=time.perf_counter() - t0,
         features=dict(feats),
         predicted_step_time=step_time,
-        predicted_step_cost=float(table.cost[pick] + table.warm_after[pick]) + after[1],
+        predicted_step_cost=step_cost,
         target=target,
         keep_unused_warm=unused_warm,
         floor=floor.to_dict(),

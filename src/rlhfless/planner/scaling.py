@@ -213,6 +213,15 @@ def candidate_table(
     return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
 
 
+def target_message(key: str, target: float, least: float, n: int) -> str:
+    """One line: the budget or deadline `key` asked `target`, and the nearest plan (N=`n`) `least`."""
+    unit, best = ("$", "cheapest") if key == "budget_per_step" else ("s", "fastest")
+    return (
+        f"scheduler.{key}: got {target:.6g} {unit}, expected at least the {best} plan's forecast "
+        f"{least:.6g} {unit} (N={n})"
+    )
+
+
 def _within(
     bound: np.ndarray,
     other: np.ndarray,
@@ -220,22 +229,17 @@ def _within(
     margin: float,
     n: np.ndarray,
     key: str,
-    unit: str,
-    best: str,
+    nearest: bool,
 ) -> int:
     """The candidate best in `other` whose `bound` forecast, raised by `margin`, fits `target`;
-    short of one, the one best in `bound` if its bare forecast fits; else PlanError."""
+    short of one, the one best in `bound` if its bare forecast fits, or if `nearest`; else PlanError."""
     fits = np.flatnonzero(bound * (1.0 + margin) <= target * (1 + 1e-9))
     if fits.size:
         return int(fits[np.lexsort((bound[fits], other[fits]))[0]])
     i = int(np.argmin(bound))
-    if bound[i] <= target * (1 + 1e-9):  # only the bare forecast fits: the plan leaving most room
+    if nearest or bound[i] <= target * (1 + 1e-9):  # the plan leaving most room, or nearest to it
         return i
-    raise PlanError(
-        f"scheduler.{key}: got {target:.6g} {unit}, expected at least the {best} plan's forecast "
-        f"{bound[i]:.6g} {unit} (N={int(n[i])})",
-        least=float(bound[i]),
-    )
+    raise PlanError(target_message(key, target, float(bound[i]), int(n[i])), least=float(bound[i]))
 
 
 def choose(
@@ -245,21 +249,20 @@ def choose(
     deadline: float | None = None,
     margins: tuple[float, float] = (0.0, 0.0),
     time_cap: float | None = None,
+    nearest: bool = False,
 ) -> int:
     """Index of N': the fastest within `budget` ($ per step), the cheapest within `deadline`
     (s per step), else the first minimum of the lam score (the smallest N among equal scores)
     among the candidates whose generation time is within `time_cap` seconds (the fastest when
     none is).
     `after` is the rest of the step's (seconds, USD); a plan fits when its forecast, raised by
-    the (time, cost) `margins` the forecast has lately fallen short by, does. PlanError when no
-    candidate fits, naming the cheapest or fastest plan there is."""
+    the (time, cost) `margins` the forecast has lately fallen short by, does. When no candidate
+    fits: the cheapest or fastest plan there is if `nearest`, else PlanError naming it."""
     step_time, step_cost = table.time + after[0], table.cost + table.warm_after + after[1]
     if budget is not None:
-        return _within(step_cost, step_time, budget, margins[1], table.n, "budget_per_step", "$", "cheapest")
+        return _within(step_cost, step_time, budget, margins[1], table.n, "budget_per_step", nearest)
     if deadline is not None:
-        return _within(
-            step_time, step_cost, deadline, margins[0], table.n, "deadline_per_step", "s", "fastest"
-        )
+        return _within(step_time, step_cost, deadline, margins[0], table.n, "deadline_per_step", nearest)
     if time_cap is not None:
         fits = table.time <= time_cap
         if not fits.any():

@@ -162,7 +162,7 @@ def cost_time(runs: list[Run]) -> Figure:
 
 def forecast(runs: list[Run]) -> Figure:
     """Forecast (dashed) against actual (solid) per step: generation and whole-step time and cost,
-    with a run's budget or deadline as a dotted line."""
+    with a run's budget or deadline as a dotted line, crossed where a step missed it."""
     fig = Figure(figsize=(WIDTH, 6.5), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
     targets = {"step time (s)": "target/deadline_per_step", "step cost ($)": "target/budget_per_step"}
@@ -173,12 +173,24 @@ def forecast(runs: list[Run]) -> Figure:
         target = targets.get(label)
         if target is not None:
             drew |= _line(ax, runs, target, style=":", label_suffix=" " + target.split("/")[1])
+            _missed(ax, runs, target)
         if drew:
             _steps_axis(ax)
             ax.legend(fontsize="small")
         else:
             _empty(ax, f"`{key}` / `{actual}` not recorded")
     return fig
+
+
+def _missed(ax: Axes, runs: list[Run], target: str) -> None:
+    """A cross on the target line at each step no plan fitted, which took the nearest one
+    (`scheduler.target_miss=nearest`: `target/missed`)."""
+    for i, run in enumerate(runs):
+        steps, missed = run.series("target/missed")
+        steps = [s for s, m in zip(steps, missed, strict=True) if m and target in run.metrics[s]]
+        if steps:
+            values = [run.metrics[s][target] for s in steps]
+            ax.plot(steps, values, "x", color=run_color(i), markersize=9, label=f"{run.name} missed")
 
 
 def _function_order(timeline: Timeline) -> list:

@@ -164,6 +164,9 @@ class ScaledPredictor:
         return gmax, gmean
 
 
+MISS_SAYS = {"stop": "stops the run", "nearest": "takes the plan nearest to it"}  # `target_miss`
+
+
 def _target(scheduler) -> tuple[str, float, str, str] | None:
     """(key, value, unit, the plan that meets it best) of the run's budget or deadline, if any."""
     if scheduler.budget_per_step is not None:
@@ -191,12 +194,8 @@ def forecast_run(
     planner decides at its planning time."""
     target = _target(planner.scheduler)
     missed: list[int] = []
-
-    def nearest(least: float) -> StepPlanner:
-        """The planner with the target moved to what the nearest plan forecasts."""
-        relaxed = copy.copy(planner)
-        relaxed.scheduler = replace(planner.scheduler, **{target[0]: least})
-        return relaxed
+    nearest = copy.copy(planner)  # a step no plan fits is forecast at the plan nearest to it
+    nearest.scheduler = replace(planner.scheduler, target_miss="nearest")
 
     def totals(model, optimistic: bool = False) -> tuple[float, float, list[dict[str, float]]]:
         loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
@@ -205,16 +204,13 @@ def forecast_run(
         rows = []
         for step in range(first_step, cfg.trainer.steps + 1):
             batch = tokenize(next(loader))
-            try:
-                plan = planner.plan(batch, answers(batch), model)
-            except PlanError as err:
-                if optimistic or err.least is None:
-                    raise PlanError(
-                        f"{err} even at the forecast's optimistic end ({low}), step {step}"
-                    ) from None
-                plan = nearest(err.least).plan(batch, answers(batch), model)
-                if model is predictor:
-                    missed.append(step)
+            plan = nearest.plan(batch, answers(batch), model)
+            if plan.target.get("missed") and optimistic:
+                raise PlanError(
+                    f"{plan.missed_target()} even at the forecast's optimistic end ({low}), step {step}"
+                )
+            if plan.target.get("missed") and model is predictor:
+                missed.append(step)
             rows.append(
                 {
                     "step": step,
@@ -254,7 +250,7 @@ def forecast_run(
             f"scheduler.{key}={value:.6g} {unit} may be missed on early steps: the forecast before the "
             f"run puts {len(missed)} of {len(rows)} step(s) past it (the {best} plan up to {worst:.6g} "
             f"{unit}), its optimistic end within it; each step plans with what the run has measured "
-            f"by then, and one that no plan fits stops the run"
+            f"by then, and one that no plan fits {MISS_SAYS[planner.scheduler.target_miss]}"
         )
     return out
 

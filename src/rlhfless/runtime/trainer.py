@@ -220,6 +220,8 @@ def run_step(
         plan = planner.plan(prompts, answers, predictor, executor.warm_functions(), executor.cluster())
     except PlanError as err:
         raise TrainError(f"step {step}: {err}") from None
+    if missed := plan.missed_target():  # `scheduler.target_miss=nearest`: the step takes it
+        on_event("warning", {"step": step, "message": f"{missed}; step {step} takes that plan"})
 
     on_event("phase", {"step": step, "phase": "generate"})
     t = time.perf_counter()
