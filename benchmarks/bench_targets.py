@@ -13,7 +13,8 @@ per step, and one more run of as many steps trains under the midway deadline (or
 budget`; `--value` sets either).
 
     .venv/bin/python benchmarks/bench_targets.py sim --preset paper-sim
-    .venv/bin/python benchmarks/bench_targets.py real --baseline /tmp/bench_rt/rlhfless --out /tmp/targets
+    .venv/bin/python benchmarks/bench_targets.py real --baseline /tmp/bench_rt/rlhfless --out /tmp/targets \
+        [scheduler.target_miss=nearest]
 """
 
 from __future__ import annotations
@@ -122,11 +123,18 @@ def real(args: argparse.Namespace) -> None:
             "trainer.progress=false",
             f"scheduler.length_pilot={args.pilot}",
             *((f"trainer.steps={args.steps}",) if args.steps else ()),
+            *args.overrides,
         ),
     )
-    result = train(
-        cfg, lambda kind, info: print(f"warning: {info['warning']}") if "warning" in info else None
-    )
+
+    def say(kind: str, info: dict) -> None:  # the run forecast's warning, and each step's
+        if "warning" in info or kind == "warning":
+            print(f"warning: {info.get('warning') or info['message']}")
+
+    result = train(cfg, say)
+    missed = [h["step"] for h in result.history if h.get("target/missed")]
+    if missed:
+        print(f"steps that took the nearest plan (scheduler.target_miss=nearest): {missed}")
     rows = [(h["time/step"], h["cost/step"]) for h in result.history if h["step"] > 1]
     n = [h["plan/n_actors"] for h in result.history]
     print(
@@ -154,6 +162,7 @@ def main() -> None:
         help="the targeted run's scheduler.length_pilot (a baseline may predate its default; without "
         "one, step 1 plans on default_length and refuses a deadline the run would meet)",
     )
+    r.add_argument("overrides", nargs="*", help="more key=value overrides of the targeted run")
     args = parser.parse_args()
     sim(args) if args.mode == "sim" else real(args)
 

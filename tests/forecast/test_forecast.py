@@ -12,6 +12,7 @@ from rlhfless.planner.forecast import (
     NOISE,
     SPREAD,
     Calibration,
+    LearnerWait,
     PhaseModel,
     Shortfall,
     relative_error,
@@ -362,3 +363,46 @@ def test_a_runs_first_learning_phase_teaches_the_rate_only_where_no_earlier_run_
     later = train_tiny(tmp_path, "later")
     assert later[0]["calibration/after_s_per_token"] == pytest.approx(remembered)
     assert later[1]["calibration/after_s_per_token"] != pytest.approx(remembered)
+
+
+def test_a_learning_phase_waits_a_ranks_start_where_the_decode_functions_hold_the_slots_it_needs():
+    wait = LearnerWait()
+    # Two slots, nothing seen: one function leaves a slot for rank 1; two hold both to the end.
+    assert wait.seconds(2, start_s=5.0) == (0.0, 5.0)
+    wait.observe(1, width=2, wait_s=0.4)
+    assert wait.seconds(2, start_s=5.0) == (0.4, 5.0)
+    wait.observe(2, width=2, wait_s=7.0)
+    wait.observe(2, width=2, wait_s=6.0)
+    assert wait.seconds(2, start_s=5.0) == (0.4, 6.5)  # learned per N, by EWMA
+    # Four slots, the last phase two ranks wide: N = 1..3 leave rank 1 a slot, N = 4 does not.
+    assert LearnerWait({1: 0.2, 2: 0.6}, width=2).seconds(4, start_s=5.0) == (0.2, 0.6, 0.4, 5.0)
+    assert LearnerWait(width=1).seconds(2, start_s=5.0) == (0.0, 0.0)  # one rank: nothing to wait for
+    again = LearnerWait()
+    again.load_state_dict(json.loads(json.dumps(wait.state_dict())))
+    assert again == wait
+
+
+def test_the_runtime_planner_learns_the_learners_wait_by_n_apart_from_the_rate_after_generation():
+    from rlhfless.data.prompts import Prompt
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+    from rlhfless.runtime.samples import Sample, StepPrompt
+
+    planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
+    tokens = 8 * (3 + 5)
+    for wait in (6.0, 8.0):
+        plan = planner.plan(prompts, [None] * 4, LengthPredictor())
+        plan.n_actors = 2  # two decode functions on two slots: rank 1 started after generation
+        metrics = {"time/step": 40.0 + wait, "time/generation": 20.0, "time/learner_start": wait}
+        metrics |= {"learner/width": 2.0, "cost/step": 0.01}
+        planner.observe(plan, samples, metrics)
+    assert planner.waits.waits == {2: 7.0}
+    assert planner.phases.per_token_s == pytest.approx(20.0 / tokens)  # the wait left out
+    billing = planner.billing(0, ClusterSpec(1, 2), flat_profile())
+    assert billing.learner_wait_s == (0.0, 7.0)
+    restored = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2)
+    restored.load_state_dict(planner.state_dict())
+    assert restored.waits == planner.waits

@@ -196,3 +196,26 @@ def test_a_step_no_plan_fits_takes_the_nearest_plan_and_says_so_when_asked(key, 
     assert met.missed_target() is None
     with pytest.raises(ValueError, match="target_miss: got 'warn', expected one of stop, nearest"):
         SchedulerConfig(target_miss="warn")
+
+
+def test_the_learners_wait_for_its_ranks_at_each_n_is_in_the_step_forecast_a_deadline_plans_with():
+    profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster()
+    rows = plan_step(_prompts(24), _predictor(24), profile, cluster, SchedulerConfig(), 2).candidates
+    fastest = min(rows, key=lambda r: r["time"])
+    slower = min((r for r in rows if r["n"] < fastest["n"]), key=lambda r: r["time"])
+    gap = slower["time"] - fastest["time"]
+    # From the fastest N on, the ranks wait 5 s past that gap: a smaller N ends the step first.
+    waits = tuple(0.0 if n < fastest["n"] else gap + 5.0 for n in range(1, fastest["n"] + 1))
+    pricing = SchedulerConfig().pricing
+    deadline = SchedulerConfig(deadline_per_step=1e-6, target_miss="nearest")  # the fastest step
+    by_time = plan_step(_prompts(24), _predictor(24), profile, cluster, deadline, 2, Billing(pricing))
+    assert by_time.n_actors == fastest["n"] and by_time.predicted_step_time == pytest.approx(fastest["time"])
+    billing = Billing(pricing, learner_wait_s=waits)
+    waited = plan_step(_prompts(24), _predictor(24), profile, cluster, deadline, 2, billing)
+    assert waited.n_actors == slower["n"] and waited.predicted_step_time == pytest.approx(slower["time"])
+    # N past the waits' table waits as the last of it; each wait is billed on the learner's units.
+    seconds, cost = Billing(pricing, after_units=2.0, learner_wait_s=waits).after_generation(
+        0.0, np.array([1, fastest["n"], fastest["n"] + 3])
+    )
+    assert seconds.tolist() == [0.0, gap + 5.0, gap + 5.0]
+    assert cost.tolist() == pytest.approx(charge(pricing, 2.0, seconds).tolist())

@@ -267,16 +267,17 @@ def plan_step(
     )
     serverful = config.policy == "verl"
     tokens = float(workload.work.sum() + group_size * lengths.sum())
-    after = billing.after_generation(tokens)
-    table = candidate_table(actors, billing, serverful, config.lam, config.normalise, profile, after[0])
+    after = billing.after_generation(tokens)  # the learner's wait for its ranks apart (per N below)
+    scored = (billing, serverful, config.lam, config.normalise, profile, after[0])
+    table = candidate_table(actors, *scored)
     margins = (billing.time_margin, billing.cost_margin)
     capped = ranges is not None and config.max_slowdown is not None and config.policy == "rlhfless"
     caps: list[float] = []  # verl's time, timed once and only when lam would take a slower plan
-
     targets = (config.budget_per_step, config.deadline_per_step)
 
     def pick_n(table: CandidateTable) -> int:
-        pick = choose(table, after, *targets, margins, nearest=config.target_miss == "nearest")
+        rest = billing.after_generation(tokens, table.n)
+        pick = choose(table, rest, *targets, margins, nearest=config.target_miss == "nearest")
         if not capped or config.budget_per_step or config.deadline_per_step:
             return pick
         if table.time[pick] <= table.time.min():
@@ -295,16 +296,15 @@ def plan_step(
         more = config.refine_rounds if rounds else 0  # balanced plans only (not verl's even split)
         if extra.size or more:
             actors = refine(ranges, actors, int(table.n[pick]), more, estimate)
-            table = candidate_table(
-                actors, billing, serverful, config.lam, config.normalise, profile, after[0]
-            )
+            table = candidate_table(actors, *scored)
             pick = pick_n(table)
         orders = [ranges.order] * table.n.size
     admission = gmax if feats["longest_first"] else None
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
-    step_time = float(table.time[pick]) + after[0]
+    rest = billing.after_generation(tokens, table.n[pick])
+    step_time = float(table.time[pick] + rest[0])
     unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
-    step_cost = float(table.cost[pick] + table.warm_after[pick]) + after[1]
+    step_cost = float(table.cost[pick] + table.warm_after[pick] + rest[1])
     target = {}
     for key, value, forecast in (
         ("budget_per_step", config.budget_per_step, step_cost),

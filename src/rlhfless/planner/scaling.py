@@ -22,6 +22,7 @@ uses x / min - 1, so lam weighs relative excess time against relative excess cos
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +51,9 @@ class Billing:
     simulator). A function pre-started before a run's first step loads the policy that step samples
     with from storage, since no update precedes it (`weights_loaded`): no weights stream to it
     after learning. The rest of the step (preparation and learning) takes `after_fixed_s` plus
-    `after_per_token_s` per predicted token on `after_units`, whatever N is: a budget or deadline
-    is for the whole step, and a released function's next use is that far away unless
+    `after_per_token_s` per predicted token on `after_units`, whatever N is, and the learning
+    phase's wait for its ranks, which depends on N (`learner_wait_s`): a budget or deadline is for
+    the whole step, and a released function's next use is that far away unless
     `next_use_after` is False (the learner takes its resources: never).
     """
 
@@ -70,10 +72,17 @@ class Billing:
     after_fixed_s: float = 0.0
     after_per_token_s: float = 0.0
     next_use_after: bool = False
+    # The learning phase's wait for its extra ranks at N = 1, 2, ... decode functions (the last
+    # for any N past them; `learning.LearnerWait`): none, the simulator's.
+    learner_wait_s: tuple[float, ...] = ()
 
-    def after_generation(self, tokens: float) -> tuple[float, float]:
-        """(seconds, USD) of the rest of the step for `tokens` predicted prompt + response tokens."""
+    def after_generation(self, tokens: float, n: np.ndarray | None = None) -> tuple[Any, Any]:
+        """(seconds, USD) of the rest of the step for `tokens` predicted prompt + response tokens;
+        per candidate `n` where given, the learning phase's wait for its ranks at that N included."""
         seconds = self.after_fixed_s + self.after_per_token_s * tokens
+        if n is not None:
+            waits = np.asarray(self.learner_wait_s or (0.0,))
+            seconds = seconds + waits[np.minimum(n, waits.size) - 1]
         return seconds, charge(self.pricing, self.after_units, seconds)
 
 

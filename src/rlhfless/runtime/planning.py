@@ -33,6 +33,7 @@ from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.forecast import (
     Calibration,
+    LearnerWait,
     Margins,
     PhaseModel,
     Shortfall,
@@ -166,6 +167,7 @@ class StepPlanner:
         self.learning_units = resident_units if learning_units is None else learning_units
         self.calibration = Calibration()
         self.phases = PhaseModel()
+        self.waits = LearnerWait()
         self.margins = Margins()
         self.shortfall = Shortfall()
         self.observed = 0  # steps this run (this process) has observed
@@ -178,8 +180,10 @@ class StepPlanner:
             except (ValueError, OSError, TypeError, AttributeError):
                 pass  # a damaged memory only costs what it would have taught
 
-    def billing(self, warm: int) -> Billing:
-        """The runtime: functions start on demand, the learner holds its units all step."""
+    def billing(self, warm: int, cluster: ClusterSpec, profile: Profile) -> Billing:
+        """The runtime: functions start on demand, the learner holds its units all step and its
+        phase waits for its ranks as it has lately at each N (a function's start where unseen)."""
+        slots = cluster.max_actors(profile.gpus)
         return Billing(
             self.scheduler.pricing,
             resident_units=self.resident_units,
@@ -191,6 +195,7 @@ class StepPlanner:
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
+            learner_wait_s=self.waits.seconds(slots, profile.cold_start_s),
         )
 
     def plan(
@@ -206,15 +211,15 @@ class StepPlanner:
             PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
             for p, a in zip(prompts, answer_tokens, strict=True)
         ]
-        profile = self.calibration.profile(self.profile)
+        profile, cluster = self.calibration.profile(self.profile), cluster or self.cluster
         return plan_step(
             specs,
             predictor,
             profile,
-            cluster or self.cluster,
+            cluster,
             self.scheduler,
             self.group_size,
-            self.billing(warm),
+            self.billing(warm, cluster, profile),
             self.max_length,
         )
 
@@ -250,11 +255,18 @@ class StepPlanner:
         # A run's first phase pays once for what later ones do not (its ranks' start, exposed
         # before any was measured; first touches), so it teaches the rate only where no step of
         # an earlier run (or of the checkpoint resumed) has: else it is left out.
+        wait = metrics.get("time/learner_start", 0.0)  # apart from the rate: it depends on N
+        if "time/learner_start" in metrics:
+            self.waits.observe(plan.n_actors, int(metrics.get("learner/width", 1)), wait)
         if self.observed or not self.phases.steps:
-            self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"])
+            self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"] - wait)
         self.observed += 1
         if self.memory is not None:
-            state = {"calibration": self.calibration.state_dict(), "phases": self.phases.state_dict()}
+            state = {
+                "calibration": self.calibration.state_dict(),
+                "phases": self.phases.state_dict(),
+                "waits": self.waits.state_dict(),
+            }
             write_atomic(self.memory, json.dumps(state))
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
@@ -302,6 +314,7 @@ class StepPlanner:
         return {
             "calibration": self.calibration.state_dict(),
             "phases": self.phases.state_dict(),
+            "waits": self.waits.state_dict(),
             "margins": self.margins.state_dict(),
             "shortfall": self.shortfall.state_dict(),
         }
@@ -309,6 +322,7 @@ class StepPlanner:
     def load_state_dict(self, state: dict) -> None:
         self.calibration.load_state_dict(state.get("calibration", {}))
         self.phases.load_state_dict(state.get("phases", {}))
+        self.waits.load_state_dict(state.get("waits", {}))
         self.margins.load_state_dict(state.get("margins", {}))
         self.shortfall.load_state_dict(state.get("shortfall", {}))
 
