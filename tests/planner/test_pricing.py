@@ -198,7 +198,7 @@ def test_a_step_no_plan_fits_takes_the_nearest_plan_and_says_so_when_asked(key, 
         SchedulerConfig(target_miss="warn")
 
 
-def test_the_learners_wait_for_its_ranks_at_each_n_is_in_the_step_forecast_a_deadline_plans_with():
+def test_the_learners_wait_for_its_ranks_at_each_n_is_in_the_step_forecast_and_the_lam_score():
     profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster()
     rows = plan_step(_prompts(24), _predictor(24), profile, cluster, SchedulerConfig(), 2).candidates
     fastest = min(rows, key=lambda r: r["time"])
@@ -213,6 +213,12 @@ def test_the_learners_wait_for_its_ranks_at_each_n_is_in_the_step_forecast_a_dea
     billing = Billing(pricing, learner_wait_s=waits)
     waited = plan_step(_prompts(24), _predictor(24), profile, cluster, deadline, 2, billing)
     assert waited.n_actors == slower["n"] and waited.predicted_step_time == pytest.approx(slower["time"])
+    # lam weighs it too: all on time, it takes the N that ends the step first.
+    by_lam = SchedulerConfig(lam=1.0, max_slowdown=None)
+    assert plan_step(_prompts(24), _predictor(24), profile, cluster, by_lam, 2).n_actors == fastest["n"]
+    assert (
+        plan_step(_prompts(24), _predictor(24), profile, cluster, by_lam, 2, billing).n_actors == slower["n"]
+    )
     # N past the waits' table waits as the last of it; each wait is billed on the learner's units.
     seconds, cost = Billing(pricing, after_units=2.0, learner_wait_s=waits).after_generation(
         0.0, np.array([1, fastest["n"], fastest["n"] + 3])

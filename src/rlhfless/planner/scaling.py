@@ -10,7 +10,9 @@ the case of no learner, no keep-alive and no cold start.
 
 The choice: with `scheduler.budget_per_step` the fastest N whose forecast step cost fits it, with
 `scheduler.deadline_per_step` the cheapest N whose forecast step time fits it; otherwise both are
-normalised over the candidates and N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N.
+normalised over the candidates and N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N,
+T and C with the learning phase's wait for its ranks at that N added (`Billing.learner_wait_s`:
+decode functions holding every slot to generation's end leave its ranks to start after it).
 
 Normalisation (`scheduler.normalise`): `range` is the paper's (x - min) / (max - min) (a constant
 term normalises to 0). It stretches any spread to [0, 1]: on the simulated 20 x 8 H100 cluster the
@@ -81,9 +83,13 @@ class Billing:
         per candidate `n` where given, the learning phase's wait for its ranks at that N included."""
         seconds = self.after_fixed_s + self.after_per_token_s * tokens
         if n is not None:
-            waits = np.asarray(self.learner_wait_s or (0.0,))
-            seconds = seconds + waits[np.minimum(n, waits.size) - 1]
+            seconds = seconds + self.rank_wait(n)
         return seconds, charge(self.pricing, self.after_units, seconds)
+
+    def rank_wait(self, n: Any) -> Any:
+        """The learning phase's wait for its ranks after `n` decode functions (`learner_wait_s`)."""
+        waits = np.asarray(self.learner_wait_s or (0.0,))
+        return waits[np.minimum(n, waits.size) - 1]
 
 
 @dataclass
@@ -218,7 +224,10 @@ def candidate_table(
         warm_after = np.add.reduceat(
             charge(pricing, actors.units, 0.0, idle_s=np.where(warm, after_s, 0.0)), first
         )
-    score = lam * normalised(time, normalise) + (1.0 - lam) * normalised(cost, normalise)
+    # The score weighs what N changes: generation, and the learning phase's wait for its ranks.
+    wait = billing.rank_wait(actors.n_of[first])
+    wait_cost = charge(pricing, billing.after_units, wait)
+    score = lam * normalised(time + wait, normalise) + (1.0 - lam) * normalised(cost + wait_cost, normalise)
     return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
 
 
