@@ -263,26 +263,27 @@ def test_a_target_only_the_point_forecast_misses_is_refused_before_the_run_only_
         forecast_for_config(_tiny(tmp_path, f"scheduler.{key}={low * 0.99}"))
 
 
-def test_a_run_whose_target_only_the_point_forecast_misses_starts_and_its_steps_planner_decides(
-    tmp_path, capsys
-):
+def train_under_a_deadline_the_point_forecast_misses(tmp_path, capsys, *extra: str):
+    """`rlhfless train` of 3 tiny steps under a deadline between the forecast's optimistic end and
+    its point forecast of step 1: (exit code, stderr lines, run directory, deadline)."""
     from rlhfless.runtime.run_forecast import forecast_for_config
 
     rows = forecast_for_config(_tiny(tmp_path))["per_step"]
     deadline = (max(r["time_range"][0] for r in rows) + rows[0]["time"]) / 2
     out = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--preset",
-            "tiny",
-            f"output_dir={out}",
-            "trainer.steps=3",
-            "runtime.calibration_memory=false",
-            f"scheduler.deadline_per_step={deadline}",
-        ]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
+    overrides = [
+        "trainer.steps=3",
+        "runtime.calibration_memory=false",
+        f"scheduler.deadline_per_step={deadline}",
+    ]
+    code = main(["train", "--preset", "tiny", f"output_dir={out}", *overrides, *extra])
+    return code, capsys.readouterr().err.strip().splitlines(), out, deadline
+
+
+def test_a_run_whose_target_only_the_point_forecast_misses_starts_and_its_steps_planner_decides(
+    tmp_path, capsys
+):
+    code, err, out, _ = train_under_a_deadline_the_point_forecast_misses(tmp_path, capsys)
     assert err[0].startswith("rlhfless: warning: scheduler.deadline_per_step=") and "early steps" in err[0]
     assert json.loads((out / "forecast.json").read_text())["target_missed_steps"][0] == 1
     # The run started; step 1 plans on what the forecast had (no step measured yet) and refuses.
@@ -293,25 +294,9 @@ def test_a_run_whose_target_only_the_point_forecast_misses_starts_and_its_steps_
 def test_a_run_asked_to_take_the_nearest_plan_goes_on_past_a_missed_target_saying_so_each_step(
     tmp_path, capsys
 ):
-    from rlhfless.runtime.run_forecast import forecast_for_config
-
-    rows = forecast_for_config(_tiny(tmp_path))["per_step"]
-    deadline = (max(r["time_range"][0] for r in rows) + rows[0]["time"]) / 2  # as above: step 1 refused
-    out = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--preset",
-            "tiny",
-            f"output_dir={out}",
-            "trainer.steps=3",
-            "trainer.progress=false",
-            "runtime.calibration_memory=false",
-            f"scheduler.deadline_per_step={deadline}",
-            "scheduler.target_miss=nearest",
-        ]
+    code, err, out, deadline = train_under_a_deadline_the_point_forecast_misses(
+        tmp_path, capsys, "trainer.progress=false", "scheduler.target_miss=nearest"
     )
-    err = capsys.readouterr().err.strip().splitlines()
     assert code == 0 and "takes the plan nearest to it" in err[0]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 3 and metrics[0]["target/missed"] == 1.0
