@@ -231,9 +231,13 @@ def candidate_table(
     return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
 
 
+# Each target's unit, and the plan nearest to it when none fits.
+TARGETS = {"budget_per_step": ("$", "cheapest"), "deadline_per_step": ("s", "fastest")}
+
+
 def target_message(key: str, target: float, least: float, n: int) -> str:
     """One line: the budget or deadline `key` asked `target`, and the nearest plan (N=`n`) `least`."""
-    unit, best = ("$", "cheapest") if key == "budget_per_step" else ("s", "fastest")
+    unit, best = TARGETS[key]
     return (
         f"scheduler.{key}: got {target:.6g} {unit}, expected at least the {best} plan's forecast "
         f"{least:.6g} {unit} (N={n})"

@@ -33,7 +33,7 @@ from rlhfless.files import write_atomic
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.forecast import LENGTH_RANGE
 from rlhfless.planner.pricing import charge
-from rlhfless.planner.scaling import PlanError
+from rlhfless.planner.scaling import TARGETS, PlanError
 from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
 from rlhfless.runtime.planning import StepPlanner, cache_key
 from rlhfless.runtime.samples import Sample, StepPrompt
@@ -169,10 +169,9 @@ MISS_SAYS = {"stop": "stops the run", "nearest": "takes the plan nearest to it"}
 
 def _target(scheduler) -> tuple[str, float, str, str] | None:
     """(key, value, unit, the plan that meets it best) of the run's budget or deadline, if any."""
-    if scheduler.budget_per_step is not None:
-        return "budget_per_step", scheduler.budget_per_step, "$", "cheapest"
-    if scheduler.deadline_per_step is not None:
-        return "deadline_per_step", scheduler.deadline_per_step, "s", "fastest"
+    for key, (unit, best) in TARGETS.items():
+        if getattr(scheduler, key) is not None:
+            return key, getattr(scheduler, key), unit, best
     return None
 
 
