@@ -68,6 +68,27 @@ def test_one_group_cannot_vouch_for_its_sources_answers():
     assert p.predict(["s2"], [30], ["solution"])[1].tolist() == pytest.approx([60.0])
 
 
+def test_a_steps_groups_weigh_by_their_share_of_all_seen_so_the_pilots_few_do_not_count_as_much_as_a_step():
+    p = LengthPredictor()
+
+    def observe(p, uids, answers, ratio):
+        p.predict(uids, answers, ["src"] * len(uids))
+        p.update_many(uids, [[ratio * a, ratio * a] for a in answers])
+
+    def learned(p) -> float:  # the answer ratio an unseen prompt of the source is predicted with
+        return float(p.predict(["unseen"], [50], ["src"])[1][0]) / 50
+
+    observe(p, ["pilot:a", "pilot:b"], [10, 20], 3.0)  # the length pilot's two groups
+    observe(p, [f"q{k}" for k in range(98)], list(range(5, 103)), 2.0)  # the first step's 98
+    first = np.exp(0.98 * np.log(2.0) + 0.02 * np.log(3.0))  # log-space EWMA at 98/100, not 1/2
+    assert learned(p) == pytest.approx(first)
+    resumed = LengthPredictor()
+    resumed.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    for q in (p, resumed):  # a step as large as all before it weighs SOURCE_ALPHA, resumed or not
+        observe(q, [f"r{k}" for k in range(98)], list(range(5, 103)), 4.0)
+        assert learned(q) == pytest.approx(np.exp(0.5 * np.log(4.0) + 0.5 * np.log(first)))
+
+
 def test_a_group_cut_at_the_cap_teaches_no_answer_ratio():
     # Responses run 2x their answers, but the 100-token cap cut the two longest groups: their 100
     # says only "at least 100", and would pull the ratio (and the fit) down.
@@ -186,6 +207,34 @@ def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilo
         _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}", "seed=1")
     )
     assert other["pilot/cached"] == 0  # another seed samples again
+
+
+def test_the_pilot_tells_its_prompts_answers_so_that_two_prompts_of_a_source_can_judge_them(tmp_path):
+    from rlhfless.data import load_prompts
+    from rlhfless.models import load_model, load_tokenizer
+    from rlhfless.runtime.executor import build_engine
+    from rlhfless.runtime.run_forecast import length_pilot
+    from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
+
+    cfg = _tiny(tmp_path, f"model.cache_dir={tmp_path / 'cache'}")
+    tokenizer = load_tokenizer(cfg.model)
+    engine = build_engine(cfg, load_model(cfg.model, len(tokenizer), cfg.seed), tokenizer)
+    prompts = tokenize_prompts(load_prompts(cfg.data), tokenizer, cfg.generation.max_prompt_tokens)
+    told: list[list[str]] = []
+
+    def answers(batch):
+        told.append([p.uid for p in batch])
+        return answer_lengths(batch, tokenizer)
+
+    sources = [p.prompt.data_source for p in prompts]
+    judged = {s for s in sources if sources.count(s) >= 2}
+    assert judged  # the tiny data has sources of two prompts or more
+    for per_source, expected in ((1, set()), (2, judged)):
+        predictor = LengthPredictor()
+        out = length_pilot(engine, prompts, cfg, per_source, predictor, answers)
+        assert len(told[-1]) == out["pilot/prompts"]  # the pilot's own prompts, and only those
+        # One group per source has nothing to be judged by; two judge each other.
+        assert set(predictor.sources.answer_errors()) == expected
 
 
 def test_a_run_records_its_forecast_before_step_1_and_each_steps_forecast_beside_the_measured(tmp_path):

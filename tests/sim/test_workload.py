@@ -127,3 +127,28 @@ def test_the_simulators_first_plan_starts_from_the_length_pilot_as_the_runtimes_
     assert set(plan.predicted_length.values()) == {float(prompts.lengths[0].max())}
     unpiloted = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 0}), LengthPredictor())
     assert set(unpiloted.plan(prompts).predicted_length.values()) == {256.0}  # default_length
+
+
+def test_a_pilot_of_several_answered_prompts_lets_the_first_plan_rank_its_prompts_by_their_answers():
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100"},
+            "model": {"name": "llama-2-70b", "tp": 8},
+            "workload": {"dataset": "gsm8k", "prompts_per_step": 64, "samples": 4, "max_response": 2048},
+        }
+    )
+    prompts = make_workload(cfg).step(0)
+    sim = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
+    asked: list[int] = []
+    sim.pilot = lambda prompts, count: asked.append(count)
+    sim.run_step(0, prompts)
+    assert asked[0] >= 2  # one prompt asked for; the GPU's step is bound by its weights: more
+    for count, ranked in ((1, False), (asked[0], True)):
+        piloted = Simulator(make_stage(cfg), scheduler_for(cfg, {}), LengthPredictor())
+        Simulator.pilot(piloted, prompts, count)
+        plan = piloted.plan(prompts)
+        predicted = np.array([plan.predicted_length[u] for u in prompts.uids])
+        by_answer = predicted[np.argsort(prompts.answer_tokens, kind="stable")]
+        # The simulated answers are a fixed share of each prompt's length: once two groups or more
+        # judge them they fit, and the first plan follows them; one group judges nothing.
+        assert (len(set(predicted)) > 1 and bool(np.all(np.diff(by_answer) >= 0))) == ranked

@@ -4,8 +4,9 @@
 the range it may fall in, before paying for it: every step is planned as `rlhfless train` would
 plan it (same data order, profile, pricing and planner), on first-epoch length estimates, with
 the learning phase timed once on a synthetic batch, after the length pilot `rlhfless train` runs
-first (`scheduler.length_pilot`, or `--pilot K`: K prompts of each data source sampled with the
-real model to learn their lengths; nothing is trained). CONFIG is a YAML file or a preset name
+first (`scheduler.length_pilot`, or `--pilot K`: at least K prompts of each data source sampled
+with the real model to learn their lengths, more where the profile decodes them at about the same
+step time; nothing is trained). CONFIG is a YAML file or a preset name
 (default, tiny).
 
 `rlhfless plan --prompts FILE.jsonl` plans one step of a JSONL file of prompts.
@@ -46,8 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pilot",
         type=int,
-        help="--run: prompts of each data source sampled first (0: none; default: the config's "
-        "scheduler.length_pilot, as `rlhfless train` does)",
+        help="--run: prompts of each data source sampled first, at least (0: none; default: the "
+        "config's scheduler.length_pilot, as `rlhfless train` does)",
     )
     parser.add_argument(
         "--profile", type=Path, help="time table JSON (rlhfless profile --json); default: roofline"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhfless.checks import check
+from rlhfless.planner import pilot
 from rlhfless.planner.pricing import Pricing
 
 POLICIES = ("rlhfless", "verl", "rlhfuse")
@@ -228,12 +229,14 @@ class SchedulerConfig:
     length_pilot: int = field(
         default=1,
         metadata={
-            "help": "before the first step (and in `plan --run`), sample this many prompts of each "
-            "data source G times on the learner (not trained on, not in the steps' time or cost: "
-            "forecast.json reports its seconds and cost; cached for the same model, prompts and "
-            "sampling settings) so that the length predictor and the run's forecast start from the "
-            "sources' real lengths; 0 = start from default_length, whose guess put the default "
-            "run's forecast 45% high"
+            "help": "before the first step (and in `plan --run`), sample at least this many prompts "
+            "of each data source G times on the learner (not trained on, not in the steps' time or "
+            "cost: forecast.json reports its seconds and cost; cached for the same model, prompts "
+            "and sampling settings) so that the length predictor and the run's forecast start from "
+            "the sources' real lengths, and from their answers' where two prompts or more show that "
+            f"answers fit; up to {pilot.MOST} where the profile decodes them at most {pilot.SLOWER}x "
+            "the asked-for step time (a GPU bound by reading its weights; planner.pilot); 0 = start "
+            "from default_length, whose guess put the default run's forecast 45% high"
         },
     )
     segments: int = field(

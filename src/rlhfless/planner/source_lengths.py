@@ -8,7 +8,9 @@ stragglers. As its group mean it takes the source's mean length, an EWMA over st
 seen lags that drift. Where the prompts' ground-truth answers have been seen to fit the source's
 responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), the answer
 stands in instead, times the ratio of group length to answer length learned from the source's
-groups: it ranks the prompts, where the quantile gives every one the same length. A worked
+groups: it ranks the prompts, where the quantile gives every one the same length. Each EWMA weighs
+a step's groups by `SOURCE_ALPHA`, or by their share of all the source's groups so far where that is
+more: the length pilot's few groups would otherwise count as much as the first step's many. A worked
 solution (GSM8K's answer field) grows with the reasoning a response needs; reasoning-gym's answers
 are a number or a word, whose length says nothing of the response's, so there they never fit. A
 prompt naming no source takes its answer's length times `answer_length_factor`; a source never
@@ -42,6 +44,7 @@ class SourceLengths:
         self._errors: dict[str, np.ndarray] = {}  # source -> those two ratios' relative errors, EWMA
         self._recent: dict[str, np.ndarray] = {}  # source -> its latest (group max, mean) rows
         self._source_mean: dict[str, float] = {}  # source -> its groups' mean length (EWMA over steps)
+        self._groups: dict[str, np.ndarray] = {}  # source -> groups folded in: all, answered
 
     def tell(
         self, uids: Sequence[str], answer_tokens: Sequence[int | None] | None, sources: Sequence[str] | None
@@ -71,24 +74,29 @@ class SourceLengths:
             pairs = np.stack((obs_max[idx], obs_mean[idx]), axis=1).astype(float)
             old = self._recent.get(source)
             self._recent[source] = (pairs if old is None else np.concatenate((old, pairs)))[-SOURCE_RECENT:]
-            step_mean = float(pairs[:, 1].mean())
-            self._source_mean[source] = ewma(self._source_mean.get(source), step_mean, SOURCE_ALPHA)
             answers = np.array([self._answer_of.get(uids[i], np.nan) for i in idx])
             has = (answers > 0) & (pairs[:, 0] < (cap or np.inf))  # NaN (no answer) compares false
+            seen = self._groups.get(source, np.zeros(2))
+            new = np.array([len(idx), has.sum()], dtype=float)
+            self._groups[source] = seen + new
+            alpha = np.maximum(SOURCE_ALPHA, new / np.maximum(seen + new, 1.0))  # all, answered
+            step_mean = float(pairs[:, 1].mean())
+            self._source_mean[source] = ewma(self._source_mean.get(source), step_mean, float(alpha[0]))
             if has.any():
-                self._observe_answers(source, answers[has], pairs[has])
+                self._observe_answers(source, answers[has], pairs[has], float(alpha[1]))
 
-    def _observe_answers(self, source: str, answers: np.ndarray, pairs: np.ndarray) -> None:
-        """Fold one step's answered groups of `source` into its learned ratios and their errors: the
-        answer's (group length over answer length) and, to beat, the flat one's (every prompt the
-        source's one length, as an answer of 1 token would give)."""
+    def _observe_answers(self, source: str, answers: np.ndarray, pairs: np.ndarray, alpha: float) -> None:
+        """Fold one step's answered groups of `source` into its learned ratios and their errors
+        (EWMA weight `alpha`): the answer's (group length over answer length) and, to beat, the
+        flat one's (every prompt the source's one length, as an answer of 1 token would give)."""
         logs = np.log(np.maximum(pairs, 1.0))  # (groups, (max, mean))
         fits = np.stack((logs - np.log(answers)[:, None], logs))  # (answer, flat), groups, (max, mean)
         old = self._ratio.get(source)
-        errors = _judged_errors(fits, old, np.stack((answers, np.ones_like(answers))), pairs[:, 1])
+        scales = np.stack((answers, np.ones_like(answers)))
+        errors = _judged_errors(fits, old, scales, pairs[:, 1], alpha)
         if errors is not None:
-            self._errors[source] = ewma(self._errors.get(source), errors, SOURCE_ALPHA)
-        self._ratio[source] = ewma(old, fits.mean(axis=1), SOURCE_ALPHA)
+            self._errors[source] = ewma(self._errors.get(source), errors, alpha)
+        self._ratio[source] = ewma(old, fits.mean(axis=1), alpha)
 
     def estimate(
         self,
@@ -145,6 +153,7 @@ class SourceLengths:
             "answer_errors": {k: v.tolist() for k, v in self._errors.items()},
             "source_mean": dict(self._source_mean),
             "source_of": dict(self._source_of),
+            "groups": {k: v.tolist() for k, v in self._groups.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -156,19 +165,23 @@ class SourceLengths:
         self._errors = {k: np.array(v, dtype=float) for k, v in state.get("answer_errors", {}).items()}
         self._source_mean = {k: float(v) for k, v in state.get("source_mean", {}).items()}
         self._source_of = dict(state.get("source_of", {}))
+        # A state saved before group counts were kept: its steps weigh SOURCE_ALPHA, as they did.
+        recent = {k: [SOURCE_RECENT, SOURCE_RECENT] for k in self._recent}
+        self._groups = {k: np.array(v, dtype=float) for k, v in state.get("groups", recent).items()}
 
 
 def _judged_errors(
-    fits: np.ndarray, old: np.ndarray | None, scales: np.ndarray, mean: np.ndarray
+    fits: np.ndarray, old: np.ndarray | None, scales: np.ndarray, mean: np.ndarray, alpha: float
 ) -> np.ndarray | None:
     """Each of the step's (ratio, scale) fits' mean relative error on the groups' mean lengths,
-    every group judged by the ratio learned without it: the earlier steps' (`old`) blended with the
-    step's other groups. A ratio fitted to the group it judges would fit one group perfectly, so a
-    lone group with nothing learned before it is judged by nothing (None)."""
+    every group judged by the ratio learned without it: the earlier steps' (`old`) blended, with
+    the step's weight `alpha`, with the step's other groups. A ratio fitted to the group it judges
+    would fit one group perfectly, so a lone group with nothing learned before it is judged by
+    nothing (None)."""
     n = fits.shape[1]
     if n > 1:
         others = (fits.sum(axis=1, keepdims=True) - fits) / (n - 1)
-        judge = others if old is None else SOURCE_ALPHA * others + (1.0 - SOURCE_ALPHA) * old[:, None]
+        judge = others if old is None else alpha * others + (1.0 - alpha) * old[:, None]
     elif old is not None:
         judge = old[:, None]
     else:

@@ -5,9 +5,9 @@ same profile and pricing), without generating or learning. Its inputs are the on
 has: the time table (measured once, cached), the learning phase's seconds per token (measured
 once on a small synthetic batch, cached), and the length predictor's first-epoch estimates,
 seeded by a short length pilot (`scheduler.length_pilot`, one prompt of each data source by
-default: sampled once with the real model on the learner, before step 1; nothing is trained on
-them, and its seconds and what the learner's slot costs meanwhile are reported apart from the
-steps'). No observation comes in while forecasting, so every step is planned on first-epoch
+default, more where the profile decodes them at about the same step time (`planner.pilot`):
+sampled once with the real model on the learner, before step 1; nothing is trained on them, and
+its seconds and what the learner's slot costs meanwhile are reported apart from the steps'). No observation comes in while forecasting, so every step is planned on first-epoch
 estimates: the range re-plans the run with every predicted length halved and increased by half
 (capped at max_new_tokens), and a length guessed from `scheduler.default_length` (a source the
 pilot did not sample) from one token up.
@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from rlhfless.engine import Engine, rollout
 from rlhfless.files import write_atomic
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.forecast import LENGTH_RANGE
+from rlhfless.planner.pilot import pilot_prompts
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import TARGETS, PlanError
 from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
@@ -102,12 +104,18 @@ def _pilot_path(engine: Engine, cfg: Config, picked: list[StepPrompt]) -> Path:
 
 
 def length_pilot(
-    engine: Engine, prompts: list[StepPrompt], cfg: Config, per_source: int, predictor: LengthPredictor
+    engine: Engine,
+    prompts: list[StepPrompt],
+    cfg: Config,
+    per_source: int,
+    predictor: LengthPredictor,
+    answers: Callable[[list[StepPrompt]], list[int | None]],
 ) -> dict[str, float]:
     """Sample `per_source` prompts of each data source G times and teach `predictor` their
-    sources' lengths. The pilot's uids are its own (`pilot:<uid>`): the prompts themselves stay
-    unseen, and its responses are keyed to no training step. Lengths sampled before for the same
-    model, prompts and settings are taken from the cache (`pilot/seconds` 0: nothing ran)."""
+    sources' lengths, and with their `answers`' token counts, whether answers stand in for them.
+    The pilot's uids are its own (`pilot:<uid>`): the prompts themselves stay unseen, and its
+    responses are keyed to no training step. Lengths sampled before for the same model, prompts
+    and settings are taken from the cache (`pilot/seconds` 0: nothing ran)."""
     chosen: dict[str, list[StepPrompt]] = {}
     for p in prompts:
         group = chosen.setdefault(p.prompt.data_source, [])
@@ -137,7 +145,7 @@ def length_pilot(
         for r in results:
             lengths.setdefault(r.uid, []).append(len(r.response_ids))
         write_atomic(path, json.dumps({"lengths": lengths, "seconds": time.perf_counter() - start}))
-    predictor.predict(uids, None, [p.prompt.data_source for p in picked])  # tells it their sources
+    predictor.predict(uids, answers(picked), [p.prompt.data_source for p in picked])  # tells it their sources
     predictor.update_many(uids, [lengths[u] for u in uids])
     seconds = 0.0 if cached else time.perf_counter() - start
     return {"pilot/prompts": float(len(picked)), "pilot/seconds": seconds, "pilot/cached": float(cached)}
@@ -264,17 +272,23 @@ def start_forecast(
     def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
         return tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
 
+    def answers(batch: list[StepPrompt]) -> list[int | None]:
+        return answer_lengths(batch, tokenizer)
+
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
         planner.phases.per_token_s = learning_seconds_per_token(engine.model, cfg, first)
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
-        pilot = length_pilot(engine, tokenize(prompts), cfg, cfg.scheduler.length_pilot, predictor)
+        steps = tokenize(prompts)
+        context = float(np.mean([len(p.prompt_ids) for p in steps])) + cfg.generation.max_new_tokens / 2
+        per_source = pilot_prompts(
+            planner.profile, cfg.scheduler.length_pilot, cfg.algorithm.group_size, context
+        )
+        pilot = length_pilot(engine, steps, cfg, per_source, predictor, answers)
         # It runs on the learner, whose slot a serverless platform bills meanwhile.
         pilot["pilot/cost"] = charge(cfg.scheduler.pricing, planner.resident_units, pilot["pilot/seconds"])
-    forecast = forecast_run(
-        cfg, prompts, tokenize, lambda batch: answer_lengths(batch, tokenizer), planner, predictor, start + 1
-    )
+    forecast = forecast_run(cfg, prompts, tokenize, answers, planner, predictor, start + 1)
     return {**forecast, **pilot, "learning_seconds_per_token": planner.phases.per_token_s}
 
 

@@ -19,6 +19,7 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
 from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
+from rlhfless.planner.pilot import pilot_prompts
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
@@ -125,7 +126,9 @@ class Simulator:
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         if step == 0 and self.config.length_pilot:
-            self.pilot(prompts, self.config.length_pilot)
+            context = float(prompts.prompt_lengths.mean()) + self.stage.max_response / 2
+            g = prompts.lengths.shape[1]
+            self.pilot(prompts, pilot_prompts(self.planner_profile, self.config.length_pilot, g, context))
         first = step == 0  # the functions' start loads the run's first weights: none stream
         plan = self.plan(prompts, first)
         result = self.execute(step, prompts, plan, first)
@@ -142,11 +145,13 @@ class Simulator:
         return result
 
     def pilot(self, prompts: StepPrompts, count: int) -> None:
-        """The runtime's length pilot (`scheduler.length_pilot`): `count` prompts of the source
-        sampled G times before the first step, under uids of their own, so that the prompts stay
-        unseen and the first plan starts from the source's lengths instead of `default_length`."""
+        """The runtime's length pilot (`scheduler.length_pilot`, widened by `planner.pilot`):
+        `count` prompts of the source sampled G times before the first step, under uids of their
+        own, so that the prompts stay unseen and the first plan starts from the source's lengths
+        (and, where their answers fit them, from each prompt's answer) instead of `default_length`."""
         uids = [f"pilot:{uid}" for uid in prompts.uids[:count]]
-        self.predictor.predict(uids, None, [SOURCE] * len(uids))
+        answers = [int(a) or None for a in prompts.answer_tokens[:count]]
+        self.predictor.predict(uids, answers, [SOURCE] * len(uids))
         self.predictor.update_many(uids, prompts.lengths[:count], self.stage.max_response)
 
     def execute(

@@ -1,0 +1,33 @@
+"""How many prompts of each data source the length pilot samples before the first step.
+
+The pilot lets the first plan start from measured lengths. One prompt's group teaches its source a
+typical length. Whether the source's ground-truth answers rank its prompts
+(`source_lengths.SourceLengths.answers_fit`) needs groups judged by the others, so at least two:
+with one, the first step gives every prompt of a source the same length, and sorted assignment
+has nothing to sort. Where an actor's decode step is bound by reading its weights (a GPU at small
+batch), more prompts cost the pilot little per step, so it samples as many as decode at most
+`SLOWER` times the step of the prompts asked for, up to `MOST` a source. On a CPU slot the step
+grows with the batch at once, and the pilot keeps to what `scheduler.length_pilot` asks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlhfless.planner.profile import Profile
+
+MOST = 16  # prompts a source at most, however flat the decode step
+SLOWER = 1.1  # a wider pilot's decode step, at most this times the asked-for one's
+
+
+def pilot_prompts(profile: Profile, at_least: int, group_size: int, context: float) -> int:
+    """Prompts of each source to sample G = `group_size` times: `at_least` (0: no pilot), or more
+    while every wider batch (up to `MOST` prompts, within the KV memory at `context` tokens a
+    sequence) decodes a step at most `SLOWER` times as long as `at_least` prompts' batch."""
+    if at_least <= 0 or at_least >= MOST:
+        return max(at_least, 0)
+    fit = int(profile.concurrency(context)) // max(group_size, 1)
+    prompts = np.arange(at_least, max(at_least, min(MOST, fit)) + 1)
+    steps = profile.decode_step_seconds(prompts * group_size, context)
+    within = np.cumprod(steps <= SLOWER * steps[0]).astype(bool)  # every narrower one fits too
+    return int(prompts[within].max())
