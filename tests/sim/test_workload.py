@@ -3,12 +3,33 @@
 import json
 
 import numpy as np
+import pytest
 
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import charge
+from rlhfless.planner.profile import Profile
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, make_workload, scheduler_for
-from rlhfless.sim.step import Simulator
+from rlhfless.sim.step import Simulator, pilot_seconds
 from rlhfless.sim.workload import SyntheticWorkload, TraceWorkload
+
+
+def one_node(
+    dataset: str, prompts: int, max_response: int, gpus: int = 4, model: str = "qwen2.5-3b", tp: int = 1
+):
+    """A simulated node of H100s and a GRPO workload of 4 samples a prompt."""
+    return build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": gpus, "gpu": "h100"},
+            "model": {"name": model, "tp": tp},
+            "workload": {
+                "dataset": dataset,
+                "prompts_per_step": prompts,
+                "samples": 4,
+                "max_response": max_response,
+            },
+        }
+    )
 
 
 def changes_between_epochs(workload, step_a, step_b):
@@ -94,13 +115,7 @@ def test_the_simulators_plans_predict_no_response_past_the_workloads_cap():
     # LiveCodeBench's answers stand in for lengths once they fit: half a response each, so a long
     # prompt's answer times its ratio runs past a 2k cap. The runtime caps predictions at
     # max_new_tokens; the simulator plans as it does.
-    cfg = build(
-        {
-            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100"},
-            "model": {"name": "qwen2.5-3b", "tp": 1},
-            "workload": {"dataset": "lcb", "prompts_per_step": 64, "samples": 4, "max_response": 2048},
-        }
-    )
+    cfg = one_node("lcb", 64, 2048)
     stage, workload = make_stage(cfg), make_workload(cfg)
     sim = Simulator(stage, scheduler_for(cfg, {}), LengthPredictor())
     for step in range(2):
@@ -112,13 +127,7 @@ def test_the_simulators_plans_predict_no_response_past_the_workloads_cap():
 
 
 def test_the_simulators_first_plan_starts_from_the_length_pilot_as_the_runtimes_does():
-    cfg = build(
-        {
-            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100"},
-            "model": {"name": "qwen2.5-3b", "tp": 1},
-            "workload": {"dataset": "gpqa", "prompts_per_step": 16, "samples": 4, "max_response": 4096},
-        }
-    )
+    cfg = one_node("gpqa", 16, 4096)
     prompts = make_workload(cfg).step(0)
     sim = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
     sim.pilot(prompts, 1)
@@ -130,13 +139,7 @@ def test_the_simulators_first_plan_starts_from_the_length_pilot_as_the_runtimes_
 
 
 def test_a_pilot_of_several_answered_prompts_lets_the_first_plan_rank_its_prompts_by_their_answers():
-    cfg = build(
-        {
-            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100"},
-            "model": {"name": "llama-2-70b", "tp": 8},
-            "workload": {"dataset": "gsm8k", "prompts_per_step": 64, "samples": 4, "max_response": 2048},
-        }
-    )
+    cfg = one_node("gsm8k", 64, 2048, gpus=8, model="llama-2-70b", tp=8)
     prompts = make_workload(cfg).step(0)
     sim = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
     asked: list[int] = []
@@ -152,3 +155,22 @@ def test_a_pilot_of_several_answered_prompts_lets_the_first_plan_rank_its_prompt
         # The simulated answers are a fixed share of each prompt's length: once two groups or more
         # judge them they fit, and the first plan follows them; one group judges nothing.
         assert (len(set(predicted)) > 1 and bool(np.all(np.diff(by_answer) >= 0))) == ranked
+
+
+def test_the_length_pilot_is_priced_as_one_actor_decoding_its_samples_together_outside_the_steps():
+    # decode step = 10 ms + 1 ms a running sequence; prefill free
+    profile = Profile(
+        prefill_tokens=np.array([1.0, 1000.0]),
+        prefill_ms=np.zeros(2),
+        decode_batch=np.array([1.0, 1000.0]),
+        decode_context=np.array([0.0, 1e4]),
+        decode_ms=np.array([[11.0, 11.0], [1010.0, 1010.0]]),
+    )
+    # two samples of 1 and 3 tokens: 1 step at batch 2, then 2 at batch 1
+    assert pilot_seconds(profile, np.array([5]), np.array([[1, 3]])) == pytest.approx(0.012 + 2 * 0.011)
+    cfg = one_node("gsm8k", 64, 2048, gpus=8, model="llama-2-70b", tp=8)
+    workload, stage = make_workload(cfg), make_stage(cfg)
+    sim = Simulator(stage, scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
+    first, second = sim.run_step(0, workload.step(0)), sim.run_step(1, workload.step(1))
+    assert first.pilot_prompts >= 2 and first.pilot_seconds > 0 and second.pilot_seconds == 0
+    assert first.pilot_cost == pytest.approx(charge(stage.pricing, stage.profile.gpus, first.pilot_seconds))

@@ -7,8 +7,9 @@ once on a small synthetic batch, cached), and the length predictor's first-epoch
 seeded by a short length pilot (`scheduler.length_pilot`, one prompt of each data source by
 default, more where the profile decodes them at about the same step time (`planner.pilot`):
 sampled once with the real model on the learner, before step 1; nothing is trained on them, and
-its seconds and what the learner's slot costs meanwhile are reported apart from the steps'). No observation comes in while forecasting, so every step is planned on first-epoch
-estimates: the range re-plans the run with every predicted length halved and increased by half
+its seconds and what the learner's slot costs meanwhile are reported apart from the steps'). No
+observation comes in while forecasting, so every step is planned on first-epoch estimates: the
+range re-plans the run with every predicted length halved and increased by half
 (capped at max_new_tokens), and a length guessed from `scheduler.default_length` (a source the
 pilot did not sample) from one token up.
 """

@@ -40,6 +40,10 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
             "mean_floor_cost": mean_of(steps, "floor_cost"),
             # prompt tokens computed over the prefix tree's unique ones (1.0 is the least)
             "prefill_tree_ratio": sum(r.prefill_tokens for r in steps) / sum(r.prefill_unique for r in steps),
+            # the length pilot before the first step, outside every step's figures
+            "pilot_prompts": float(sum(r.pilot_prompts for r in steps)),
+            "pilot_seconds": sum(r.pilot_seconds for r in steps),
+            "pilot_cost": sum(r.pilot_cost for r in steps),
         }
         row["generation_over_floor"] = row["mean_generation_time"] / row["mean_floor_time"]
         row["cost_over_floor"] = row["mean_generation_cost"] / row["mean_floor_cost"]

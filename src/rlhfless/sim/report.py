@@ -134,6 +134,12 @@ def _table(name: str, summaries: dict[str, dict[str, dict[str, float]]], headlin
             f"(latency {floor['mean_floor_latency']:.1f}, throughput {floor['mean_floor_throughput']:.1f}); "
             f"work {floor['mean_floor_cost']:.3f} $"
         )
+        pilot = rows.get("rlhfless", floor)
+        if pilot.get("pilot_prompts"):
+            lines.append(
+                f"{'  length pilot (simulated)':34s} {'':12s} {pilot['pilot_prompts']:.0f} prompt(s) before "
+                f"the first step, {pilot['pilot_seconds']:.1f} s, {pilot['pilot_cost']:.3f} $ (in no step's figures)"
+            )
     lines.append("")
     lines.append(f"{'RLHFless vs verl':34s} {'speedup':>9s} {'cost reduction':>15s}")
     paper = PAPER.get(name)

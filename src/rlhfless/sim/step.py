@@ -23,6 +23,7 @@ from rlhfless.planner.pilot import pilot_prompts
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
+from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing
 from rlhfless.sim.generation import Generation
 from rlhfless.sim.overlap import FreeGpus, Overlap, overlap_preparation
@@ -68,6 +69,10 @@ class StepResult:
     preparation_overlapped: float = 0.0  # preparation run during generation, in all-GPU seconds
     prefill_unique: int = 0  # the step's unique prompt tokens (its prefix tree's)
     prefill_tree_ratio: float = 1.0  # prefill_tokens / prefill_unique: 1.0 is the least
+    # The length pilot before this step (the first only), outside its figures as in the runtime.
+    pilot_prompts: int = 0
+    pilot_seconds: float = 0.0
+    pilot_cost: float = 0.0
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -125,13 +130,21 @@ class Simulator:
         )
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
+        piloted = 0
         if step == 0 and self.config.length_pilot:
             context = float(prompts.prompt_lengths.mean()) + self.stage.max_response / 2
             g = prompts.lengths.shape[1]
-            self.pilot(prompts, pilot_prompts(self.planner_profile, self.config.length_pilot, g, context))
+            piloted = pilot_prompts(self.planner_profile, self.config.length_pilot, g, context)
+            self.pilot(prompts, piloted)
         first = step == 0  # the functions' start loads the run's first weights: none stream
         plan = self.plan(prompts, first)
         result = self.execute(step, prompts, plan, first)
+        if piloted:
+            seconds = pilot_seconds(
+                self.stage.profile, prompts.prompt_lengths[:piloted], prompts.lengths[:piloted]
+            )
+            result.pilot_prompts, result.pilot_seconds = piloted, seconds
+            result.pilot_cost = charge(self.stage.pricing, self.stage.profile.gpus, seconds)
         self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response)
         self.phases.observe(result.tokens, result.preparation + result.learning)
         self.margins.observe(
@@ -260,3 +273,14 @@ class Simulator:
             unique,
             st.pricing,
         )
+
+
+def pilot_seconds(profile: Profile, prompt_tokens: np.ndarray, lengths: np.ndarray) -> float:
+    """How long one actor takes to sample the length pilot: its prompts prefilled once, then their
+    samples (`lengths`: prompts x G) decoded together, each decode step at the batch still running."""
+    done = np.sort(lengths.ravel().astype(float))
+    starts = np.r_[0.0, done[:-1]]
+    running = np.arange(done.size, 0, -1)  # sequences running from starts[i] to done[i]
+    context = float(np.mean(prompt_tokens)) + (starts + done) / 2
+    decode = float(np.sum((done - starts) * profile.decode_step_seconds(running, context)))
+    return decode + float(profile.prefill_seconds(float(np.sum(prompt_tokens))))
