@@ -311,6 +311,7 @@ def write_fake_run(
             "time_range_s": [1.0, 1e4],
             "cost_range": [0.0, 1.0],
             "per_step": [{"step": m["step"]} for m in metrics],
+            "pilot/prompts": 5.0,
             "pilot/seconds": 12.5,
             "pilot/cost": 0.0068,
         }

@@ -83,8 +83,9 @@ def forecast_section(runs: list[Run], out: Path) -> Section:
             continue
         f = run.forecast
         if "pilot/seconds" in f:
+            sampled = f" sampled {f['pilot/prompts']:.0f} prompt(s) and" if "pilot/prompts" in f else ""
             pilots.append(
-                f"{run.name}: the length pilot before step 1 took {f['pilot/seconds']:.1f} s"
+                f"{run.name}: the length pilot before step 1{sampled} took {f['pilot/seconds']:.1f} s"
                 + (f", ${f['pilot/cost']:.4g} of the learner's slot" if "pilot/cost" in f else "")
                 + " (in no step's time or cost, nor in the whole run's figures)"
             )
