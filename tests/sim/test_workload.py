@@ -80,6 +80,10 @@ def test_trace_replays_recorded_lengths_per_step(tmp_path):
     step = trace.step(5)  # cycles over the one recorded step
     assert step.uids == ["a", "b"] and step.lengths.tolist() == [[12, 30], [7, 9]]
     assert step.prompt_tokens[0][0] == step.prompt_tokens[1][0]  # the shared word "q"
+    # A trace's cap is unknown: its first step still runs the length pilot, and prices it.
+    cfg = build({"model": {"name": "qwen2.5-3b", "tp": 1}, "workload": {"trace": str(tmp_path)}})
+    sim = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
+    assert sim.run_step(0, trace.step(0)).pilot_seconds > 0
 
 
 def test_trace_uses_recorded_prompt_ids_and_survives_unicode_line_separators(tmp_path):

@@ -132,7 +132,8 @@ class Simulator:
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
         piloted = 0
         if step == 0 and self.config.length_pilot:
-            context = float(prompts.prompt_lengths.mean()) + self.stage.max_response / 2
+            cap = self.stage.max_response or self.config.default_length  # a trace's cap: unknown
+            context = float(prompts.prompt_lengths.mean()) + cap / 2
             g = prompts.lengths.shape[1]
             piloted = pilot_prompts(self.planner_profile, self.config.length_pilot, g, context)
             self.pilot(prompts, piloted)
