@@ -152,13 +152,17 @@ def test_replay_times_the_plans_actors_at_their_observed_lengths():
     assert relative_error(12.0, 10.0) == pytest.approx(0.2)
 
 
-def test_the_shortfall_weighs_each_steps_prompts_against_a_prior_of_none_and_never_falls_below_one():
-    """Steps after the first, each weighted by its prompts, against NOISE^2 / SPREAD^2 prompts'
-    worth of 1: a few noisy steps of 8 prompts move the cap a little, 512-prompt steps nearly all
-    the way."""
+def test_the_shortfall_starts_where_it_was_measured_then_weighs_each_steps_prompts_against_none():
+    """Before a quotient, 1 + SPREAD / 2; then steps after the first, each weighted by its prompts,
+    against NOISE^2 / SPREAD^2 prompts' worth of 1: a few noisy steps of 8 prompts move the cap a
+    little, 512-prompt steps nearly all the way; never below 1."""
     prior = (NOISE / SPREAD) ** 2
     small, large = Shortfall(), Shortfall()
-    for versus in ((1.0, 2.0), (1.0, 1.06), (0.5, 0.53)):  # the first step is left out
+    # Nothing measured yet (the first step is left out): the middle of where it has been measured.
+    small.observe((1.0, 2.0), 8)
+    assert Shortfall().factor() == small.factor() == 1 + SPREAD / 2
+    large.observe((1.0, 2.0), 8)
+    for versus in ((1.0, 1.06), (0.5, 0.53)):
         small.observe(versus, 8)
         large.observe(versus, 512)
     assert small.factor() == pytest.approx(1 + 16 * 0.06 / (16 + prior))
