@@ -12,12 +12,20 @@ grows with the batch at once, and the pilot keeps to what `scheduler.length_pilo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from rlhfless.planner.profile import Profile
 
 MOST = 16  # prompts a source at most, however flat the decode step
 SLOWER = 1.1  # a wider pilot's decode step, at most this times the asked-for one's
+
+
+def pilot_context(prompt_tokens: Sequence[int], cap: float) -> float:
+    """The context the pilot's batch is priced at, before any length is known: the mean prompt's
+    tokens (`prompt_tokens`: one length a prompt) and half the response cap."""
+    return float(np.mean(prompt_tokens)) + cap / 2
 
 
 def pilot_prompts(profile: Profile, at_least: int, group_size: int, context: float) -> int:

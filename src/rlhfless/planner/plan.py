@@ -286,7 +286,7 @@ def plan_step(
             even = even_split_seconds(verl_workload(workload), int(ns.max()), profile, config.segments)
             cap = config.max_slowdown * (even + billing.overhead_s)
             caps.append(cap / billing.generation_shortfall)  # as the run's forecasts have erred
-        return choose(table, after, time_cap=caps[0])
+        return choose(table, rest, time_cap=caps[0])
 
     pick = pick_n(table)
     if ranges is not None:

@@ -75,7 +75,7 @@ class Billing:
     after_per_token_s: float = 0.0
     next_use_after: bool = False
     # The learning phase's wait for its extra ranks at N = 1, 2, ... decode functions (the last
-    # for any N past them; `learning.LearnerWait`): none, the simulator's.
+    # for any N past them; `forecast.LearnerWait`): none, the simulator's.
     learner_wait_s: tuple[float, ...] = ()
 
     def after_generation(self, tokens: float, n: np.ndarray | None = None) -> tuple[Any, Any]:

@@ -34,7 +34,7 @@ from rlhfless.engine import Engine, rollout
 from rlhfless.files import write_atomic
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.forecast import LENGTH_RANGE
-from rlhfless.planner.pilot import pilot_prompts
+from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import TARGETS, PlanError
 from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
@@ -282,7 +282,7 @@ def start_forecast(
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
         steps = tokenize(prompts)
-        context = float(np.mean([len(p.prompt_ids) for p in steps])) + cfg.generation.max_new_tokens / 2
+        context = pilot_context([len(p.prompt_ids) for p in steps], cfg.generation.max_new_tokens)
         per_source = pilot_prompts(
             planner.profile, cfg.scheduler.length_pilot, cfg.algorithm.group_size, context
         )

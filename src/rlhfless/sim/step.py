@@ -19,7 +19,7 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
 from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
-from rlhfless.planner.pilot import pilot_prompts
+from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
@@ -133,7 +133,7 @@ class Simulator:
         piloted = 0
         if step == 0 and self.config.length_pilot:
             cap = self.stage.max_response or self.config.default_length  # a trace's cap: unknown
-            context = float(prompts.prompt_lengths.mean()) + cap / 2
+            context = pilot_context(prompts.prompt_lengths, cap)
             g = prompts.lengths.shape[1]
             piloted = pilot_prompts(self.planner_profile, self.config.length_pilot, g, context)
             self.pilot(prompts, piloted)
