@@ -392,7 +392,7 @@ def test_groups_learned_ahead_on_an_early_rank_make_the_update_the_learner_would
         "algorithm.kl_coef=0",
         "generation.max_running=8",
         "runtime.learner_width=2",
-        "runtime.faults=[{kind: slow, step: 1, actor: 0, after: 60, seconds: 2}]",
+        "runtime.faults=[{kind: slow, step: 1, actor: 0, after: 60, seconds: 6}]",  # a rank starts in it
     )
     (step,) = run(*overrides, setup=measured)
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
