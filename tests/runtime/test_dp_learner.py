@@ -62,10 +62,16 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def weights_close(a: torch.Tensor, b: torch.Tensor, lr: float) -> None:
-    """Weights after Adam's steps, to 1% of one step: Adam divides a gradient by its root mean
-    square, so where a gradient is float noise (a sum in another order) its step is still about
-    `lr`, of either sign."""
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=0.01 * lr)
+    """Weights after Adam's steps: all but one element in a thousand (at least one) to 1% of a
+    step, and every element to within two steps. Adam divides a gradient by its root mean square,
+    so where a gradient nearly cancels, its float noise (a sum in another order) moves the step by
+    much more than the noise: on an AVX2 CPU one element of 4096 came out 1.6% of a step apart
+    (AVX-512 CPUs stayed within 1%). A learner that lost or mixed up a step moves most elements by
+    about a step."""
+    diff = (a - b).abs()
+    off = int((diff > 0.01 * lr + 1e-4 * b.abs()).sum())
+    assert off <= max(1, a.numel() // 1000), f"{off} of {a.numel()} elements over 1% of a step"
+    assert float(diff.max()) <= 2 * lr, f"an element {float(diff.max()):.3g} apart, over two steps of {lr}"
 
 
 @pytest.mark.parametrize("epochs,mini_batches,prestarted", [(1, 1, False), (2, 2, True)])
