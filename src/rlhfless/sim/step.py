@@ -25,6 +25,7 @@ from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing
+from rlhfless.sim.execution import schedule, slot_cap
 from rlhfless.sim.generation import Generation
 from rlhfless.sim.overlap import FreeGpus, Overlap, overlap_preparation
 from rlhfless.sim.stage import Stage
@@ -278,10 +279,10 @@ class Simulator:
 
 def pilot_seconds(profile: Profile, prompt_tokens: np.ndarray, lengths: np.ndarray) -> float:
     """How long one actor takes to sample the length pilot: its prompts prefilled once, then their
-    samples (`lengths`: prompts x G) decoded together, each decode step at the batch still running."""
-    done = np.sort(lengths.ravel().astype(float))
-    starts = np.r_[0.0, done[:-1]]
-    running = np.arange(done.size, 0, -1)  # sequences running from starts[i] to done[i]
-    context = float(np.mean(prompt_tokens)) + (starts + done) / 2
-    decode = float(np.sum((done - starts) * profile.decode_step_seconds(running, context)))
+    samples (`lengths`: prompts x G) decoded together under continuous batching
+    (`sim.execution.schedule`, as every simulated decode actor)."""
+    context = np.repeat(np.asarray(prompt_tokens, dtype=float), lengths.shape[1])
+    remaining = lengths.ravel().astype(float)
+    cap = slot_cap(profile, context, remaining)
+    decode = schedule(profile, 0.0, np.arange(remaining.size), context, remaining, cap).end_time
     return decode + float(profile.prefill_seconds(float(np.sum(prompt_tokens))))
