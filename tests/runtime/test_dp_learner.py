@@ -68,7 +68,7 @@ def weights_close(a: torch.Tensor, b: torch.Tensor, lr: float) -> None:
     much more than the noise: on an AVX2 CPU one element of 4096 came out 1.6% of a step apart
     (AVX-512 CPUs stayed within 1%). A learner that lost or mixed up a step moves most elements by
     about a step."""
-    diff = (a - b).abs()
+    diff = (a - b).detach().abs()
     off = int((diff > 0.01 * lr + 1e-4 * b.abs()).sum())
     assert off <= max(1, a.numel() // 1000), f"{off} of {a.numel()} elements over 1% of a step"
     assert float(diff.max()) <= 2 * lr, f"an element {float(diff.max()):.3g} apart, over two steps of {lr}"

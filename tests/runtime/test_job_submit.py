@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 METRICS = ("cost/step", "cost/generation", "cost/learning", "actors/decode", "actors/cold_starts")
 METRICS += ("migrations", "time/weight_sync", "time/kv_transfer", "bytes/weight_sync", "bytes/kv_transfer")
+NO_AGENT = "No available agent to submit job"  # the head's answer before its job agent is up
+AGENT_WAIT_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +37,17 @@ def cluster():
     with pytest.MonkeyPatch.context() as env:  # what every node's processes, the job's included, inherit
         env.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
         env.setenv("RAY_AUTH_MODE", "disabled")
-        dashboard = free_port("127.0.0.1")
+        dashboard, agent = free_port("127.0.0.1"), free_port()
         cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard},
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": True,
+                "dashboard_port": dashboard,
+                # A head's job agent listens on 52365 unless told: another Ray on this machine
+                # (a test running beside this one) may hold it, and then no job can be submitted.
+                "dashboard_agent_listen_port": agent,
+            },
         )
         cluster.worker = cluster.add_node(num_cpus=1)
         cluster.dashboard = f"http://127.0.0.1:{dashboard}"
@@ -53,17 +63,30 @@ def ray_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+def submit(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`ray job submit`, again while the head answers that its job agent has not started yet (it
+    starts after the dashboard, later on a busy machine) and to try again later: nothing was
+    submitted then."""
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        submitted = ray_cli("job", "submit", *args, timeout=timeout)
+        if NO_AGENT not in submitted.stderr or time.monotonic() > deadline:
+            return submitted
+        time.sleep(1.0)
+
+
 def test_ray_job_submit_trains_on_the_existing_cluster_across_its_nodes(cluster, tmp_path):
     run_dir = tmp_path / "grpo"
-    submitted = ray_cli(
-        "job", "submit", "--address", cluster.dashboard, "--submission-id", "rlhfless-recipe",
-        "--working-dir", ".", "--",
+    submitted = submit(
+        "--address", cluster.dashboard, "--submission-id", "rlhfless-recipe", "--working-dir", ".", "--",
         "rlhfless", "train", "--preset", "tiny", "runtime.executor=ray", "runtime.ray_address=auto",
         "scheduler.n_min=3", "trainer.steps=1", "trainer.progress=false", f"output_dir={run_dir}",
         timeout=300,
     )  # fmt: skip
+    printed = submitted.stdout[-3000:] + submitted.stderr[-2000:]
+    assert submitted.returncode == 0, printed
     status = JobSubmissionClient(cluster.dashboard).get_job_status("rlhfless-recipe")
-    assert status == JobStatus.SUCCEEDED, submitted.stdout[-3000:] + submitted.stderr[-2000:]
+    assert status == JobStatus.SUCCEEDED, printed
     # The working directory went to the cluster as Ray's runtime environment, as the recipe ships it.
     assert "Uploading package" in submitted.stdout + submitted.stderr
     timeline = json.loads((run_dir / "timeline" / "step_000001.json").read_text())
