@@ -17,11 +17,11 @@ run: $(STAMP)
 	$(VENV)/bin/rlhfless train --preset default
 
 # pytest exits 5 when it collected no test: make fails loudly then. Two workers, one per CI core,
-# each taking whole files (a module's Ray and its fixtures stay together): a Ray test's functions
-# spend most of their start importing, alone on a core, so the other worker's tests fill the
-# second one.
+# each taking whole files (a module's Ray and its fixtures stay together) in collection order
+# (tests/conftest.py puts the longest first): a Ray test's functions spend most of their start
+# importing, alone on a core, so the other worker's tests fill the second one.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 # Tests of a minute or more that make test leaves out (the GPU check's whole path on a CPU, the soak).
 test-slow: $(STAMP)

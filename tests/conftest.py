@@ -16,6 +16,16 @@ import psutil
 import pytest
 
 GRACE_S = 30.0
+# The files that take longest (each starts many Ray functions, each importing for seconds) run
+# first: `make test`'s two workers take whole files in collection order, so that short files fill
+# both workers at the end. xdist's own order (most tests first) left the long few-test files last,
+# one worker running them alone.
+LONGEST_FIRST = (
+    "tests/runtime/test_ray_executor.py",
+    "tests/runtime/test_dp_learner.py",
+    "tests/runtime/test_multinode.py",
+    "tests/runtime/test_job_submit.py",
+)
 SESSION_DIR = re.compile(r"/ray/session_[\w.-]+")
 
 _started: dict[int, float] = {}  # pid -> create time of each process this session started
@@ -44,6 +54,11 @@ def _left_behind() -> list[str]:
         except psutil.Error:
             pass
     return out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: k for k, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
 
 
 @pytest.fixture(autouse=True)
