@@ -1,7 +1,8 @@
 """One embedded Ray per module for the runtime tests that need a plain local Ray.
 
 Module scope, not session: test_multinode and test_job_submit start clusters of their own and
-need no Ray connected when they begin, and pytest runs them between the modules that use this.
+need no Ray connected when they begin, and may run in the same pytest process right after a
+module that uses this (`LONGEST_FIRST` in tests/conftest.py).
 """
 
 import pytest
