@@ -23,6 +23,7 @@ from rlhfless.runtime.billing import Meter
 from rlhfless.runtime.data_parallel import split_rows
 from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.executor import build_critic, build_learner
+from rlhfless.runtime.learner_rank import rank_env
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
@@ -436,17 +437,17 @@ def test_rank_0s_weights_and_state_reach_the_driver_over_the_link():
             close(state["optimizer"]["state"][index][name], value)
 
 
-@pytest.mark.parametrize("threshold", [4096, 0])
-def test_every_rank_starts_with_the_configured_allocator_threshold(threshold):
+def test_a_zero_allocator_threshold_leaves_the_ranks_environment_as_the_jobs():
+    assert rank_env(0) is None  # no runtime_env: MALLOC_MMAP_THRESHOLD_ unset, glibc's default
+    assert rank_env(4096) == {"env_vars": {"MALLOC_MMAP_THRESHOLD_": "4096"}}
+
+
+def test_every_rank_starts_with_the_configured_allocator_threshold():
     """`runtime.learner_mmap_threshold` reaches each rank's process environment through Ray's
-    runtime_env, where glibc reads it at start; 0 leaves it unset (glibc's default)."""
+    runtime_env, where glibc reads it at start."""
     cfg = load_config(
         preset="tiny",
-        overrides=(
-            "runtime.executor=ray",
-            "runtime.learner_width=0",
-            f"runtime.learner_mmap_threshold={threshold}",
-        ),
+        overrides=("runtime.executor=ray", "runtime.learner_width=0", "runtime.learner_mmap_threshold=4096"),
     )
     tokenizer = load_tokenizer(cfg.model)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
@@ -462,8 +463,7 @@ def test_every_rank_starts_with_the_configured_allocator_threshold(threshold):
         elastic.close()
 
     assert len(pids) == 2
-    want = str(threshold) if threshold else None
-    assert [env.get("MALLOC_MMAP_THRESHOLD_") for env in environments] == [want, want]
+    assert [env.get("MALLOC_MMAP_THRESHOLD_") for env in environments] == ["4096", "4096"]
 
 
 def driver_node() -> str:
