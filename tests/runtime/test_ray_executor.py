@@ -392,7 +392,9 @@ def test_groups_learned_ahead_on_an_early_rank_make_the_update_the_learner_would
         "algorithm.kl_coef=0",
         "generation.max_running=8",
         "runtime.learner_width=2",
-        "runtime.faults=[{kind: slow, step: 1, actor: 0, after: 60, seconds: 6}]",  # a rank starts in it
+        # A rank starts in the pause: ~8 s alone on a 2-core CPU, up to twice that beside the other
+        # test worker (with a 6 s pause it once joined only after generation, learning none ahead).
+        "runtime.faults=[{kind: slow, step: 1, actor: 0, after: 60, seconds: 20}]",
     )
     (step,) = run(*overrides, setup=measured)
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
