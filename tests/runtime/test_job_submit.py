@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,6 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 METRICS = ("cost/step", "cost/generation", "cost/learning", "actors/decode", "actors/cold_starts")
 METRICS += ("migrations", "time/weight_sync", "time/kv_transfer", "bytes/weight_sync", "bytes/kv_transfer")
-NO_AGENT = "No available agent to submit job"  # the head's answer before its job agent is up
-AGENT_WAIT_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -63,22 +60,11 @@ def ray_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
-def submit(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    """`ray job submit`, again while the head answers that its job agent has not started yet (it
-    starts after the dashboard, later on a busy machine) and to try again later: nothing was
-    submitted then."""
-    deadline = time.monotonic() + AGENT_WAIT_S
-    while True:
-        submitted = ray_cli("job", "submit", *args, timeout=timeout)
-        if NO_AGENT not in submitted.stderr or time.monotonic() > deadline:
-            return submitted
-        time.sleep(1.0)
-
-
 def test_ray_job_submit_trains_on_the_existing_cluster_across_its_nodes(cluster, tmp_path):
     run_dir = tmp_path / "grpo"
-    submitted = submit(
-        "--address", cluster.dashboard, "--submission-id", "rlhfless-recipe", "--working-dir", ".", "--",
+    submitted = ray_cli(
+        "job", "submit", "--address", cluster.dashboard, "--submission-id", "rlhfless-recipe",
+        "--working-dir", ".", "--",
         "rlhfless", "train", "--preset", "tiny", "runtime.executor=ray", "runtime.ray_address=auto",
         "scheduler.n_min=3", "trainer.steps=1", "trainer.progress=false", f"output_dir={run_dir}",
         timeout=300,
