@@ -62,6 +62,17 @@ def test_section_checks_of_other_rooms_use_the_same_form():
         load_config(preset="tiny", overrides=("scheduler.tau=1.5",))
 
 
+def test_a_data_file_is_never_ignored_silently():
+    with pytest.raises(
+        ConfigError, match=r"data.path: got 'rows.jsonl' with source='reasoning_gym', expected source=file"
+    ):
+        load_config(preset="tiny", overrides=("data.path=rows.jsonl",))
+    assert (
+        load_config(preset="tiny", overrides=("data.path=rows.jsonl", "data.source=file")).data.path
+        == "rows.jsonl"
+    )
+
+
 def test_missing_config_file_is_one_line_and_exit_2(capsys, tmp_path):
     code, err = run_cli(capsys, str(tmp_path / "nope.yaml"))
     assert code == 2

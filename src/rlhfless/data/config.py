@@ -137,6 +137,10 @@ class DataConfig:
             raise ValueError("tasks/task_config: expected mappings of task name -> value")
         if self.source == "file" and not self.path:
             raise ValueError(f"path: got {self.path!r}, expected a JSONL or Parquet file when source=file")
+        if self.path and self.source != "file":  # else the file would be silently ignored
+            raise ValueError(
+                f"path: got {self.path!r} with source={self.source!r}, expected source=file to train on it"
+            )
         if self.source == "reasoning_gym":
             self._check_tasks()
 
