@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import pydantic
 import yaml
 
 from rlhfless.algo.config import AlgorithmConfig
@@ -25,6 +24,7 @@ from rlhfless.files import write_atomic
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.rewards import RewardConfig
 from rlhfless.runtime_config import RuntimeConfig
+from rlhfless.typed import typed
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
@@ -251,16 +251,6 @@ def _check_keys(tree: Any, cls: Any, path: tuple[str, ...] = ()) -> None:
             _check_keys(value, section, (*path, key))
 
 
-def _describe(error: dict) -> str:
-    where = ".".join(str(p) for p in error["loc"])
-    message = error["msg"]
-    if error["type"] == "value_error":  # our __post_init__ checks: "field: got X, expected Y"
-        message = message.removeprefix("Value error, ")
-        return f"{where}.{message}" if where else message
-    expected = message.removeprefix("Input should be ").removeprefix("Input should ")
-    return f"{where}: got {error.get('input')!r}, expected {expected}"
-
-
 def _set_dotted(tree: dict, keys: list[str], value: Any, item: str) -> None:
     node = tree
     for key in keys[:-1]:
@@ -301,9 +291,9 @@ def load_config(
         _set_dotted(tree, keys, value, item)
     _check_keys(tree, Config)
     try:
-        return pydantic.TypeAdapter(Config).validate_python(tree)
-    except pydantic.ValidationError as err:
-        raise ConfigError("config error: " + _describe(err.errors()[0])) from None
+        return typed(Config, tree)
+    except ValueError as err:
+        raise ConfigError(f"config error: {err}") from None
 
 
 def to_dict(cfg: Config) -> dict:

@@ -67,6 +67,24 @@ def read_json(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> dict[
     return data
 
 
+def read_mapping(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> dict[str, Any]:
+    """A mapping from a YAML (or JSON, which YAML reads too) file; bad YAML or another shape is
+    refused by name, with the line YAML stopped at."""
+    import yaml
+
+    text = read_text(path, what, max_bytes)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise InputError(f"{path}: {at}not valid YAML ({problem}), expected {what}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: got {type(data).__name__}, expected {what} (a mapping)")
+    return data
+
+
 def iter_lines(path: Path, what: str, max_bytes: int) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of each non-blank line, streamed; the size is checked first."""
     check_file(path, what, max_bytes)

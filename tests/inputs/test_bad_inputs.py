@@ -383,6 +383,40 @@ def test_plan_config_file_is_checked_like_train_s(tmp_path, capsys):
     refused(capsys, _plan_argv(prompts, "--config", str(config)), str(config), "not UTF-8")
 
 
+# ----- rlhfless simulate CONFIG.yaml, and its section.key=value overrides ----------------------------
+
+SIM_YAML = {
+    "missing": (None, [], ["sim.yaml: not found", "expected a simulator config"]),
+    "empty": ("\n", [], ["sim.yaml: empty", "expected a simulator config"]),
+    "non-UTF-8": (b"cluster: " + NOT_UTF8, [], ["sim.yaml: byte 9 is not UTF-8"]),
+    "truncated": (
+        "cluster: {nodes: 2\n",
+        [],
+        ["sim.yaml: line 2: not valid YAML", "expected a simulator config"],
+    ),
+    "not a mapping": ("- a\n- b\n", [], ["sim.yaml: got list", "(a mapping)"]),
+    "huge": ("#" * (17 << 20), [], ["sim.yaml: 17.0 MB, expected a simulator config", "at most 16 MB"]),
+    "section not a mapping": ("cluster: 3\n", [], ["cluster: got 3", "expected a section"]),
+    "unknown key": ("cluster: {nodez: 2}\n", [], ["cluster: got ['nodez']", "expected keys among"]),
+    "wrong type": ("cluster: {nodes: abc}\n", [], ["cluster.nodes: got 'abc'", "valid integer"]),
+    "fraction": ("training: {steps: 2.5}\n", [], ["training.steps: got 2.5", "fractional part"]),
+    "out of range": ("workload: {samples: 0}\n", [], ["workload.samples: got 0", "an integer >= 1"]),
+    "override wrong type": ("cluster: {nodes: 1}\n", ["cluster.nodes=abc"], ["cluster.nodes: got 'abc'"]),
+    "override not dotted": ("cluster: {nodes: 1}\n", ["nodes=2"], ["override: got 'nodes=2'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(SIM_YAML))
+def test_simulator_config(case, tmp_path, capsys):
+    content, overrides, needles = SIM_YAML[case]
+    path = tmp_path / "sim.yaml"
+    if content is not None:
+        write(path, content)
+    out = tmp_path / "out"
+    refused(capsys, ["simulate", str(path), *overrides, "--no-sweeps", "--output", str(out)], *needles)
+    assert not out.exists()
+
+
 # ----- run directories: rlhfless report -----------------------------------------------------------
 
 

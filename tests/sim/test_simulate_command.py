@@ -12,7 +12,8 @@ def run(argv, capsys):
     parser = argparse.ArgumentParser()
     simulate.add_parser(parser.add_subparsers(dest="command"))
     rc = simulate.run(parser.parse_args(["simulate", *argv]))
-    return rc, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err
 
 
 def test_preset_run_writes_summary_steps_and_figures(tmp_path, capsys):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
-from typing import Any
+
+from rlhfless.inputs import read_mapping
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,13 +20,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-sweeps", action="store_true", help="skip the sensitivity sweeps and scalability"
     )
-
-
-def _read_tree(path: str) -> dict[str, Any]:
-    import yaml
-
-    text = Path(path).read_text()
-    return json.loads(text) if path.endswith(".json") else (yaml.safe_load(text) or {})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
             scenarios = preset(args.preset)
             name = args.preset
         elif config:
-            scenarios = [(Path(config).stem, _read_tree(config))]
+            tree = read_mapping(Path(config), "a simulator config (cluster, model, workload, ...)")
+            scenarios = [(Path(config).stem, tree)]
             name = Path(config).stem
         else:
             scenarios = [("default", {})]
@@ -53,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         output = args.output or Path("sim_out") / name
         table = simulate(name, scenarios, items, output, sweeps=not args.no_sweeps)
     except (ValueError, OSError) as err:
-        print(f"rlhfless simulate: {err}")
+        print(f"rlhfless simulate: {err}", file=sys.stderr)
         return 2
     print(table)
     print(f"\nwrote {output}/summary.json, steps.jsonl and figures")

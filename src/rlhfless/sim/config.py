@@ -12,6 +12,7 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.hardware import GpuSpec, ModelShape
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.pricing import PRICE_SHEETS, Pricing
+from rlhfless.typed import typed
 
 ALGORITHMS = ("grpo", "ppo")
 
@@ -195,7 +196,9 @@ class SimConfig:
 
 
 def build(tree: dict[str, Any]) -> SimConfig:
-    """A SimConfig from nested dicts; unknown keys are errors that name the key."""
+    """A SimConfig from nested dicts; an unknown key or a value of the wrong type is an error
+    that names the key."""
+    check(isinstance(tree, dict), "config", tree, "a mapping of sections")
     sections = {f.name: f.type for f in fields(SimConfig)}
     classes = {
         "cluster": ClusterConfig,
@@ -206,14 +209,13 @@ def build(tree: dict[str, Any]) -> SimConfig:
     }
     unknown = set(tree) - set(sections)
     check(not unknown, "config", sorted(unknown), f"sections among {sorted(sections)}")
-    kwargs = {}
     for name, cls in classes.items():
-        values = dict(tree.get(name) or {})
+        values = tree.get(name) or {}
+        check(isinstance(values, dict), name, values, "a section (mapping of keys)")
         known = {f.name for f in fields(cls)}
         bad = set(values) - known
         check(not bad, name, sorted(bad), f"keys among {sorted(known)}")
-        kwargs[name] = cls(**values)
-    return SimConfig(**kwargs)
+    return typed(SimConfig, {name: tree.get(name) or {} for name in classes})
 
 
 def to_dict(cfg: Any) -> Any:

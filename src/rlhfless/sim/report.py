@@ -25,16 +25,19 @@ def simulate(
     output: Path,
     sweeps: bool = True,
 ) -> str:
-    """Everything the `simulate` command writes; returns the table it prints."""
+    """Everything the `simulate` command writes; returns the table it prints. Every scenario's
+    config is checked before anything is written."""
+    built = []
+    for scenario, tree in scenarios:
+        tree = copy.deepcopy(tree)
+        for item in overrides:
+            set_dotted(tree, item)
+        built.append((scenario, build(tree)))
     output.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict[str, dict[str, float]]] = {}
     configs = {}
     rows: list[str] = []
-    for index, (scenario, tree) in enumerate(scenarios):
-        tree = copy.deepcopy(tree)
-        for item in overrides:
-            set_dotted(tree, item)
-        cfg = build(tree)
+    for index, (scenario, cfg) in enumerate(built):
         configs[scenario] = to_dict(cfg)
         variants = FIRST if index == 0 else MAIN
         results = experiments.compare(cfg, variants, cfg.training.steps)
