@@ -22,11 +22,11 @@ def run_profile(*argv):
         [sys.executable, "-c", SCRIPT, "profile", *argv], capture_output=True, text=True, check=True
     )
     *body, status = done.stdout.strip().splitlines()
-    return json.loads(status), "\n".join(body)
+    return json.loads(status), "\n".join(body), done.stderr.strip()
 
 
 def test_simulated_json_is_the_issue_format_and_does_not_import_torch():
-    status, body = run_profile("--simulated", "gpu=h100", "model=llama-2-70b", "tp=8", "--json")
+    status, body, _ = run_profile("--simulated", "gpu=h100", "model=llama-2-70b", "tp=8", "--json")
     assert status == {"rc": 0, "torch": False}
     table = json.loads(body)
     assert set(table) >= {"decode", "prefill"} and table["gpus"] == 8
@@ -39,13 +39,26 @@ def test_simulated_json_is_the_issue_format_and_does_not_import_torch():
 
 
 def test_unknown_key_is_an_error_naming_it():
-    status, body = run_profile("--simulated", "gpus=8")
-    assert status["rc"] == 2 and "gpus" in body
+    status, body, err = run_profile("--simulated", "gpus=8")
+    assert status["rc"] == 2 and not body and "gpus" in err
+
+
+def test_a_value_of_the_wrong_kind_is_one_line_naming_its_key():
+    for argv, line in (
+        (("--simulated", "tp=abc"), "rlhfless profile: tp: got 'abc', expected an integer"),
+        (("model.path=tiny", "batches=1,x"), "rlhfless profile: batches: got 'x', expected an integer"),
+        (
+            ("model.path=tiny", "model.tiny_layers=2.5"),
+            "rlhfless profile: model.tiny_layers: got '2.5', expected an integer",
+        ),
+    ):
+        status, body, err = run_profile(*argv)
+        assert (status["rc"], body, err) == (2, "", line)
 
 
 def test_measured_table_of_the_tiny_model_is_a_profile_the_planner_reads(tmp_path):
     out = tmp_path / "profile.json"
-    status, body = run_profile(
+    status, body, _ = run_profile(
         "model.path=tiny",
         "batches=1,2",
         "contexts=1,8",
@@ -63,5 +76,5 @@ def test_measured_table_of_the_tiny_model_is_a_profile_the_planner_reads(tmp_pat
 
 
 def test_measured_unknown_key_is_an_error_naming_it():
-    status, body = run_profile("model.path=tiny", "model.colour=red")
-    assert status["rc"] == 2 and "colour" in body
+    status, body, err = run_profile("model.path=tiny", "model.colour=red")
+    assert status["rc"] == 2 and not body and "colour" in err

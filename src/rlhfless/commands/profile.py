@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,15 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _parsed(key: str, value: str, kind: type) -> Any:
+    """`value` as an int or a float, else a ValueError naming `key`."""
+    try:
+        return kind(value)
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(f"{key}: got {value!r}, expected {expected}") from None
+
+
 def _gpu_arg(value: str) -> str | dict[str, Any]:
     return json.loads(Path(value).read_text()) if value.endswith(".json") and Path(value).is_file() else value
 
@@ -75,14 +85,14 @@ def simulated_table(options: dict[str, str]) -> dict[str, Any]:
             f"profile --simulated: got unknown keys {sorted(unknown)}, expected {sorted(SIMULATED_KEYS)}"
         )
     knobs = {
-        k: float(options[k])
+        k: _parsed(k, options[k], float)
         for k in ("step_overhead_ms", "per_sequence_overhead_ms", "memory_utilization")
         if k in options
     }
     return roofline_table(
         options.get("model", "llama-2-7b"),
         _gpu_arg(options.get("gpu", "h100")),
-        int(options.get("tp", "1")),
+        _parsed("tp", options.get("tp", "1"), int),
         **knobs,
     )
 
@@ -92,11 +102,11 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
     from rlhfless.config import ModelConfig
 
     grid = {
-        key: tuple(int(v) for v in options.pop(key).split(",")) if key in options else default
+        key: tuple(_parsed(key, v, int) for v in options.pop(key).split(",")) if key in options else default
         for key, (default, _) in MEASURED_GRID.items()
     }
-    repeats = int(options.pop("repeats", "3"))
-    memory_fraction = float(options.pop("memory_fraction", "0.5"))
+    repeats = _parsed("repeats", options.pop("repeats", "3"), int)
+    memory_fraction = _parsed("memory_fraction", options.pop("memory_fraction", "0.5"), float)
     fields = {k.removeprefix("model."): v for k, v in options.items()}
     if "model" in fields:
         fields["path"] = fields.pop("model")
@@ -107,8 +117,15 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
             f"profile: got unknown keys {sorted(unknown)}, expected model.* keys "
             f"({', '.join(sorted(types))}) or {', '.join(MEASURED_KEYS)}"
         )
-    parse = {"int": int, "bool": lambda v: v.lower() in ("1", "true", "yes")}
-    cfg = ModelConfig(**{k: parse.get(types[k], str)(v) for k, v in fields.items()})
+    parse = {
+        "int": lambda k, v: _parsed(f"model.{k}", v, int),
+        "bool": lambda k, v: v.lower() in ("1", "true", "yes"),
+    }
+    values = {k: parse[types[k]](k, v) if types[k] in parse else v for k, v in fields.items()}
+    try:
+        cfg = ModelConfig(**values)
+    except ValueError as err:
+        raise ValueError(f"model.{err}") from None
     from rlhfless.engine.profiling import measure_profile
     from rlhfless.models import load_model, load_tokenizer
 
@@ -141,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         options = parse_overrides(args.overrides)
         table = simulated_table(options) if args.simulated else measured_table(options)
     except (ValueError, RuntimeError, OSError) as err:
-        print(f"rlhfless profile: {err}")
+        print(f"rlhfless profile: {err}", file=sys.stderr)
         return 2
     text = json.dumps(table)
     if args.output:
