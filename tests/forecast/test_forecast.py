@@ -187,13 +187,19 @@ def _one_actor():
 
 
 def test_plan_run_forecasts_the_whole_run_without_training(capsys):
-    code = main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1"])
+    code = main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["steps"] == 3 and [r["step"] for r in out["per_step"]] == [1, 2, 3]
     assert out["time_range_s"][0] <= out["time_s"] <= out["time_range_s"][1]
     assert out["cost_range"][0] <= out["cost"] <= out["cost_range"][1]
     assert out["time_s"] == pytest.approx(sum(r["time"] for r in out["per_step"]))
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
+    # For a person: the total, then one row per step (the pilot's lengths now come from the cache).
+    assert main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("forecast for 3 step(s): ") and "not measured" in lines[0]
+    steps = [line.split() for line in lines if line.split()[0] in ("1", "2", "3")]
+    assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
 
 
 def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilots_lengths_from_the_cache(

@@ -1,4 +1,5 @@
-"""`rlhfless plan`: JSON out for a prompts file, one clear line and exit 2 for bad input."""
+"""`rlhfless plan`: a summary for a person or the whole plan as JSON for a prompts file, one clear
+line and exit 2 for bad input."""
 
 import json
 
@@ -10,21 +11,49 @@ def write(path, rows):
     return path
 
 
-def test_plan_prints_the_step_plan(tmp_path, capsys):
-    rows = [
-        {"uid": f"q{i}", "prompt_tokens": [5, 6, 7, i], "history": [[20 * i + 5, 10]], "answer_tokens": 30}
-        for i in range(6)
-    ]
-    code = main(
-        ["plan", "--prompts", str(write(tmp_path / "p.jsonl", rows)), "scheduler.n_max=3", "--nodes", "1"]
-    )
+ROWS = [
+    {"uid": f"q{i}", "prompt_tokens": [5, 6, 7, i], "history": [[20 * i + 5, 10]], "answer_tokens": 30}
+    for i in range(6)
+]
+
+
+def test_plan_prints_the_step_plan_as_json(tmp_path, capsys):
+    argv = ["plan", "--prompts", str(write(tmp_path / "p.jsonl", ROWS)), "scheduler.n_max=3", "--nodes", "1"]
+    code = main([*argv, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert "not measured" in out["profile"]
     assert 1 <= out["n_actors"] <= 3 and len(out["actors"]) == out["n_actors"]
-    assert sorted(u for a in out["actors"] for u in a["uids"]) == sorted(r["uid"] for r in rows)
+    assert sorted(u for a in out["actors"] for u in a["uids"]) == sorted(r["uid"] for r in ROWS)
     assert {"n", "time", "cost", "score"} <= set(out["candidates"][0])
     assert out["prefix_length"] >= 3 and out["plan_seconds"] > 0
+
+
+def test_plan_summarises_the_same_plan_for_a_person(tmp_path, capsys):
+    argv = ["plan", "--prompts", str(write(tmp_path / "p.jsonl", ROWS)), "scheduler.n_max=3", "--nodes", "1"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("plan: 6 prompts x 4 samples, policy rlhfless")
+    n, floor = plan["n_actors"], plan["floor"]
+    assert f"actors        {n} decode actor(s)" in text and "chosen by lam 0.7" in text
+    assert f"floor {floor['time_s']:.2f} s" in text
+    assert f"{plan['predicted_time'] / floor['time_s']:.2f}x" in text
+    chosen = [line for line in text.splitlines() if line.startswith("*")]
+    assert len(chosen) == 1 and chosen[0].split()[1] == str(n)
+    # one line per actor, each with its prompt count: together every prompt
+    actor_lines = text.split("--json lists every uid)\n")[1].splitlines()[1:]
+    assert len(actor_lines) == n and sum(int(line.split()[3]) for line in actor_lines) == len(ROWS)
+
+
+def test_a_budget_the_plan_keeps_is_named_as_its_reason(tmp_path, capsys):
+    path = write(tmp_path / "p.jsonl", ROWS)
+    assert main(["plan", "--prompts", str(path), "--nodes", "1", "--json"]) == 0
+    cheapest = min(c["cost"] for c in json.loads(capsys.readouterr().out)["candidates"])
+    budget = f"{cheapest * 1.5:.6g}"
+    assert main(["plan", "--prompts", str(path), "--nodes", "1", f"scheduler.budget_per_step={budget}"]) == 0
+    assert f"chosen by budget_per_step {float(budget):g}" in capsys.readouterr().out
 
 
 def test_bad_row_names_file_row_and_field(tmp_path, capsys):

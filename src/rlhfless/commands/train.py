@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlhfless.commands.plan import forecast_line
 from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
 from rlhfless.devices import resolve_device
 from rlhfless.inputs import InputError, read_text
@@ -72,11 +73,7 @@ class Display:
                 "steps", total=info["steps"], completed=info["start"], phase=""
             )
         elif kind == "forecast":
-            (lo, hi), (clo, chi) = info["time_range_s"], info["cost_range"]
-            self.console.print(
-                f"forecast for {info['steps']} step(s): {info['time_s']:.0f} s ({lo:.0f}-{hi:.0f}), "
-                f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}"
-            )
+            self.console.print(forecast_line(info))
             if "warning" in info:
                 print(f"rlhfless: warning: {info['warning']}", file=sys.stderr)  # one line
         elif kind == "warning":
