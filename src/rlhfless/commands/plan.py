@@ -236,7 +236,9 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
     actors, floor, prefill = out["actors"], out["floor"], out["prefill"]
     prompts = sum(len(a["uids"]) for a in actors)
     target = out["target"]
-    if target:
+    if len(out["candidates"]) == 1:
+        why = "a fixed N (no actor scaling)"
+    elif target:
         key = next(k for k in target if k != "missed")
         why = f"{key} {target[key]:g}" + (" (missed: the nearest plan)" if target["missed"] else "")
     else:
