@@ -237,19 +237,21 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
     prompts = sum(len(a["uids"]) for a in actors)
     target = out["target"]
     if len(out["candidates"]) == 1:
-        why = "a fixed N (no actor scaling)"
+        why = "N fixed (no actor scaling)"
     elif target:
         key = next(k for k in target if k != "missed")
-        why = f"{key} {target[key]:g}" + (" (missed: the nearest plan)" if target["missed"] else "")
+        why = f"chosen by {key} {target[key]:g}" + (" (missed: the nearest plan)" if target["missed"] else "")
     else:
-        why = f"lam {scheduler.lam:g}" + (f", within {out['time_cap']:.1f} s" if out["time_cap"] else "")
+        why = f"chosen by lam {scheduler.lam:g}" + (
+            f", within {out['time_cap']:.1f} s" if out["time_cap"] else ""
+        )
     ratio = out["predicted_time"] / floor["time_s"] if floor["time_s"] else float("nan")
     lines = [
         f"plan: {prompts} prompts x {out['group_size']} samples, policy {out['policy']} "
         f"({out['plan_seconds'] * 1e3:.1f} ms to plan)",
         f"profile       {out['profile']}",
         f"actors        {out['n_actors']} decode actor(s) of {actors[0]['gpus'] if actors else 0} GPU(s), "
-        f"on a cluster of {cluster.nodes} x {cluster.gpus_per_node} GPUs; chosen by {why}",
+        f"on a cluster of {cluster.nodes} x {cluster.gpus_per_node} GPUs; {why}",
         f"generation    {out['predicted_time']:.2f} s, ${out['predicted_cost']:.4g} predicted; floor "
         f"{floor['time_s']:.2f} s (latency {floor['latency_s']:.2f}, throughput "
         f"{floor['throughput_s']:.2f}), {ratio:.2f}x; work floor ${floor['work_cost']:.4g}",
