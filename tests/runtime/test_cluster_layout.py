@@ -53,3 +53,22 @@ def test_a_cluster_of_unequal_nodes_places_slots_node_by_node():
     assert [x.tolist() for x in uniform.slot_gpus(np.array([0, 3]), 2)] == [[0, 1], [0, 6]]
     skipped = ClusterSpec(node_gpus=(1, 4))  # node 0 holds no 2-GPU actor
     assert [x.tolist() for x in skipped.slot_gpus(np.array([0, 1]), 2)] == [[1, 1], [1, 3]]
+
+
+def test_a_cluster_address_ray_cannot_join_is_one_line_naming_the_key(monkeypatch):
+    import ray
+
+    from rlhfless.runtime import ray_cluster
+    from rlhfless.runtime_config import RuntimeConfig
+
+    def refuse(**_):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379\nretried 60 s")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ray_cluster.ClusterError) as err:
+        ray_cluster.start_ray(RuntimeConfig(ray_address="10.0.0.9:6379"))
+    assert str(err.value) == (
+        "runtime.ray_address: got '10.0.0.9:6379', expected the address of a running Ray cluster's head "
+        "(`ray start --head`); Ray said: Failed to connect to Ray cluster at 10.0.0.9:6379"
+    )

@@ -142,12 +142,13 @@ def run(args: argparse.Namespace) -> int:
     from rlhfless.data import DataError
     from rlhfless.models import ModelError
     from rlhfless.rewards import RewardError
+    from rlhfless.runtime.ray_cluster import ClusterError
     from rlhfless.runtime.trainer import TrainError, train
 
     display = Display(console, cfg.trainer.progress and console.is_terminal)
     try:
         result = train(cfg, display)
-    except (DataError, InputError, ModelError, RewardError, TrainError) as err:
+    except (ClusterError, DataError, InputError, ModelError, RewardError, TrainError) as err:
         display.finish()
         print(f"rlhfless: {err}", file=sys.stderr)
         return 2

@@ -33,6 +33,10 @@ from rlhfless.runtime_config import RuntimeConfig
 Resources = Mapping[str, float]
 
 
+class ClusterError(RuntimeError):
+    """`runtime.ray_address` names no Ray cluster this process can join."""
+
+
 def start_ray(rt: RuntimeConfig) -> bool:
     """Connect to `rt.ray_address`, or start an embedded Ray on 127.0.0.1; True if we started it.
 
@@ -44,7 +48,13 @@ def start_ray(rt: RuntimeConfig) -> bool:
         return False
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     if rt.ray_address:
-        ray.init(address=rt.ray_address, **quiet)
+        try:
+            ray.init(address=rt.ray_address, **quiet)
+        except (ConnectionError, RuntimeError) as err:  # Ray's own retries are spent by now
+            raise ClusterError(
+                f"runtime.ray_address: got {rt.ray_address!r}, expected the address of a running Ray "
+                f"cluster's head (`ray start --head`); Ray said: {str(err).splitlines()[0]}"
+            ) from None
         return True
     cores = rt.num_cpus or os.cpu_count() or 1
     gpus = 0
