@@ -198,6 +198,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+SHOWN_STEPS = 20  # a longer run's forecast shows its first and last steps
+SHOWN_ACTORS = 16  # more actors than this: the slowest are listed (`--json` has them all)
+
+
 def forecast_line(info: dict[str, Any]) -> str:
     """A run forecast in one line: total time and cost, their ranges, and what the range assumes."""
     (lo, hi), (clo, chi) = info["time_range_s"], info["cost_range"]
@@ -219,15 +223,19 @@ def run_summary(out: dict[str, Any]) -> str:
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
     lines.append(f"{'step':>6} {'time s':>9} {'cost $':>10} {'generation s':>13} {'actors':>7}")
-    for row in out["per_step"]:
+    rows = out["per_step"]
+    if len(rows) > SHOWN_STEPS:  # the first steps and the last: --json has every one
+        cut = len(rows) - SHOWN_STEPS
+        rows = [*rows[: SHOWN_STEPS - 4], {"skipped": cut}, *rows[-4:]]
+    for row in rows:
+        if "skipped" in row:
+            lines.append(f"{'...':>6} ({row['skipped']} more steps; --json lists every step)")
+            continue
         lines.append(
             f"{row['step']:>6} {row['time']:9.2f} {row['cost']:10.4g} {row['generation_time']:13.2f} "
             f"{row['n_actors']:>7}"
         )
     return "\n".join(lines)
-
-
-SHOWN_ACTORS = 16  # more actors than this: the slowest are listed (`--json` has them all)
 
 
 def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:

@@ -205,14 +205,18 @@ def forecast_run(
     nearest = copy.copy(planner)  # a step no plan fits is forecast at the plan nearest to it
     nearest.scheduler = replace(planner.scheduler, target_miss="nearest")
 
+    loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
+    for _ in range(first_step - 1):
+        next(loader)
+    batches = []  # each step's batch, tokenized once for the three passes below
+    for _ in range(first_step, cfg.trainer.steps + 1):
+        batch = tokenize(next(loader))
+        batches.append((batch, answers(batch)))
+
     def totals(model, optimistic: bool = False) -> tuple[float, float, list[dict[str, float]]]:
-        loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
-        for _ in range(first_step - 1):
-            next(loader)
         rows = []
-        for step in range(first_step, cfg.trainer.steps + 1):
-            batch = tokenize(next(loader))
-            plan = nearest.plan(batch, answers(batch), model)
+        for step, (batch, answer) in enumerate(batches, start=first_step):
+            plan = nearest.plan(batch, answer, model)
             if plan.target.get("missed") and optimistic:
                 raise PlanError(
                     f"{plan.missed_target()} even at the forecast's optimistic end ({low}), step {step}"
@@ -270,11 +274,18 @@ def start_forecast(
     fresh run), then the whole run's forecast from step `start + 1`."""
     from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
+    done: dict[str, StepPrompt] = {}  # every epoch holds the same prompts: each is tokenized once
+    answer_of: dict[str, int | None] = {}
+
     def tokenize(batch: list[Prompt]) -> list[StepPrompt]:
-        return tokenize_prompts(batch, tokenizer, cfg.generation.max_prompt_tokens)
+        new = list({p.uid: p for p in batch if p.uid not in done}.values())
+        done.update((s.uid, s) for s in tokenize_prompts(new, tokenizer, cfg.generation.max_prompt_tokens))
+        return [done[p.uid] for p in batch]
 
     def answers(batch: list[StepPrompt]) -> list[int | None]:
-        return answer_lengths(batch, tokenizer)
+        new = list({s.uid: s for s in batch if s.uid not in answer_of}.values())
+        answer_of.update(zip((s.uid for s in new), answer_lengths(new, tokenizer), strict=True))
+        return [answer_of[s.uid] for s in batch]
 
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
