@@ -73,6 +73,24 @@ def test_a_data_file_is_never_ignored_silently():
     )
 
 
+def test_a_logger_that_is_not_installed_is_refused_before_the_run_directory_is_made(
+    capsys, tmp_path, monkeypatch
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a)
+    )
+    out = tmp_path / "run"
+    code, err = run_cli(capsys, "--preset", "tiny", "trainer.wandb=true", f"output_dir={out}")
+    assert code == 2 and not out.exists()
+    assert err == (
+        "rlhfless: config error: trainer.wandb: got true, expected the 'wandb' package installed "
+        "(pip install wandb), or trainer.wandb=false"
+    )
+
+
 def test_missing_config_file_is_one_line_and_exit_2(capsys, tmp_path):
     code, err = run_cli(capsys, str(tmp_path / "nope.yaml"))
     assert code == 2

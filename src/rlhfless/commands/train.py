@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -128,6 +129,15 @@ def _check_resume(cfg: Config) -> None:
         check_resume(out, to_dict(cfg))
 
 
+def _check_loggers(cfg: Config) -> None:
+    """Before anything is written: a logger the config asks for is installed."""
+    if cfg.trainer.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            "config error: trainer.wandb: got true, expected the 'wandb' package installed "
+            "(pip install wandb), or trainer.wandb=false"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     try:
@@ -136,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             overrides.append("resume=true")
         cfg = resolve_device(_load(path, args.preset, tuple(overrides)))  # as the run records it
         _check_resume(cfg)
+        _check_loggers(cfg)
     except (ConfigError, InputError) as err:
         print(f"rlhfless: {err}", file=sys.stderr)
         return 2
