@@ -40,6 +40,11 @@ def write(path: Path, content: str | bytes) -> Path:
     return path
 
 
+def placed(path: Path, content: str | bytes | None) -> Path:
+    """`path` holding `content`, or left missing when it is None (the "missing" cases)."""
+    return path if content is None else write(path, content)
+
+
 def jsonl(rows: list) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
@@ -66,9 +71,7 @@ YAML = {
 @pytest.mark.parametrize("case", list(YAML))
 def test_yaml_config(case, tmp_path, capsys):
     content, needles = YAML[case]
-    path = tmp_path / "cfg.yaml"
-    if content is not None:
-        write(path, content)
+    path = placed(tmp_path / "cfg.yaml", content)
     out = tmp_path / "run"
     refused(capsys, ["train", str(path), f"output_dir={out}", *FAST], str(path), *needles)
     assert not out.exists()
@@ -141,9 +144,7 @@ DATA_JSONL = {
 @pytest.mark.parametrize("case", list(DATA_JSONL))
 def test_jsonl_data_file(case, tmp_path, capsys):
     content, fmt, needles = DATA_JSONL[case]
-    path = tmp_path / "train.jsonl"
-    if content is not None:
-        write(path, content)
+    path = placed(tmp_path / "train.jsonl", content)
     out = tmp_path / "run"
     argv = train_argv(out, "data.source=file", f"data.path={path}", f"data.format={fmt}")
     argv += ["data.max_file_mb=1", "generation.max_prompt_tokens=128"]
@@ -318,9 +319,7 @@ PROFILE_CASES = {
 @pytest.mark.parametrize("case", list(PROFILE_CASES))
 def test_profile_for_train(case, tmp_path, capsys):
     content, needles = PROFILE_CASES[case]
-    path = tmp_path / "profile.json"
-    if content is not None:
-        write(path, content)
+    path = placed(tmp_path / "profile.json", content)
     out = tmp_path / "run"
     refused(capsys, train_argv(out, f"runtime.profile={path}"), str(path), *needles)
     assert not out.exists()
@@ -333,9 +332,7 @@ def _plan_argv(prompts: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("case", ["missing", "truncated", "duplicate point"])
 def test_profile_for_plan(case, tmp_path, capsys):
     content, needles = PROFILE_CASES[case]
-    path = tmp_path / "profile.json"
-    if content is not None:
-        write(path, content)
+    path = placed(tmp_path / "profile.json", content)
     prompts = write(tmp_path / "p.jsonl", jsonl([{"uid": "a", "prompt_tokens": [1, 2]}]))
     refused(capsys, _plan_argv(prompts, "--profile", str(path)), str(path), *needles)
     assert capsys.readouterr().out == ""
@@ -371,9 +368,7 @@ def test_plan_prompts(case, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(plan, "MAX_PROMPTS_BYTES", 1 << 20)
     content, needles = PLAN_PROMPTS[case]
-    path = tmp_path / "prompts.jsonl"
-    if content is not None:
-        write(path, content)
+    path = placed(tmp_path / "prompts.jsonl", content)
     refused(capsys, _plan_argv(path, "generation.max_prompt_tokens=16"), str(path), *needles)
 
 
@@ -409,9 +404,7 @@ SIM_YAML = {
 @pytest.mark.parametrize("case", list(SIM_YAML))
 def test_simulator_config(case, tmp_path, capsys):
     content, overrides, needles = SIM_YAML[case]
-    path = tmp_path / "sim.yaml"
-    if content is not None:
-        write(path, content)
+    path = placed(tmp_path / "sim.yaml", content)
     out = tmp_path / "out"
     refused(capsys, ["simulate", str(path), *overrides, "--no-sweeps", "--output", str(out)], *needles)
     assert not out.exists()
