@@ -57,6 +57,14 @@ def test_choice_value_lists_the_allowed_names():
         load_config(preset="tiny", overrides=("algorithm.name=dpo",))
 
 
+def test_a_group_relative_algorithm_needs_a_group_of_two():
+    with pytest.raises(ConfigError, match=r"algorithm.group_size: got 1, expected an integer >= 2 for rloo"):
+        load_config(preset="tiny", overrides=("algorithm.name=rloo", "algorithm.group_size=1"))
+    for name in ("ppo", "reinforce_pp"):  # their baselines are a critic and the batch
+        cfg = load_config(preset="tiny", overrides=(f"algorithm.name={name}", "algorithm.group_size=1"))
+        assert cfg.algorithm.group_size == 1
+
+
 def test_section_checks_of_other_rooms_use_the_same_form():
     with pytest.raises(ConfigError, match=r"scheduler.tau: got 1.5"):
         load_config(preset="tiny", overrides=("scheduler.tau=1.5",))

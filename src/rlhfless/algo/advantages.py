@@ -79,6 +79,11 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor | Sequence[Hashable]) -> 
     return torch.where(n > 1, rewards - loo_mean, torch.zeros_like(rewards))
 
 
+# The baseline of these is the rest of the prompt's group: `algorithm.group_size` must be >= 2.
+grpo_advantages.group_relative = True  # type: ignore[attr-defined]
+rloo_advantages.group_relative = True  # type: ignore[attr-defined]
+
+
 def _check_token_shapes(**tensors: Tensor) -> None:
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     first = next(iter(shapes.values()))

@@ -90,6 +90,13 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         check(self.name in ALGORITHMS, "name", self.name, f"one of {', '.join(ALGORITHMS)}")
         check(self.group_size >= 1, "group_size", self.group_size, "an integer >= 1")
+        check(
+            self.group_size >= 2 or not getattr(ALGORITHMS[self.name], "group_relative", False),
+            "group_size",
+            self.group_size,
+            f"an integer >= 2 for {self.name} (a group of one sample has no baseline: every advantage "
+            "is 0); ppo and reinforce_pp train on single samples",
+        )
         check(0 <= self.clip_low < 1, "clip_low", self.clip_low, "a number in [0, 1)")
         check(self.clip_high >= 0, "clip_high", self.clip_high, "a number >= 0")
         check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", self.dual_clip, "null or > 1")
