@@ -102,3 +102,13 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):
     code = main(["train", "--preset", "tiny", f"output_dir={tmp_path / 'none'}", "--resume"])
     assert code == 2
     assert "no checkpoint under" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train_and_changes_nothing(tmp_path, capsys):
+    argv = ["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "trainer.progress=false"]
+    assert main([*argv, "trainer.steps=1"]) == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*argv, "trainer.steps=1", "--resume"]) == 0
+    assert "nothing to train: the run is at trainer.steps=1; raise it to go on" in capsys.readouterr().out
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
