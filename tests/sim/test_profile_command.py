@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from rlhfless.cli import main
 from rlhfless.planner.profile import Profile
 
 SCRIPT = """
@@ -43,7 +44,7 @@ def test_unknown_key_is_an_error_naming_it():
     assert status["rc"] == 2 and not body and "gpus" in err
 
 
-def test_a_value_of_the_wrong_kind_is_one_line_naming_its_key():
+def test_a_value_of_the_wrong_kind_is_one_line_naming_its_key(capsys):
     for argv, line in (
         (("--simulated", "tp=abc"), "rlhfless profile: tp: got 'abc', expected an integer"),
         (("model.path=tiny", "batches=1,x"), "rlhfless profile: batches: got 'x', expected an integer"),
@@ -52,8 +53,9 @@ def test_a_value_of_the_wrong_kind_is_one_line_naming_its_key():
             "rlhfless profile: model.tiny_layers: got '2.5', expected an integer",
         ),
     ):
-        status, body, err = run_profile(*argv)
-        assert (status["rc"], body, err) == (2, "", line)
+        assert main(["profile", *argv]) == 2
+        out, err = capsys.readouterr()
+        assert (out, err.strip()) == ("", line)
 
 
 def test_measured_table_of_the_tiny_model_is_a_profile_the_planner_reads(tmp_path):
