@@ -40,6 +40,8 @@ class Calibration:
         measured cold start (the base's until one was seen)."""
         k = self.decode_scale or 1.0
         cold = base.cold_start_s if self.cold_start_s is None else self.cold_start_s
+        if k == 1.0 and cold == base.cold_start_s:  # nothing measured yet: keep its lookup tables
+            return base
         return replace(base, prefill_ms=base.prefill_ms * k, decode_ms=base.decode_ms * k, cold_start_s=cold)
 
     def observe_cold_start(self, seconds: float) -> None:
