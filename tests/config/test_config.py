@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from rlhfless.cli import main
-from rlhfless.config import ConfigError, load_config, save_config
+from rlhfless.config import ConfigError, load_config, render_config, save_config
+from rlhfless.devices import resolve_device
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
@@ -118,6 +119,28 @@ def test_saved_config_loads_back_identically(tmp_path):
     cfg = load_config(preset="default", overrides=("trainer.steps=3",))
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+def test_show_config_prints_a_config_that_loads_back_with_every_key_under_its_help(tmp_path, capsys):
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "trainer.steps=5",
+        "scheduler.lam=0.5",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    assert main([*argv, "--show-config"]) == 0
+    text = capsys.readouterr().out
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing written
+    path = tmp_path / "shown.yaml"
+    path.write_text(text)
+    cfg = load_config(str(path))
+    assert cfg == resolve_device(load_config(preset="tiny", overrides=tuple(argv[3:])))  # as the run would
+    assert render_config(cfg) == text
+    lines = text.splitlines()
+    keys = [i for i, line in enumerate(lines) if not line.lstrip().startswith("#")]
+    assert all(lines[i - 1].lstrip().startswith("# ") for i in keys)  # no key without its help
 
 
 def test_console_script_exits_2_without_traceback():

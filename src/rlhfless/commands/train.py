@@ -12,7 +12,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlhfless.commands.plan import forecast_line
-from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
+from rlhfless.config import (
+    PRESETS,
+    Config,
+    ConfigError,
+    load_config,
+    render_config,
+    resolve_output_dir,
+    to_dict,
+)
 from rlhfless.devices import resolve_device
 from rlhfless.inputs import InputError, read_text
 
@@ -36,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=3")
     p.add_argument("--preset", choices=PRESETS, help="start from a built-in preset")
     p.add_argument("--resume", action="store_true", help="continue from output_dir's latest checkpoint")
+    p.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the resolved config (file or preset, then overrides) as YAML, every key under its "
+        "help text, and exit without training",
+    )
 
 
 def _split(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -145,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             overrides.append("resume=true")
         cfg = resolve_device(_load(path, args.preset, tuple(overrides)))  # as the run records it
+        if args.show_config:
+            print(render_config(cfg), end="")
+            return 0
         _check_resume(cfg)
         _check_loggers(cfg)
     except (ConfigError, InputError) as err:
