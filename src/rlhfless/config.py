@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
-import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -300,32 +298,6 @@ def load_config(
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
-
-
-def render_config(cfg: Config, width: int = 100) -> str:
-    """`cfg` as a YAML config that loads back to it, each section and key under its help text as
-    a comment: every key a run reads, where to set it, and what it does (`train --show-config`)."""
-    lines: list[str] = []
-
-    def comment(text: str, pad: str) -> None:
-        lines.extend(
-            textwrap.wrap(text, width - len(pad), initial_indent=f"{pad}# ", subsequent_indent=f"{pad}# ")
-        )
-
-    def walk(section: Any, pad: str) -> None:
-        for f in dataclasses.fields(section):
-            value = getattr(section, f.name)
-            if dataclasses.is_dataclass(value):
-                comment((type(value).__doc__ or "").split("\n")[0], pad)
-                lines.append(f"{pad}{f.name}:")
-                walk(value, pad + "  ")
-                continue
-            if f.metadata.get("help"):
-                comment(f.metadata["help"], pad)
-            lines.append(f"{pad}{f.name}: {json.dumps(value)}")
-
-    walk(cfg, "")
-    return "\n".join(lines) + "\n"
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -6,8 +6,9 @@ import sys
 import pytest
 
 from rlhfless.cli import main
-from rlhfless.config import ConfigError, load_config, render_config, save_config
+from rlhfless.config import ConfigError, load_config, save_config
 from rlhfless.devices import resolve_device
+from rlhfless.typed import render
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
@@ -137,7 +138,7 @@ def test_show_config_prints_a_config_that_loads_back_with_every_key_under_its_he
     path.write_text(text)
     cfg = load_config(str(path))
     assert cfg == resolve_device(load_config(preset="tiny", overrides=tuple(argv[3:])))  # as the run would
-    assert render_config(cfg) == text
+    assert render(cfg) == text
     lines = text.splitlines()
     keys = [i for i, line in enumerate(lines) if not line.lstrip().startswith("#")]
     assert all(lines[i - 1].lstrip().startswith("# ") for i in keys)  # no key without its help

@@ -49,3 +49,18 @@ def test_preset_run_writes_summary_steps_and_figures(tmp_path, capsys):
 def test_bad_override_is_reported_with_its_key(tmp_path, capsys):
     rc, out = run(["cluster.gpus=3", "--no-sweeps", "--output", str(tmp_path)], capsys)
     assert rc == 2 and "gpus" in out
+
+
+def test_show_config_prints_each_scenarios_config_that_loads_back(tmp_path, capsys):
+    import yaml
+
+    from rlhfless.sim.config import build
+
+    rc, out = run(["--preset", "paper-sim", "cluster.nodes=3", "--show-config"], capsys)
+    assert rc == 0
+    docs = out.split("---\n")
+    assert len(docs) == len(preset("paper-sim"))
+    for (name, tree), doc in zip(preset("paper-sim"), docs, strict=True):
+        assert doc.startswith(f"# scenario {name}\n")
+        shown = build(yaml.safe_load(doc))
+        assert shown == build({**tree, "cluster": {**tree.get("cluster", {}), "nodes": 3}})

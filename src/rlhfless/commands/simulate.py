@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rlhfless.inputs import read_mapping
+from rlhfless.typed import render
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,10 +21,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-sweeps", action="store_true", help="skip the sensitivity sweeps and scalability"
     )
+    parser.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print each scenario's resolved config as YAML, every key under its help text, and exit",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlhfless.sim.report import simulate
+    from rlhfless.sim.report import configs_of, simulate
 
     items = list(args.overrides)
     config = args.config
@@ -45,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             scenarios = [("default", {})]
             name = "default"
+        if args.show_config:
+            shown = [
+                f"# scenario {scenario}\n{render(cfg)}" for scenario, cfg in configs_of(scenarios, items)
+            ]
+            print("---\n".join(shown), end="")
+            return 0
         output = args.output or Path("sim_out") / name
         table = simulate(name, scenarios, items, output, sweeps=not args.no_sweeps)
     except (ValueError, OSError) as err:

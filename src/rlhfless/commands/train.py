@@ -17,12 +17,12 @@ from rlhfless.config import (
     Config,
     ConfigError,
     load_config,
-    render_config,
     resolve_output_dir,
     to_dict,
 )
 from rlhfless.devices import resolve_device
 from rlhfless.inputs import InputError, read_text
+from rlhfless.typed import render
 
 SUMMARY_KEYS = (
     ("reward/mean", "reward"),
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             overrides.append("resume=true")
         cfg = resolve_device(_load(path, args.preset, tuple(overrides)))  # as the run records it
         if args.show_config:
-            print(render_config(cfg), end="")
+            print(render(cfg), end="")
             return 0
         _check_resume(cfg)
         _check_loggers(cfg)

@@ -18,6 +18,17 @@ MAIN = ("verl", "rlhfless")
 FIRST = (*experiments.ABLATION, "rlhfuse")
 
 
+def configs_of(scenarios: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> list[tuple[str, Any]]:
+    """Each scenario's checked config, `overrides` applied to every one."""
+    built = []
+    for scenario, tree in scenarios:
+        tree = copy.deepcopy(tree)
+        for item in overrides:
+            set_dotted(tree, item)
+        built.append((scenario, build(tree)))
+    return built
+
+
 def simulate(
     name: str,
     scenarios: list[tuple[str, dict[str, Any]]],
@@ -27,12 +38,7 @@ def simulate(
 ) -> str:
     """Everything the `simulate` command writes; returns the table it prints. Every scenario's
     config is checked before anything is written."""
-    built = []
-    for scenario, tree in scenarios:
-        tree = copy.deepcopy(tree)
-        for item in overrides:
-            set_dotted(tree, item)
-        built.append((scenario, build(tree)))
+    built = configs_of(scenarios, overrides)
     output.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict[str, dict[str, float]]] = {}
     configs = {}
