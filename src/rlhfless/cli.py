@@ -1,4 +1,4 @@
-"""`rlhfless` command line: one sub-command per module in `rlhfless.commands`."""
+"""`rlhfless` command line: one sub-command per module named in `COMMANDS` (`rlhfless.commands`)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlhfless.commands.plan_summary import run_summary, step_summary
 from rlhfless.inputs import MB, InputError, iter_lines, read_text
 
 # The planner holds every row's token ids: a larger file is refused before it is read.
@@ -196,96 +197,3 @@ def run(args: argparse.Namespace) -> int:
     out = {"profile": source, "group_size": group_size, **plan.to_dict()}
     print(json.dumps(out, indent=1) if args.json else step_summary(out, scheduler, cluster))
     return 0
-
-
-SHOWN_STEPS = 20  # a longer run's forecast shows its first and last steps
-SHOWN_ACTORS = 16  # more actors than this: the slowest are listed (`--json` has them all)
-
-
-def forecast_line(info: dict[str, Any]) -> str:
-    """A run forecast in one line: total time and cost, their ranges, and what the range assumes."""
-    (lo, hi), (clo, chi) = info["time_range_s"], info["cost_range"]
-    return (
-        f"forecast for {info['steps']} step(s): {info['time_s']:.0f} s ({lo:.0f}-{hi:.0f}), "
-        f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}"
-    )
-
-
-def run_summary(out: dict[str, Any]) -> str:
-    """`--run` for a person: the total, the pilot, and each step's forecast."""
-    lines = [forecast_line(out) + " (before training, not measured)"]
-    if out.get("pilot/prompts"):
-        cached = " (lengths from the cache)" if out.get("pilot/cached") else ""
-        lines.append(
-            f"length pilot: {int(out['pilot/prompts'])} prompt(s), {out['pilot/seconds']:.1f} s, "
-            f"${out['pilot/cost']:.4g}{cached} (in no step's figures)"
-        )
-    if "warning" in out:
-        lines.append(f"warning: {out['warning']}")
-    lines.append(f"{'step':>6} {'time s':>9} {'cost $':>10} {'generation s':>13} {'actors':>7}")
-    rows = out["per_step"]
-    if len(rows) > SHOWN_STEPS:  # the first steps and the last: --json has every one
-        cut = len(rows) - SHOWN_STEPS
-        rows = [*rows[: SHOWN_STEPS - 4], {"skipped": cut}, *rows[-4:]]
-    for row in rows:
-        if "skipped" in row:
-            lines.append(f"{'...':>6} ({row['skipped']} more steps; --json lists every step)")
-            continue
-        lines.append(
-            f"{row['step']:>6} {row['time']:9.2f} {row['cost']:10.4g} {row['generation_time']:13.2f} "
-            f"{row['n_actors']:>7}"
-        )
-    return "\n".join(lines)
-
-
-def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
-    """One step's plan for a person: what was chosen and why, what it costs, how far from the
-    floor, what the prefill shares, the candidates around the choice, and the actors."""
-    actors, floor, prefill = out["actors"], out["floor"], out["prefill"]
-    prompts = sum(len(a["uids"]) for a in actors)
-    target = out["target"]
-    if len(out["candidates"]) == 1:
-        why = "N fixed (no actor scaling)"
-    elif target:
-        key = next(k for k in target if k != "missed")
-        why = f"chosen by {key} {target[key]:g}" + (" (missed: the nearest plan)" if target["missed"] else "")
-    else:
-        why = f"chosen by lam {scheduler.lam:g}" + (
-            f", within {out['time_cap']:.1f} s" if out["time_cap"] else ""
-        )
-    ratio = out["predicted_time"] / floor["time_s"] if floor["time_s"] else float("nan")
-    lines = [
-        f"plan: {prompts} prompts x {out['group_size']} samples, policy {out['policy']} "
-        f"({out['plan_seconds'] * 1e3:.1f} ms to plan)",
-        f"profile       {out['profile']}",
-        f"actors        {out['n_actors']} decode actor(s) of {actors[0]['gpus'] if actors else 0} GPU(s), "
-        f"on a cluster of {cluster.nodes} x {cluster.gpus_per_node} GPUs; {why}",
-        f"generation    {out['predicted_time']:.2f} s, ${out['predicted_cost']:.4g} predicted; floor "
-        f"{floor['time_s']:.2f} s (latency {floor['latency_s']:.2f}, throughput "
-        f"{floor['throughput_s']:.2f}), {ratio:.2f}x; work floor ${floor['work_cost']:.4g}",
-        f"whole step    {out['predicted_step_time']:.2f} s, ${out['predicted_step_cost']:.4g} predicted",
-        f"prefill       {prefill['rule']}: {prefill['tokens_computed']:,} prompt tokens computed, "
-        f"{prefill['tokens_naive']:,} without dedup, {prefill['tokens_unique']:,} unique "
-        f"({prefill['tree_ratio']:.2f}x); {out['unique_prefixes']} shared prefix group(s)",
-        "candidates    (* chosen)",
-        f"  {'N':>5} {'time s':>9} {'cost $':>10} {'score':>7}",
-    ]
-    rows = out["candidates"]
-    at = next(i for i, c in enumerate(rows) if c["n"] == out["n_actors"])
-    for c in rows[max(0, at - 3) : at + 4]:
-        mark = "*" if c["n"] == out["n_actors"] else " "
-        lines.append(f"{mark} {c['n']:>5} {c['time']:9.2f} {c['cost']:10.4g} {c['score']:7.3f}")
-    shown = sorted(actors, key=lambda a: -a["predicted_time"])[:SHOWN_ACTORS]
-    more = f", the {SHOWN_ACTORS} slowest" if len(actors) > SHOWN_ACTORS else ""
-    lines += [
-        f"actors        ({len(actors)}{more}; --json lists every uid)",
-        f"  {'#':>4} {'node':>5} {'GPU ids':>9} {'prompts':>8} {'time s':>9} {'decode tok':>11} "
-        f"{'prefill tok':>12} {'cold s':>7}",
-    ]
-    for a in sorted(shown, key=lambda a: a["actor"]):
-        gpus = ",".join(map(str, a["gpu_ids"]))
-        lines.append(
-            f"  {a['actor']:>4} {a['node']:>5} {gpus:>9} {len(a['uids']):>8} {a['predicted_time']:9.2f} "
-            f"{a['predicted_tokens']:11,.0f} {a['prefill_tokens']:12,.0f} {a['cold_start']:7.2f}"
-        )
-    return "\n".join(lines)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlhfless.commands.plan import forecast_line
+from rlhfless.commands.plan_summary import forecast_line
 from rlhfless.config import (
     PRESETS,
     Config,
