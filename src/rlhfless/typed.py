@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import textwrap
 from functools import cache
 from typing import Any, TypeVar
@@ -63,7 +64,14 @@ def render(config: Any, width: int = 100) -> str:
                 continue
             if f.metadata.get("help"):
                 comment(f.metadata["help"], pad)
-            lines.append(f"{pad}{f.name}: {json.dumps(value)}")
+            lines.append(f"{pad}{f.name}: {_yaml_value(value)}")
 
     walk(config, "")
     return "\n".join(lines) + "\n"
+
+
+def _yaml_value(value: Any) -> str:
+    """One value in YAML flow style: JSON, which YAML reads, except for the floats JSON lacks."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    return json.dumps(value)
