@@ -74,7 +74,7 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
         f"prefill       {prefill['rule']}: {prefill['tokens_computed']:,} prompt tokens computed, "
         f"{prefill['tokens_naive']:,} without dedup, {prefill['tokens_unique']:,} unique "
         f"({prefill['tree_ratio']:.2f}x); {out['unique_prefixes']} shared prefix group(s)",
-        "candidates    (* chosen)",
+        "candidates    (* chosen; score: lam's weighing of time against cost, lower wins)",
         f"  {'N':>5} {'time s':>9} {'cost $':>10} {'score':>7}",
     ]
     rows = out["candidates"]
