@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.status import Status
 from rich.table import Table
 
 from rlhfless.commands.plan_summary import forecast_line
@@ -79,15 +80,20 @@ class Display:
         )
         self.task = None
         self.rows: list[dict] = []
+        self.status: Status | None = None
 
     def __call__(self, kind: str, info: dict) -> None:
-        if kind == "start":
+        if kind == "forecasting" and self.enabled:  # the pilot and every step planned: seconds to minutes
+            self.status = self.console.status(f"forecasting {info['steps']} step(s) before paying for any")
+            self.status.start()
+        elif kind == "start":
             self.console.print(f"run directory: {info['output_dir']}")
             self.progress.start()
             self.task = self.progress.add_task(
                 "steps", total=info["steps"], completed=info["start"], phase=""
             )
         elif kind == "forecast":
+            self._stop_status()
             self.console.print(forecast_line(info))
             if "warning" in info:
                 print(f"rlhfless: warning: {info['warning']}", file=sys.stderr)  # one line
@@ -101,7 +107,13 @@ class Display:
             parts = [f"{label} {info[key]:.3g}" for key, label in SUMMARY_KEYS if info.get(key) is not None]
             self.progress.console.print(f"step {info['step']:>4} | " + " | ".join(parts))
 
+    def _stop_status(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
     def finish(self) -> None:
+        self._stop_status()
         self.progress.stop()
         if not self.rows:
             return

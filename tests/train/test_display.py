@@ -1,0 +1,43 @@
+"""What `rlhfless train` shows a person: a spinner while the run is forecast, then its forecast line."""
+
+import io
+
+from rich.console import Console
+
+from rlhfless.commands.train import Display
+
+FORECAST = {
+    "steps": 3,
+    "time_s": 12.0,
+    "cost": 0.5,
+    "time_range_s": [9.0, 14.0],
+    "cost_range": [0.4, 0.6],
+    "range": "predicted lengths x 0.5 .. x 1.5",
+}
+
+
+def test_the_forecast_spinner_runs_until_the_forecast_is_printed():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, highlight=False, width=200)
+    display = Display(console, enabled=True)
+    display("forecasting", {"steps": 3})
+    assert display.status is not None
+    display("forecast", FORECAST)
+    assert display.status is None
+    last = out.getvalue().replace("\r", "\n").splitlines()[-1]
+    assert last.endswith(
+        "forecast for 3 step(s): 12 s (9-14), $0.5 ($0.4-0.6); predicted lengths x 0.5 .. x 1.5"
+    )
+
+
+def test_a_run_refused_while_forecasting_stops_the_spinner():
+    display = Display(Console(file=io.StringIO(), force_terminal=True), enabled=True)
+    display("forecasting", {"steps": 3})
+    display.finish()  # what `train` calls when the forecast refuses a budget
+    assert display.status is None
+
+
+def test_no_spinner_without_a_terminal():
+    display = Display(Console(file=io.StringIO()), enabled=False)
+    display("forecasting", {"steps": 3})
+    assert display.status is None
