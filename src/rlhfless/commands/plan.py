@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +141,17 @@ def forecast(args: argparse.Namespace) -> int:
         cfg = load_config(None if preset else args.run, preset=preset, overrides=overrides)
     except (ConfigError, InputError) as err:
         return _fail(str(err))
+    from rich.console import Console
+
     from rlhfless.runtime.run_forecast import forecast_for_config
 
+    console = Console(stderr=True)  # a spinner while the pilot samples and every step is planned
+    waiting = (
+        console.status(f"forecasting {cfg.trainer.steps} step(s)") if console.is_terminal else nullcontext()
+    )
     try:
-        out = forecast_for_config(cfg)
+        with waiting:
+            out = forecast_for_config(cfg)
     except (DataError, InputError, ModelError, ValueError, OSError) as err:
         return _fail(str(err))
     out = {"forecast": "whole run, before training (not measured)", **out}
