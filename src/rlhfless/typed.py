@@ -25,7 +25,7 @@ def _adapter(cls: type) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(cls)
 
 
-def describe(error: Any) -> str:
+def _describe(error: Any) -> str:
     """One pydantic error as `dotted.key: got X, expected Y`."""
     where = ".".join(str(p) for p in error["loc"])
     message = error["msg"]
@@ -41,7 +41,7 @@ def typed(cls: type[T], tree: dict[str, Any]) -> T:
     try:
         return _adapter(cls).validate_python(tree)
     except pydantic.ValidationError as err:
-        raise ValueError(describe(err.errors()[0])) from None
+        raise ValueError(_describe(err.errors()[0])) from None
 
 
 def render(config: Any, width: int = 100) -> str:
