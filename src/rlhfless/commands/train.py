@@ -13,14 +13,7 @@ from rich.status import Status
 from rich.table import Table
 
 from rlhfless.commands.plan_summary import forecast_line
-from rlhfless.config import (
-    PRESETS,
-    Config,
-    ConfigError,
-    load_config,
-    resolve_output_dir,
-    to_dict,
-)
+from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
 from rlhfless.devices import resolve_device
 from rlhfless.inputs import InputError, read_text
 from rlhfless.typed import render
