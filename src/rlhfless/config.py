@@ -21,6 +21,7 @@ from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.checks import check
 from rlhfless.data import DataConfig
 from rlhfless.files import write_atomic
+from rlhfless.inputs import InputError, read_mapping
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.rewards import RewardConfig
 from rlhfless.runtime_config import RuntimeConfig
@@ -28,6 +29,7 @@ from rlhfless.typed import typed
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
+CONFIG_FILE = "a YAML config"  # what a config file is said to be, in its errors
 PRESETS = ("default", "tiny")
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -270,15 +272,12 @@ def preset_path(name: str) -> Path:
 
 
 def read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"config error: config file '{path}' does not exist")
+    """A config file's tree: a user's file is read as every user file is (`inputs.read_mapping`:
+    missing, huge, non-UTF-8, empty, bad YAML or not a mapping, each one line naming it)."""
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config error: {path} is not valid YAML: {str(err).splitlines()[0]}") from err
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config error: {path} must hold a mapping of sections, got {type(tree).__name__}")
-    return tree
+        return read_mapping(path, CONFIG_FILE)
+    except InputError as err:
+        raise ConfigError(str(err)) from None
 
 
 def load_config(

@@ -59,7 +59,7 @@ YAML = {
     "missing": (None, ["not found", "expected a YAML config"]),
     "empty": ("\n", ["empty", "expected a YAML config"]),
     "wrong type": ("model: {path: tiny}\ntrainer: {steps: abc}\n", ["trainer.steps", "'abc'", "expected"]),
-    "not a mapping": ("- a\n- b\n", ["must hold a mapping", "list"]),
+    "not a mapping": ("- a\n- b\n", ["got list, expected a YAML config (a mapping)"]),
     "unknown key": ("trainer: {stpes: 3}\n", ["unknown key 'trainer.stpes'", "did you mean"]),
     "null": ("model: null\n", ["model: got None", "expected a section"]),
     "non-UTF-8": (b"name: " + NOT_UTF8, ["byte 6 is not UTF-8", "expected UTF-8"]),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,7 +14,7 @@ from rich.table import Table
 from rlhfless.commands.plan_summary import forecast_line
 from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
 from rlhfless.devices import resolve_device
-from rlhfless.inputs import InputError, read_text
+from rlhfless.inputs import InputError
 from rlhfless.typed import render
 
 SUMMARY_KEYS = (
@@ -124,8 +123,6 @@ class Display:
 
 def _load(path: str | None, preset: str | None, overrides: tuple[str, ...]) -> Config:
     """`load_config`, with a mistake that is the file's own (not an override's) named by its path."""
-    if path:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it
-        read_text(Path(path), "a YAML config (a mapping of sections)")
     try:
         return load_config(path, preset, overrides)
     except ConfigError as err:
