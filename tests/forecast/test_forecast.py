@@ -140,6 +140,15 @@ def test_calibration_learns_the_time_model_error_apart_from_the_length_error():
     assert phases.per_token_s == 0.005
 
 
+def test_a_cold_start_is_no_overhead_for_the_warm_steps_after_it():
+    cal = Calibration()
+    # the first step: 10 s of decode as modelled, behind a 14 s cold start, and 1 s of overhead
+    cal.observe(measured_busy_s=10.0, model_busy_s=10.0, measured_s=25.0, model_s=10.0, cold_s=14.0)
+    assert cal.overhead_s == pytest.approx(1.0)  # the start is priced apart (cold_start_s)
+    cal.observe(measured_busy_s=10.0, model_busy_s=10.0, measured_s=25.0, model_s=10.0)
+    assert cal.overhead_s == pytest.approx(8.0)  # a warm step that waits as long: overhead
+
+
 def test_replay_times_the_plans_actors_at_their_observed_lengths():
     predictor = LengthPredictor()
     prompts = [PromptSpec(f"p{i}", [1, 2, 3], None) for i in range(4)]

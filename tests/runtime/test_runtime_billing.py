@@ -82,6 +82,7 @@ def test_cold_start_idle_and_timeline_times_are_relative_to_the_step():
     assert (remote["requested"], remote["started"], remote["ready"], remote["released"]) == (0, 1, 2.5, 3)
     assert remote["busy"] == [[2.5, 3.0]]
     assert metrics["actors/cold_starts"] == 1 and metrics["time/cold_start"] == 1.5
+    assert metrics["time/decode_cold_start"] == 1.5  # the longest decode start: what generation waited
     assert metrics["time/idle"] == pytest.approx((10 - 4) + (2 - 0.5))
 
 

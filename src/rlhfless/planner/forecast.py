@@ -47,14 +47,24 @@ class Calibration:
     def observe_cold_start(self, seconds: float) -> None:
         self.cold_start_s = ewma(self.cold_start_s, seconds, ALPHA)
 
-    def observe(self, measured_busy_s: float, model_busy_s: float, measured_s: float, model_s: float) -> None:
+    def observe(
+        self,
+        measured_busy_s: float,
+        model_busy_s: float,
+        measured_s: float,
+        model_s: float,
+        cold_s: float = 0.0,
+    ) -> None:
         """Fold in one step: the functions' measured busy (prefill + decode) seconds against the
         base profile's for the same sequences (`model_busy_s`), and the generation's wall time
-        against the base model's (`model_s`, the slowest actor)."""
+        against the base model's (`model_s`, the slowest actor). `cold_s`: the longest cold start
+        of a decode function in the step, taken to delay the slowest actor. A plan prices cold
+        starts apart (`cold_start_s`), and a function started once stays warm, so it is no
+        overhead: counted in, a run's first step taught the warm steps after it to wait a start."""
         if model_busy_s > 0 and measured_busy_s > 0:
             self.decode_scale = ewma(self.decode_scale, measured_busy_s / model_busy_s, ALPHA)
         k = self.decode_scale or 1.0
-        self.overhead_s = ewma(self.overhead_s, max(0.0, measured_s - k * model_s), ALPHA)
+        self.overhead_s = ewma(self.overhead_s, max(0.0, measured_s - cold_s - k * model_s), ALPHA)
         self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:

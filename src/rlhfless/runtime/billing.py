@@ -161,6 +161,9 @@ class Meter:
             "actors/decode": float(len({inv.name for inv in decode})),
             "actors/cold_starts": float(sum(inv.cold for inv in self.invocations)),
             "time/cold_start": sum(inv.ready - inv.started for inv in self.invocations if inv.cold),
+            "time/decode_cold_start": max(
+                (inv.ready - inv.started for inv in decode if inv.cold), default=0.0
+            ),
             "time/idle": sum(inv.alive(self.origin, end) - _busy(inv) for inv in billed),
             "time/billed": sum(inv.units * inv.alive(self.origin, end) for inv in billed),
             "time/keep_alive": sum(inv.units * inv.alive(self.origin, end) for inv in warm),

@@ -248,6 +248,7 @@ class StepPlanner:
             float(busy.sum()) + prefill,
             metrics["time/generation"],
             float(total.max()) + prefill,
+            metrics.get("time/decode_cold_start", 0.0),
         )
         if metrics.get("actors/cold_starts"):
             self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
