@@ -140,7 +140,19 @@ HELD_LOST = "[{kind: decode_exit, step: 3, actor: 1, after: 12}]"
 def verl_run():
     """Three steps learning on every slot verl holds (the tiny preset keeps to the learner's);
     steps 1 and 2 undisturbed, step 3 loses its held decode function."""
-    return run("scheduler.policy=verl", "runtime.learner_width=0", f"runtime.faults={HELD_LOST}", steps=3)
+    return run(
+        "scheduler.policy=verl",
+        "runtime.learner_width=0",
+        f"runtime.faults={HELD_LOST}",
+        steps=3,
+        setup=warmed_up,
+    )
+
+
+def warmed_up(executor) -> None:
+    """`warm_up`, waited out: its functions have started before step 1 asks for them."""
+    executor.warm_up()
+    ray.get([lease.hello for lease in executor.functions.pool.idle])
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +280,23 @@ def test_a_function_whose_next_use_is_far_is_stopped_at_release_and_idles_unbill
 
 
 def test_rlhfless_and_verl_first_step_rollouts_are_token_identical(rlhfless, verl):
-    assert tokens(rlhfless[0]["samples"]) == tokens(verl[0]["samples"])
+    assert tokens(rlhfless[0]["samples"]) == tokens(verl[0]["samples"])  # verl's warmed up
+
+
+def test_functions_warmed_up_before_the_first_step_start_no_cold_there(rlhfless, verl):
+    # verl's run started its colocated decode and prepare functions (the latter runs the reference
+    # model here) before step 1, by `warm_up`; rlhfless's, not warmed up, started both cold in
+    # step 1. Neither is billed: both are on the learner's resources.
+    def colocated(record) -> dict[str, tuple[bool, float]]:
+        functions = record["timeline"]["functions"]
+        return {
+            f["kind"]: (f["cold"], f["cost"])
+            for f in functions
+            if f["colocated_with"] == "learner" and f["kind"] in ("decode", "reference")
+        }
+
+    assert colocated(verl[0]) == {"decode": (False, 0.0), "reference": (False, 0.0)}
+    assert colocated(rlhfless[0]) == {"decode": (True, 0.0), "reference": (True, 0.0)}
 
 
 def test_a_bfloat16_learner_leaves_the_rollouts_in_float32(rlhfless):

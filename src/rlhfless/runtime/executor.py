@@ -54,6 +54,10 @@ class Executor(Protocol):
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         """After learning: the step's billing metrics and its timeline (None when not metered)."""
 
+    def warm_up(self) -> None:
+        """Before the first step: start what every step uses and no plan pays for (the functions
+        on the learner's own resources), so that the first step does not wait for them."""
+
     def warm_functions(self) -> int:
         """Warm decode functions (with resources of their own) the next plan can reuse."""
 
@@ -303,6 +307,9 @@ class InProcessExecutor(LocalLearner):
 
     def finish_step(self, step: int) -> tuple[dict, dict | None]:
         return {}, None
+
+    def warm_up(self) -> None:
+        pass  # nothing to start: every phase runs in this process
 
     def warm_functions(self) -> int:
         return 0

@@ -10,6 +10,8 @@ stopped first: keep-alive gives way to a request.
 
 from __future__ import annotations
 
+import time
+
 import ray
 from ray.exceptions import (
     ActorUnschedulableError,
@@ -128,6 +130,11 @@ class Functions:
         )
         lease.units, lease.resources = (0.0 if colocated else units), resources
         return lease, inv
+
+    def prestart(self, function: str) -> None:
+        """Start a `function` (decode, prepare) on the learner's resources now, before its first
+        step: every step uses one there, and none holds resources of its own to bill."""
+        self.pool.prestart((function, True, self.driver), time.time())
 
     def _make_room(self, node: str, now: float) -> None:
         """Stop an idle warm function on `node` when Ray has no free slot there for a new one."""

@@ -64,14 +64,27 @@ class FunctionPool:
             if lease.shape == shape:
                 self.idle.remove(lease)
                 self.spans.append(IdleSpan(lease, lease.idle_since, now))
-                lease.cold = False
+                # Pre-started and still starting: cold, for what is left of its start.
+                lease.cold = lease.hello is not None and not ray.wait([lease.hello], timeout=0)[0]
+                if not lease.cold:
+                    lease.hello = None
                 self.leased.add(lease)
                 return lease
-        handle = self.create(shape)
-        where = handle.where.remote()  # submitted first: an actor runs one caller's calls in order
-        lease = Lease(handle, shape, next(self._serial), hello=handle.hello.remote(), where=where)
+        lease = self._start(shape)
         self.leased.add(lease)
         return lease
+
+    def prestart(self, shape: Shape, now: float) -> None:
+        """Start a function before its first use, idle in the pool: a run's first step then finds
+        it started (or waits only for the rest of its start)."""
+        lease = self._start(shape)
+        lease.idle_since = now
+        self.idle.append(lease)
+
+    def _start(self, shape: Shape) -> Lease:
+        handle = self.create(shape)
+        where = handle.where.remote()  # submitted first: an actor runs one caller's calls in order
+        return Lease(handle, shape, next(self._serial), hello=handle.hello.remote(), where=where)
 
     def release(self, lease: Lease, now: float, keep: bool = True) -> None:
         """Back to the pool, warm (`keep`), or stopped now."""
