@@ -1,6 +1,8 @@
 """One pricing model: the planner's forecast, the runtime's meter and the simulator's bill agree on
 every invocation, and the billing rules (cold start, keep-alive) mean the same in all three."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -225,3 +227,23 @@ def test_the_learners_wait_for_its_ranks_at_each_n_is_in_the_step_forecast_and_t
     )
     assert seconds.tolist() == [0.0, gap + 5.0, gap + 5.0]
     assert cost.tolist() == pytest.approx(charge(pricing, 2.0, seconds).tolist())
+
+
+def test_an_extra_ranks_start_is_billed_on_its_slot_whether_or_not_the_phase_waits_for_it():
+    # Two slots learning, one of them the learner's: the extra rank starts in 8 s. At N = 1 the
+    # phase waits 1 s for it (it started during generation, 7 s of it billed before the phase);
+    # at N = 2 it waits the whole start (billed on both slots, as any wait).
+    pricing = SchedulerConfig().pricing
+    billing = Billing(
+        pricing, resident_units=1.0, after_units=2.0, learner_wait_s=(1.0, 8.0), rank_start_s=8.0
+    )
+    seconds, cost = billing.after_generation(0.0, np.array([1, 2]))
+    assert seconds.tolist() == [1.0, 8.0]
+    assert cost.tolist() == pytest.approx(
+        [charge(pricing, 2.0, 1.0) + charge(pricing, 1.0, 7.0), charge(pricing, 2.0, 8.0)]
+    )
+    # Ranks that live across steps (verl's) start no more: nothing before the phase.
+    resident = replace(billing, rank_start_s=0.0)
+    assert resident.after_generation(0.0, np.array([1]))[1].tolist() == pytest.approx(
+        [charge(pricing, 2.0, 1.0)]
+    )

@@ -77,14 +77,23 @@ class Billing:
     # The learning phase's wait for its extra ranks at N = 1, 2, ... decode functions (the last
     # for any N past them; `forecast.LearnerWait`): none, the simulator's.
     learner_wait_s: tuple[float, ...] = ()
+    # An extra rank's start, billed on its slot (`after_units` beyond `resident_units`) whether
+    # the phase waits for it or not: what the phase does not wait for, it started during
+    # generation. 0: ranks that live across steps (verl's resident ones), or the simulator's.
+    rank_start_s: float = 0.0
 
     def after_generation(self, tokens: float, n: np.ndarray | None = None) -> tuple[Any, Any]:
         """(seconds, USD) of the rest of the step for `tokens` predicted prompt + response tokens;
-        per candidate `n` where given, the learning phase's wait for its ranks at that N included."""
+        per candidate `n` where given, the learning phase's wait for its ranks at that N included,
+        and the bill of their start before it."""
         seconds = self.after_fixed_s + self.after_per_token_s * tokens
-        if n is not None:
-            seconds = seconds + self.rank_wait(n)
-        return seconds, charge(self.pricing, self.after_units, seconds)
+        if n is None:
+            return seconds, charge(self.pricing, self.after_units, seconds)
+        wait = self.rank_wait(n)
+        early = np.maximum(self.rank_start_s - wait, 0.0)
+        extra = max(self.after_units - self.resident_units, 0.0)
+        cost = charge(self.pricing, self.after_units, seconds + wait) + charge(self.pricing, extra, early)
+        return seconds + wait, cost
 
     def rank_wait(self, n: Any) -> Any:
         """The learning phase's wait for its ranks after `n` decode functions (`learner_wait_s`)."""

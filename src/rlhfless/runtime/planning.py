@@ -196,6 +196,8 @@ class StepPlanner:
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
             learner_wait_s=self.waits.seconds(slots, profile.cold_start_s),
+            # verl's ranks are resident on its held slots: started once, in the run's first phase
+            rank_start_s=0.0 if self.scheduler.policy == "verl" else profile.cold_start_s,
         )
 
     def plan(
