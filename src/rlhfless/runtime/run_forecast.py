@@ -268,10 +268,19 @@ def forecast_run(
 
 
 def start_forecast(
-    cfg: Config, prompts: list[Prompt], tokenizer, planner: StepPlanner, predictor, engine: Engine, start: int
+    cfg: Config,
+    prompts: list[Prompt],
+    tokenizer,
+    planner: StepPlanner,
+    predictor,
+    engine: Engine,
+    start: int,
+    warm_up: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
-    fresh run), then the whole run's forecast from step `start + 1`."""
+    fresh run), then the whole run's forecast from step `start + 1`. `warm_up` starts what the
+    run's functions need, once the learner's rate is timed (alone, as it is cached) and before
+    the pilot and the forecast, which it then overlaps."""
     from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
     done: dict[str, StepPrompt] = {}  # every epoch holds the same prompts: each is tokenized once
@@ -290,6 +299,7 @@ def start_forecast(
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
         planner.phases.per_token_s = learning_seconds_per_token(engine.model, cfg, first)
+    warm_up()
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
         steps = tokenize(prompts)

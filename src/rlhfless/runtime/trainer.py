@@ -159,10 +159,11 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         planner.load_state_dict(state.get("planner", {}))
         kl_ctrl.value = state.get("kl_coef", kl_ctrl.value)
         start = state["step"]
-    executor.warm_up()  # starts meanwhile
     on_event("forecasting", {"steps": cfg.trainer.steps - start})
     try:  # before anything is written: an infeasible budget or deadline stops the run here
-        forecast = start_forecast(cfg, prompts, tokenizer, planner, predictor, executor.engine, start)
+        forecast = start_forecast(
+            cfg, prompts, tokenizer, planner, predictor, executor.engine, start, executor.warm_up
+        )
     except PlanError as err:
         executor.close()
         raise TrainError(f"forecast: {err}") from None
