@@ -329,8 +329,8 @@ class RayExecutor:
     def warm_up(self) -> None:
         """Start the decode function colocated with the learner (every plan's slot 0, which the
         planner takes to be warm) and the prepare function (every step scores there): they hold
-        no resources of their own, so their starts overlap the run's forecast for free, where
-        step 1 waited for each in turn (7-14 s apiece on a 2-core machine)."""
+        no resources of their own, so their starts overlap the run's pilot and forecast for free,
+        where step 1 waited for each in turn (7-14 s apiece on a 2-core machine)."""
         for function in ("decode", "prepare"):
             self.functions.prestart(function)
 
