@@ -11,12 +11,11 @@ import heapq
 
 import numpy as np
 
-from rlhfless.planner.ordering import lex_order
-
 
 def sorted_order(group_max: np.ndarray, group_mean: np.ndarray) -> np.ndarray:
-    """Prompts by predicted group max, then mean, then input position (deterministic)."""
-    return lex_order((group_mean, group_max))  # stable: ties keep input order
+    """Prompts by predicted group max, then mean, then input position (deterministic). A
+    `lexsort`: float keys of many distinct values rank slower than they sort (`ordering`)."""
+    return np.lexsort((group_mean, group_max))  # stable: ties keep input order
 
 
 GOLDEN = (5**0.5 - 1) / 2

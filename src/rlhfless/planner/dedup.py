@@ -140,7 +140,8 @@ class _TokenReader:
             keys = np.zeros((rows.size, width), dtype=np.uint32)
             keys[:, :span] = window
             return keys
-        lists = list(map(self.lists.__getitem__, rows.tolist()))
+        # The first round (depth 0) reads every prompt in input order: the lists as they are.
+        lists = self.lists if depth == 0 else list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
         read = array("I")  # unsigned int: an id past 2**32 - 1 is an OverflowError
         try:

@@ -13,7 +13,10 @@ import numpy as np
 
 
 def lex_order(keys: Sequence[np.ndarray]) -> np.ndarray:
-    """`np.lexsort(keys)`: rows by the last key, ties by the one before, ..., then by position."""
+    """`np.lexsort(keys)`: rows by the last key, ties by the one before, ..., then by position.
+    One key needs no ranks: a stable sort of it is as fast as the ranking alone."""
+    if len(keys) == 1:
+        return np.argsort(keys[0], kind="stable")
     rows = len(keys[0])
     packed = np.arange(rows, dtype=np.uint64)
     used = max(rows - 1, 0).bit_length()

@@ -11,7 +11,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -232,7 +231,9 @@ def plan_step(
     _check_inputs(profile, cluster, config, n_prompts, group_size)
     billing = billing or Billing(config.pricing)
     feats = config.features
-    uids, answers, sources = (list(map(attrgetter(f), prompts)) for f in ("uid", "answer_tokens", "source"))
+    uids = [p.uid for p in prompts]
+    answers = [p.answer_tokens for p in prompts]
+    sources = [p.source for p in prompts]
     gmax, gmean = predictor.predict(uids, answers, sources)
     if max_length is not None:
         gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
@@ -373,7 +374,7 @@ def _prefill_work(
     actor's tokens; and the step's token counts (`tokens_computed` = prefill actor + every decode
     actor's own prefill; `tokens_unique` = the prefix tree's, the least any prefill computes;
     `tree_ratio` = computed / unique, 1.0 at best)."""
-    packed = PackedPrompts.pack(list(map(attrgetter("prompt_tokens"), prompts)))
+    packed = PackedPrompts.pack([p.prompt_tokens for p in prompts])
     lengths = packed.lengths
     total = int(lengths.sum())
     counts: dict[str, Any] = {"rule": rule or "none", "tokens_naive": total * g, "tokens_per_prompt": total}
