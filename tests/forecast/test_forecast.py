@@ -21,6 +21,7 @@ from rlhfless.planner.forecast import (
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.source_lengths import ANSWER_GROUPS
 from rlhfless.runtime.trainer import train
 
 
@@ -38,10 +39,11 @@ def test_an_unseen_prompt_takes_its_sources_lengths_and_its_answer_only_where_an
     p = LengthPredictor(default_length=256)
     # "solution": each group's mean runs 2x its worked answer, its max 2.5x. "arith": answers of
     # 1-3 tokens whose length says nothing of the responses'.
-    solution, arith = [f"s{k}" for k in range(4)], [f"a{k}" for k in range(4)]
-    answers = [20, 40, 60, 80, 1, 3, 2, 1]
-    p.predict(solution + arith, answers, ["solution"] * 4 + ["arith"] * 4)  # tells it sources and answers
-    lengths = [[1.5 * a, 2.5 * a] for a in answers[:4]] + [[60, 40], [30, 50], [70, 90], [20, 40]]
+    solution, arith = [f"s{k}" for k in range(ANSWER_GROUPS)], [f"a{k}" for k in range(4)]
+    worked = [20 * (k + 1) for k in range(ANSWER_GROUPS)]
+    answers = [*worked, 1, 3, 2, 1]
+    p.predict(solution + arith, answers, ["solution"] * len(solution) + ["arith"] * 4)  # sources, answers
+    lengths = [[1.5 * a, 2.5 * a] for a in worked] + [[60, 40], [30, 50], [70, 90], [20, 40]]
     p.update_many(solution + arith, lengths)
     gmax, gmean = p.predict(
         ["s9", "s10", "a9", "p9"], [100, 10, 3, 5], ["solution", "solution", "arith", "poetry"]
@@ -57,15 +59,25 @@ def test_an_unseen_prompt_takes_its_sources_lengths_and_its_answer_only_where_an
     assert restored.predict(["s9"], [100], ["solution"])[0].tolist() == pytest.approx([250.0])
 
 
-def test_one_group_cannot_vouch_for_its_sources_answers():
-    # A ratio fitted to the one group it is judged on fits perfectly, so a source's answers stand
-    # in only once a group has fitted a ratio learned without it.
+def test_a_few_groups_cannot_vouch_for_their_sources_answers():
+    # A ratio fitted to the one group it is judged on fits perfectly, and a few groups fit one by
+    # chance (the default run's chain_sum, on one group not at the cap, had its answers stand in
+    # and predicted 11 tokens for a group that ran to 160), so a source's answers stand in only
+    # once ANSWER_GROUPS groups not at the cap have judged a ratio each learned without them.
     p = LengthPredictor(default_length=256)
     p.predict(["s0"], [40], ["solution"])
     p.update_many(["s0"], [[60, 100]])
     assert p.predict(["s1"], [10], ["solution"])[0].tolist() == [100.0]  # the source's group max
-    p.update_many(["s1"], [[15, 25]])  # judged by the first group's ratio (2.0 on the mean): fits
-    assert p.predict(["s2"], [30], ["solution"])[1].tolist() == pytest.approx([60.0])
+    for k in range(1, ANSWER_GROUPS - 1):  # each judged by the ratio before it (2.0 on the mean): fits
+        assert p.predict([f"u{k}"], [30], ["solution"])[1].tolist() != pytest.approx([60.0])
+        p.predict([f"s{k}"], [10 * k], ["solution"])
+        p.update_many([f"s{k}"], [[15 * k, 25 * k]], cap=160)
+    p.predict(["capped"], [30], ["solution"])
+    p.update_many(["capped"], [[160, 60]], cap=160)  # at the cap: judges nothing
+    assert p.predict(["u"], [30], ["solution"])[1].tolist() != pytest.approx([60.0])
+    p.predict(["s9"], [50], ["solution"])
+    p.update_many(["s9"], [[75, 125]], cap=160)
+    assert p.predict(["u"], [30], ["solution"])[1].tolist() == pytest.approx([60.0])
 
 
 def test_a_steps_groups_weigh_by_their_share_of_all_seen_so_the_pilots_few_do_not_count_as_much_as_a_step():
@@ -93,8 +105,8 @@ def test_a_group_cut_at_the_cap_teaches_no_answer_ratio():
     # Responses run 2x their answers, but the 100-token cap cut the two longest groups: their 100
     # says only "at least 100", and would pull the ratio (and the fit) down.
     p = LengthPredictor(default_length=256)
-    uids, answers = [f"s{k}" for k in range(6)], [10, 20, 30, 40, 80, 90]
-    p.predict(uids, answers, ["solution"] * 6)
+    uids, answers = [f"s{k}" for k in range(7)], [10, 20, 30, 40, 45, 80, 90]
+    p.predict(uids, answers, ["solution"] * 7)
     p.update_many(uids, [[2 * min(a, 50)] * 2 for a in answers], cap=100)
     assert p.predict(["s9"], [25], ["solution"])[1].tolist() == pytest.approx([50.0])
 

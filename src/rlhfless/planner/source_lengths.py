@@ -6,8 +6,8 @@ of that source's recent group maxima that the step's longest of n such prompts r
 stragglers. As its group mean it takes the source's mean length, an EWMA over steps
 (`SOURCE_ALPHA`): responses lengthen or shorten as the policy trains, and a mean over every group
 seen lags that drift. Where the prompts' ground-truth answers have been seen to fit the source's
-responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), the answer
-stands in instead, times the ratio of group length to answer length learned from the source's
+responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), judged on at
+least `ANSWER_GROUPS` of its groups (a few fit by chance), the answer stands in instead, times the ratio of group length to answer length learned from the source's
 groups: it ranks the prompts, where the quantile gives every one the same length. Each EWMA weighs
 a step's groups by `SOURCE_ALPHA`, or by their share of all the source's groups so far where that is
 more: the length pilot's few groups would otherwise count as much as the first step's many. A worked
@@ -29,7 +29,8 @@ from rlhfless.planner.smoothing import ewma
 SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's ratios, their errors and mean length
 SOURCE_RECENT = 1024  # a source's latest group (max, mean) pairs that unseen prompts are estimated from
 ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%,
-ANSWER_GAIN = 0.5  # and with at most half the error of the source's one length for all
+ANSWER_GAIN = 0.5  # and with at most half the error of the source's one length for all,
+ANSWER_GROUPS = 5  # judged on at least this many of its groups (not at the cap)
 
 
 class SourceLengths:
@@ -138,9 +139,17 @@ class SourceLengths:
     def answers_fit(self, source: str) -> bool:
         """Whether `source`'s answers stand in for its unseen prompts' lengths: their learned ratio
         has fitted its groups within `ANSWER_FIT`, with at most `ANSWER_GAIN` of the error of the
-        source's one length for all."""
+        source's one length for all, judged on `ANSWER_GROUPS` groups or more. Fewer fit by chance:
+        the default run's chain_sum, whose answers are one or two tokens, was judged on its one
+        group short of the cap and the length pilot's, then predicted 11 tokens for a group that
+        ran to 160 (its step's decode tokens forecast 31% short; one length for all: 14%)."""
         errors = self._errors.get(source)
-        return errors is not None and bool(errors[0] <= min(ANSWER_FIT, ANSWER_GAIN * errors[1]))
+        judged = self._groups.get(source, np.zeros(2))[1]
+        return (
+            errors is not None
+            and judged >= ANSWER_GROUPS
+            and bool(errors[0] <= min(ANSWER_FIT, ANSWER_GAIN * errors[1]))
+        )
 
     def answer_errors(self) -> dict[str, tuple[float, float]]:
         """Per source: the answer ratio's and the one length's relative errors on its groups (EWMA)."""
