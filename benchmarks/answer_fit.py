@@ -4,7 +4,7 @@ Feeds each step's groups (`rollouts/step_*.jsonl`) with their prompts' answers (
 config, tokenized by the trainer's own helpers) through a fresh length predictor, and prints, after each
 step, per data source the answer ratio's and the source's one length's relative errors on the
 groups so far, and whether answers would stand in for unseen prompts (`planner/source_lengths.py`:
-within 25%, and at most half the one length's error, on at least 5 groups).
+within 25%, and at most half the one length's error, on at least 3 groups).
 
 With `--pilot FILE` (the run's length pilot, `~/.cache/rlhfless/profiles/pilot-*.json`) its groups
 come first, as in the run, and each step also prints the decode tokens the predictor forecast for

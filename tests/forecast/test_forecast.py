@@ -60,10 +60,11 @@ def test_an_unseen_prompt_takes_its_sources_lengths_and_its_answer_only_where_an
 
 
 def test_a_few_groups_cannot_vouch_for_their_sources_answers():
-    # A ratio fitted to the one group it is judged on fits perfectly, and a few groups fit one by
-    # chance (the default run's chain_sum, on one group not at the cap, had its answers stand in
-    # and predicted 11 tokens for a group that ran to 160), so a source's answers stand in only
-    # once ANSWER_GROUPS groups not at the cap have judged a ratio each learned without them.
+    # A ratio fitted to the one group it is judged on fits perfectly, and two groups, one judging
+    # the other, fit by chance (the default run's chain_sum, on its pilot's group and one not at
+    # the cap, had its answers stand in and predicted 11 tokens for a group that ran to 160), so a
+    # source's answers stand in only once ANSWER_GROUPS groups not at the cap have each judged a
+    # ratio learned without them.
     p = LengthPredictor(default_length=256)
     p.predict(["s0"], [40], ["solution"])
     p.update_many(["s0"], [[60, 100]])

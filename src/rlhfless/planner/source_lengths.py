@@ -7,7 +7,7 @@ stragglers. As its group mean it takes the source's mean length, an EWMA over st
 (`SOURCE_ALPHA`): responses lengthen or shorten as the policy trains, and a mean over every group
 seen lags that drift. Where the prompts' ground-truth answers have been seen to fit the source's
 responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), judged on at
-least `ANSWER_GROUPS` of its groups (a few fit by chance), the answer stands in instead, times the ratio of group length to answer length learned from the source's
+least `ANSWER_GROUPS` of its groups (two fit by chance), the answer stands in instead, times the ratio of group length to answer length learned from the source's
 groups: it ranks the prompts, where the quantile gives every one the same length. Each EWMA weighs
 a step's groups by `SOURCE_ALPHA`, or by their share of all the source's groups so far where that is
 more: the length pilot's few groups would otherwise count as much as the first step's many. A worked
@@ -30,7 +30,7 @@ SOURCE_ALPHA = 0.5  # weight of a step's observations in a source's ratios, thei
 SOURCE_RECENT = 1024  # a source's latest group (max, mean) pairs that unseen prompts are estimated from
 ANSWER_FIT = 0.25  # the answer stand-in is used for a source whose groups it predicts within 25%,
 ANSWER_GAIN = 0.5  # and with at most half the error of the source's one length for all,
-ANSWER_GROUPS = 5  # judged on at least this many of its groups (not at the cap)
+ANSWER_GROUPS = 3  # judged on at least this many of its groups (not at the cap): two comparisons
 
 
 class SourceLengths:
