@@ -4,8 +4,8 @@ The pilot lets the first plan start from measured lengths. One prompt's group te
 typical length. Whether the source's ground-truth answers rank its prompts
 (`source_lengths.SourceLengths.answers_fit`) needs groups judged by the others, `ANSWER_GROUPS` of
 them: with fewer, the first step gives every prompt of a source the same length, and sorted
-assignment has nothing to sort. Where an actor's decode step is bound by reading its weights (a GPU at small
-batch), more prompts cost the pilot little per step, so it samples as many as decode at most
+assignment has nothing to sort. Where an actor's decode step is bound by reading its weights (a GPU
+at small batch), more prompts cost the pilot little per step, so it samples as many as decode at most
 `SLOWER` times the step of the prompts asked for, up to `MOST` a source. On a CPU slot the step
 grows with the batch at once, and the pilot keeps to what `scheduler.length_pilot` asks.
 """

@@ -7,8 +7,9 @@ stragglers. As its group mean it takes the source's mean length, an EWMA over st
 (`SOURCE_ALPHA`): responses lengthen or shorten as the policy trains, and a mean over every group
 seen lags that drift. Where the prompts' ground-truth answers have been seen to fit the source's
 responses within `ANSWER_FIT`, and better than that one length for all (`ANSWER_GAIN`), judged on at
-least `ANSWER_GROUPS` of its groups (two fit by chance), the answer stands in instead, times the ratio of group length to answer length learned from the source's
-groups: it ranks the prompts, where the quantile gives every one the same length. Each EWMA weighs
+least `ANSWER_GROUPS` of its groups (two can fit by chance), the answer stands in instead, times the
+ratio of group length to answer length learned from the source's groups: it ranks the prompts,
+where the quantile gives every one the same length. Each EWMA weighs
 a step's groups by `SOURCE_ALPHA`, or by their share of all the source's groups so far where that is
 more: the length pilot's few groups would otherwise count as much as the first step's many. A worked
 solution (GSM8K's answer field) grows with the reasoning a response needs; reasoning-gym's answers
