@@ -55,7 +55,8 @@ def main() -> None:
             uids, answer_lengths(step, tokenizer), [p.prompt.data_source for p in step]
         )
         took = sum(map(sum, groups.values()))
-        forecast = float(mean.sum()) * cfg.algorithm.group_size
+        cap = cfg.generation.max_new_tokens  # as the runtime caps its predictions
+        forecast = sum(min(m, cap) for m in mean.tolist()) * cfg.algorithm.group_size
         print(f"{path.stem}  decode tokens forecast {forecast:.0f}, took {took} ({forecast / took - 1:+.1%})")
         predictor.update_many(uids, [groups[u] for u in uids], cfg.generation.max_new_tokens)
         for source, (answer, flat) in sorted(predictor.sources.answer_errors().items()):
