@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.plan import StepPlan, even_split_seconds, verl_workload
+from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.smoothing import ewma
 from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.verl_time import even_split_seconds, verl_workload
 
 ALPHA = 0.5  # weight of the newest step in every learned figure
 

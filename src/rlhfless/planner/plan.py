@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.assignment import even_ranges, lpt_assign
+from rlhfless.planner.assignment import lpt_assign
 from rlhfless.planner.balance import between, coarse, contiguous_ranges, refine, widen
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
@@ -34,6 +34,7 @@ from rlhfless.planner.scaling import (
     target_message,
 )
 from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.verl_time import even_split_seconds, verl_workload
 
 
 @dataclass
@@ -342,28 +343,6 @@ def plan_step(
         verl_actors=int(ns.max()) if caps else 0,
         predicted_mean=gmean if caps else None,
     )
-
-
-def verl_workload(w: Workload) -> Workload:
-    """`w` as verl runs it: each sample prefills its whole prompt, and no prefix KV arrives."""
-    return Workload(
-        w.group_max,
-        w.group_mean,
-        w.prompt_tokens,
-        w.prompt_tokens * w.group_size,
-        np.zeros_like(w.prompt_tokens),
-        w.group_size,
-    )
-
-
-def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) -> float:
-    """Predicted generation of what verl runs on the same step: equal prompt counts in input order
-    over `n` actors (its slowest actor's prefill and decode; the executor's overhead is added by
-    the caller, as on every candidate)."""
-    model = RangeModel(verl, np.arange(verl.size), profile, segments)
-    starts, ends, _ = even_ranges(verl.size, np.array([n]))
-    parts = model.times(starts, ends)
-    return float((parts["prefill"] + parts["decode"]).max())
 
 
 def _prefill_work(

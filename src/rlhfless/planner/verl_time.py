@@ -1,0 +1,33 @@
+"""What verl would take on the same step, timed by the planner's own model: equal prompt counts in
+input order, no prefix sharing. The planner caps actor scaling at it (`scheduler.max_slowdown`),
+and the forecast learns how much further short than verl's its plans fall (`forecast.Shortfall`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlhfless.planner.assignment import even_ranges
+from rlhfless.planner.profile import Profile
+from rlhfless.planner.timemodel import RangeModel, Workload
+
+
+def verl_workload(w: Workload) -> Workload:
+    """`w` as verl runs it: each sample prefills its whole prompt, and no prefix KV arrives."""
+    return Workload(
+        w.group_max,
+        w.group_mean,
+        w.prompt_tokens,
+        w.prompt_tokens * w.group_size,
+        np.zeros_like(w.prompt_tokens),
+        w.group_size,
+    )
+
+
+def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) -> float:
+    """Predicted generation of what verl runs on the same step: equal prompt counts in input order
+    over `n` actors (its slowest actor's prefill and decode; the executor's overhead is added by
+    the caller, as on every candidate)."""
+    model = RangeModel(verl, np.arange(verl.size), profile, segments)
+    starts, ends, _ = even_ranges(verl.size, np.array([n]))
+    parts = model.times(starts, ends)
+    return float((parts["prefill"] + parts["decode"]).max())
