@@ -6,7 +6,7 @@ model: cold starts and warm functions' keep-alive idle billed), step time, prefi
 migrations, cold starts, how many samples came out token-identical, and how close each step's
 forecast and the whole run's forecast (made before step 1) came to what was measured.
 
-    .venv/bin/python benchmarks/bench_runtime.py --steps 5
+    .venv/bin/python benchmarks/bench_runtime.py --steps 5 [--order rlhfless verl] [KEY=VALUE ...] [--rlhfless KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -69,6 +69,14 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, help="keep both run directories here (default: a temp dir, removed at exit)"
     )
+    parser.add_argument(
+        "--rlhfless",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for the rlhfless run alone, after those for both (e.g. runtime.learner_width=1); "
+        "one that changes an update (a learner width) may change later steps' samples",
+    )
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides for both runs")
     args = parser.parse_args()
     if sorted(args.order) != ["rlhfless", "verl"]:
@@ -76,7 +84,8 @@ def main() -> None:
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
     scratch = None if args.out else tempfile.TemporaryDirectory(prefix="bench_runtime.")  # gone at exit
     out = args.out or Path(scratch.name)
-    runs = {p: run_policy(p, args.steps, args.preset, tuple(args.overrides), out) for p in args.order}
+    extra = {"verl": tuple(args.overrides), "rlhfless": (*args.overrides, *args.rlhfless)}
+    runs = {p: run_policy(p, args.steps, args.preset, extra[p], out) for p in args.order}
     ray.shutdown()
 
     def mean(policy: str, key: str, skip: int = args.skip_first) -> float:
