@@ -8,6 +8,7 @@ import pytest
 
 from rlhfless.cli import main
 from rlhfless.config import load_config
+from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.forecast import (
     NOISE,
     SPREAD,
@@ -22,6 +23,7 @@ from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.source_lengths import ANSWER_GROUPS
+from rlhfless.runtime.planning import memory_path
 from rlhfless.runtime.trainer import train
 
 
@@ -429,6 +431,23 @@ def test_a_runs_first_learning_phase_teaches_the_rate_only_where_no_earlier_run_
     later = train_tiny(tmp_path, "later")
     assert later[0]["calibration/after_s_per_token"] == pytest.approx(remembered)
     assert later[1]["calibration/after_s_per_token"] != pytest.approx(remembered)
+
+
+def test_earlier_runs_time_model_is_kept_per_learning_width(tmp_path):
+    """The phases after generation are learned in seconds a token at the width they ran on: a run
+    learning on one slot is not forecast with the rate two ranks taught (nor the other way)."""
+
+    def where(*extra: str):
+        cfg = load_config(
+            preset="tiny",
+            overrides=("runtime.executor=ray", "runtime.num_cpus=2", f"model.cache_dir={tmp_path}", *extra),
+        )
+        return memory_path(cfg, load_model(cfg.model, len(load_tokenizer(cfg.model)), cfg.seed))
+
+    planners = where("runtime.learner_width=0")  # both slots free: the planner's width is 2
+    assert planners == where("runtime.learner_width=2")
+    assert where("runtime.learner_width=1") != planners
+    assert where("runtime.calibration_memory=false") is None
 
 
 def test_a_learning_phase_waits_a_ranks_start_where_the_decode_functions_hold_the_slots_it_needs():

@@ -123,11 +123,6 @@ def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelSha
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
     """The run's StepPlanner: this machine's profile and slots, the learner's slot resident."""
     shape = ModelShape.from_hf_config(policy.config.to_dict())
-    memory = None
-    if cfg.runtime.calibration_memory:
-        key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.runtime.executor}-{cfg.runtime.profile or 'measured'}"
-        name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-        memory = Path(cfg.model.cache_dir).expanduser() / "profiles" / name
     return StepPlanner(
         cfg.scheduler,
         machine_profile(cfg, policy),
@@ -135,9 +130,24 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
         cfg.algorithm.group_size,
         max_length=cfg.generation.max_new_tokens,
         resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
-        memory=memory,
+        memory=memory_path(cfg, policy),
         learning_units=float(cfg.scheduler.gpus_per_actor * _learning_width(cfg)),
     )
+
+
+def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
+    """Where earlier runs' time model is kept (None: `runtime.calibration_memory=false`): a file per
+    model, thread count, executor, profile and learning width. The phases after generation are
+    learned as seconds a token at the width they ran on, which does not carry to another: a run
+    at `runtime.learner_width=1` forecast with two ranks' rate came out 14-22% short (session 23)."""
+    if not cfg.runtime.calibration_memory:
+        return None
+    key = (
+        f"{cache_key(policy, torch.get_num_threads())}-{cfg.runtime.executor}-"
+        f"{cfg.runtime.profile or 'measured'}-width{_learning_width(cfg)}"
+    )
+    name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return Path(cfg.model.cache_dir).expanduser() / "profiles" / name
 
 
 def _learning_width(cfg: Config) -> int:
