@@ -139,7 +139,7 @@ def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
     """Where earlier runs' time model is kept (None: `runtime.calibration_memory=false`): a file per
     model, thread count, executor, profile and learning width. The phases after generation are
     learned as seconds a token at the width they ran on, which does not carry to another: a run
-    at `runtime.learner_width=1` forecast with two ranks' rate came out 14-22% short (session 23)."""
+    at `runtime.learner_width=1` forecast with two ranks' rate came out 14-22% short."""
     if not cfg.runtime.calibration_memory:
         return None
     key = (
