@@ -26,6 +26,12 @@ from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
 
+def predict(predictor: LengthPredictor, uids: list[str], step: list, tokenizer):
+    """The predictor's (group max, mean) for `uids`, told their prompts' answers and sources as the
+    run's plans tell it."""
+    return predictor.predict(uids, answer_lengths(step, tokenizer), [p.prompt.data_source for p in step])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a finished run's directory")
@@ -40,9 +46,7 @@ def main() -> None:
         step = tokenize_prompts(
             [prompts[u.split(":", 1)[1]] for u in lengths], tokenizer, cfg.generation.max_prompt_tokens
         )
-        predictor.predict(
-            list(lengths), answer_lengths(step, tokenizer), [p.prompt.data_source for p in step]
-        )
+        predict(predictor, list(lengths), step, tokenizer)
         predictor.update_many(list(lengths), list(lengths.values()))
     for path in sorted((args.run / "rollouts").glob("step_*.jsonl")):
         groups: dict[str, list[int]] = {}
@@ -51,9 +55,7 @@ def main() -> None:
             groups.setdefault(row["uid"], []).append(int(row["response_tokens"]))
         step = tokenize_prompts([prompts[u] for u in groups], tokenizer, cfg.generation.max_prompt_tokens)
         uids = [p.uid for p in step]
-        _, mean = predictor.predict(
-            uids, answer_lengths(step, tokenizer), [p.prompt.data_source for p in step]
-        )
+        _, mean = predict(predictor, uids, step, tokenizer)
         took = sum(map(sum, groups.values()))
         cap = cfg.generation.max_new_tokens  # as the runtime caps its predictions
         forecast = sum(min(m, cap) for m in mean.tolist()) * cfg.algorithm.group_size
