@@ -2,6 +2,7 @@
 records beside what it measured."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -162,6 +163,20 @@ def test_a_cold_start_is_no_overhead_for_the_warm_steps_after_it():
     assert cal.overhead_s == pytest.approx(1.0)  # the start is priced apart (cold_start_s)
     cal.observe(measured_busy_s=10.0, model_busy_s=10.0, measured_s=25.0, model_s=10.0)
     assert cal.overhead_s == pytest.approx(8.0)  # a warm step that waits as long: overhead
+
+
+def test_the_first_step_waits_the_rest_of_the_learners_decode_function_start_as_measured_from_its_prestart():
+    cal, base = Calibration(), replace(flat_profile(), cold_start_s=3.0)
+    assert cal.host_wait(base, None) == 0.0  # started: nothing to wait for
+    assert cal.host_wait(base, 1.0) == 2.0  # nothing measured: a cold start's, less what has run
+    cal.observe_cold_start(4.0)
+    assert cal.host_wait(base, 0.0) == 4.0  # none started yet: a whole (measured) start
+    # Started beside the pilot and the forecast, it took 9 s from its pre-start: that is the start.
+    cal.observe_host_start(9.0)
+    assert cal.host_wait(base, 6.0) == 3.0 and cal.host_wait(base, 12.0) == 0.0
+    again = Calibration()
+    again.load_state_dict(json.loads(json.dumps(cal.state_dict())))
+    assert again == cal
 
 
 def test_replay_times_the_plans_actors_at_their_observed_lengths():

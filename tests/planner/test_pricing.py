@@ -247,3 +247,25 @@ def test_an_extra_ranks_start_is_billed_on_its_slot_whether_or_not_the_phase_wai
     assert resident.after_generation(0.0, np.array([1]))[1].tolist() == pytest.approx(
         [charge(pricing, 2.0, 1.0)]
     )
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_step_waits_what_is_left_of_the_learners_decode_function_start_on_the_learners_slot(n):
+    # The decode function on the learner's resources (slot 0) was started before the run's first
+    # step; that step waits the rest of its start, billed as the learner's slot held longer.
+    profile, pricing = make_profile(step_ms=10.0, per_seq_ms=1.0), Pricing(3600.0)
+    profile.cold_start_s = 0.3
+    config = SchedulerConfig(n_min=n, n_max=n)
+    started = Billing(pricing, resident_units=1.0, warm_actors=n)
+    plans = [
+        plan_step(_prompts(24), _predictor(24), profile, make_cluster(), config, 2, billing)
+        for billing in (started, replace(started, host_start_s=5.0))
+    ]
+    hosts = [next(a for a in p.actors if a.node == 0 and a.gpu_ids[:1] == [0]) for p in plans]
+    assert [h.cold_start for h in hosts] == [0.0, 5.0]
+    assert [a.cold_start for a in plans[1].actors if a is not hosts[1]] == [0.0] * (n - 1)  # warm
+    assert hosts[1].predicted_time == pytest.approx(hosts[0].predicted_time + 5.0)
+    assert plans[1].predicted_time == pytest.approx(max(a.predicted_time for a in plans[1].actors))
+    assert plans[1].predicted_cost >= plans[0].predicted_cost
+    if n == 1:  # the learner's slot, 5 s longer: $1 a second at this price
+        assert plans[1].predicted_cost - plans[0].predicted_cost == pytest.approx(5.0)

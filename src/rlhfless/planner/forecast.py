@@ -34,6 +34,7 @@ class Calibration:
     decode_scale: float | None = None
     overhead_s: float | None = None
     cold_start_s: float | None = None
+    host_start_s: float | None = None  # the learner's decode function's start from its pre-start
     steps: int = 0
 
     def profile(self, base: Profile) -> Profile:
@@ -47,6 +48,19 @@ class Calibration:
 
     def observe_cold_start(self, seconds: float) -> None:
         self.cold_start_s = ewma(self.cold_start_s, seconds, ALPHA)
+
+    def observe_host_start(self, seconds: float) -> None:
+        self.host_start_s = ewma(self.host_start_s, seconds, ALPHA)
+
+    def host_wait(self, base: Profile, starting_s: float | None) -> float:
+        """What a step waits for the decode function on the learner's resources that has been
+        starting for `starting_s` (None: started): the rest of its start as measured from a
+        pre-start (started beside the run's pilot and forecast, it is slower than a lone
+        function's cold start), the cold start until one was."""
+        if starting_s is None:
+            return 0.0
+        whole = next(s for s in (self.host_start_s, self.cold_start_s, base.cold_start_s) if s is not None)
+        return max(0.0, whole - starting_s)
 
     def observe(
         self,
@@ -73,7 +87,7 @@ class Calibration:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.decode_scale, self.overhead_s = state.get("decode_scale"), state.get("overhead_s")
-        self.cold_start_s = state.get("cold_start_s")
+        self.cold_start_s, self.host_start_s = state.get("cold_start_s"), state.get("host_start_s")
         self.steps = int(state.get("steps", 0))
 
 

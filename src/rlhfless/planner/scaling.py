@@ -52,7 +52,9 @@ class Billing:
     (the runtime) or are pre-started while the previous step learns (`cold_start_hidden`, the
     simulator). A function pre-started before a run's first step loads the policy that step samples
     with from storage, since no update precedes it (`weights_loaded`): no weights stream to it
-    after learning. The rest of the step (preparation and learning) takes `after_fixed_s` plus
+    after learning. The runtime's function on the learner's resources (slot 0) is started before
+    the run's first step and kept warm after it; the step waits only what is left of that start
+    (`host_start_s`). The rest of the step (preparation and learning) takes `after_fixed_s` plus
     `after_per_token_s` per predicted token on `after_units`, whatever N is, and the learning
     phase's wait for its ranks, which depends on N (`learner_wait_s`): a budget or deadline is for
     the whole step, and a released function's next use is that far away unless
@@ -62,6 +64,7 @@ class Billing:
     pricing: Pricing
     resident_units: float = 0.0
     warm_actors: int = 0
+    host_start_s: float = 0.0
     cold_start_hidden: bool = False
     weights_loaded: bool = False
     overhead_s: float = 0.0  # the executor's own seconds on every actor's time (learned: `Calibration`)
@@ -136,8 +139,10 @@ def estimate_actors(
     slot = rank_within(n_of, busy)
     delay = start_delays(slot, parts["kv_tokens"], prefill_s, cluster, profile.gpus, billing.weights_loaded)
     on_learner = (slot == 0) & (billing.resident_units > 0)
-    # Slot 0 is the learner's GPUs: never a cold start; the next `warm_actors` reuse warm functions.
-    cold = np.where((slot == 0) | (slot <= billing.warm_actors), 0.0, profile.cold_start_s)
+    # Slot 0 is the learner's GPUs, its function started ahead (what is left of that start, if
+    # any); the next `warm_actors` reuse warm functions.
+    cold = np.where(slot <= billing.warm_actors, 0.0, profile.cold_start_s)
+    cold = np.where(slot == 0, billing.host_start_s, cold)
     time = delay + busy + billing.overhead_s + (0.0 if billing.cold_start_hidden else cold)
     units = np.where(on_learner, 0.0, float(profile.gpus))
     held = time + (cold if billing.cold_start_hidden else 0.0)

@@ -61,6 +61,10 @@ class Executor(Protocol):
     def warm_functions(self) -> int:
         """Warm decode functions (with resources of their own) the next plan can reuse."""
 
+    def host_starting_s(self) -> float | None:
+        """How long the decode function on the learner's resources has been starting (0: not
+        started at all); None when it is started, or runs in this process."""
+
     def cluster(self) -> ClusterSpec | None:
         """The cluster the next plan is made for, as it is now (None: the planner's own)."""
 
@@ -313,6 +317,9 @@ class InProcessExecutor(LocalLearner):
 
     def warm_functions(self) -> int:
         return 0
+
+    def host_starting_s(self) -> float | None:
+        return None
 
     def cluster(self) -> ClusterSpec | None:
         return None

@@ -151,6 +151,7 @@ class Functions:
             # A pre-started worker process is older than the request: billing starts at the request.
             inv.started, inv.ready = max(inv.requested, hello.started), hello.ready
             inv.node = hello.node
+            self.pool.started(lease, hello.ready)
         except LOST:
             inv.started = inv.started or inv.requested
         lease.hello = None
@@ -176,6 +177,10 @@ class Functions:
     def warm(self) -> int:
         """Warm decode functions in the pool with resources of their own."""
         return sum(1 for lease in self.pool.idle if lease.shape[0] == "decode" and lease.units > 0)
+
+    def host_starting_s(self) -> float | None:
+        """`FunctionPool.starting_s` of the decode function on the learner's resources."""
+        return self.pool.starting_s(("decode", True, self.driver), time.time())
 
     def close(self) -> None:
         self.pool.close()

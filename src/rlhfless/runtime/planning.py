@@ -190,14 +190,19 @@ class StepPlanner:
             except (ValueError, OSError, TypeError, AttributeError):
                 pass  # a damaged memory only costs what it would have taught
 
-    def billing(self, warm: int, cluster: ClusterSpec, profile: Profile) -> Billing:
+    def billing(
+        self, warm: int, cluster: ClusterSpec, profile: Profile, host_starting_s: float | None = None
+    ) -> Billing:
         """The runtime: functions start on demand, the learner holds its units all step and its
-        phase waits for its ranks as it has lately at each N (a function's start where unseen)."""
+        phase waits for its ranks as it has lately at each N (a function's start where unseen);
+        the decode function on its resources has been starting for `host_starting_s` (None:
+        started)."""
         slots = cluster.max_actors(profile.gpus)
         return Billing(
             self.scheduler.pricing,
             resident_units=self.resident_units,
             warm_actors=warm,
+            host_start_s=self.calibration.host_wait(self.profile, host_starting_s),
             overhead_s=self.calibration.overhead_s or 0.0,
             after_units=self.learning_units,
             after_per_token_s=self.phases.per_token_s or 0.0,
@@ -217,8 +222,10 @@ class StepPlanner:
         predictor: LengthPredictor,
         warm: int = 0,
         cluster: ClusterSpec | None = None,
+        host_starting_s: float | None = None,
     ) -> StepPlan:
-        """The step's plan for `cluster` (what the executor has now) or the run's fixed one."""
+        """The step's plan for `cluster` (what the executor has now) or the run's fixed one;
+        `warm` and `host_starting_s` as the executor's `warm_functions` and `host_starting_s`."""
         specs = [
             PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
             for p, a in zip(prompts, answer_tokens, strict=True)
@@ -231,7 +238,7 @@ class StepPlanner:
             cluster,
             self.scheduler,
             self.group_size,
-            self.billing(warm, cluster, profile),
+            self.billing(warm, cluster, profile, host_starting_s),
             self.max_length,
         )
 
@@ -262,6 +269,8 @@ class StepPlanner:
             float(total.max()) + prefill,
             metrics.get("time/decode_cold_start", 0.0),
         )
+        if "time/host_start" in metrics:
+            self.calibration.observe_host_start(metrics["time/host_start"])
         if metrics.get("actors/cold_starts"):
             self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
         tokens = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))

@@ -33,6 +33,7 @@ class Lease:
     where: Any = None  # ObjectRef of its node id: ready once Ray has placed it (its cold start runs on)
     units: float = 0.0  # billed accelerator units it holds (0: on the learner's resources)
     resources: dict[str, float] | None = None
+    prestarted: float | None = None  # when it was started ahead of its first use (`prestart`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class FunctionPool:
         self.idle: list[Lease] = []
         self.leased: set[Lease] = set()
         self.spans: list[IdleSpan] = []  # ended idle spans not yet taken by the meter
+        # A pre-started function's whole start (pre-start to ready) by kind, once known; taken
+        # by the step's metrics.
+        self.prestart_s: dict[str, float] = {}
         self._serial = itertools.count()
 
     def acquire(self, shape: Shape, now: float) -> Lease:
@@ -67,6 +71,8 @@ class FunctionPool:
                 # Pre-started and still starting: cold, for what is left of its start.
                 lease.cold = lease.hello is not None and not ray.wait([lease.hello], timeout=0)[0]
                 if not lease.cold:
+                    if lease.hello is not None:
+                        self.started(lease, ray.get(lease.hello).ready)
                     lease.hello = None
                 self.leased.add(lease)
                 return lease
@@ -78,8 +84,25 @@ class FunctionPool:
         """Start a function before its first use, idle in the pool: a run's first step then finds
         it started (or waits only for the rest of its start)."""
         lease = self._start(shape)
-        lease.idle_since = now
+        lease.idle_since = lease.prestarted = now
         self.idle.append(lease)
+
+    def starting_s(self, shape: Shape, now: float) -> float | None:
+        """How long the function of `shape` a step would take has been starting: since its
+        pre-start while that still runs, 0 where there is none (a whole start ahead), None where
+        one is started."""
+        idle = [lease for lease in self.idle if lease.shape == shape]
+        if not idle:
+            return None if any(lease.shape == shape for lease in self.leased) else 0.0
+        if any(lease.hello is None or ray.wait([lease.hello], timeout=0)[0] for lease in idle):
+            return None
+        return now - min(lease.idle_since for lease in idle)
+
+    def started(self, lease: Lease, ready: float) -> None:
+        """A started lease's ready time: a pre-started one's whole start is kept by kind."""
+        if lease.prestarted is not None:
+            self.prestart_s[lease.shape[0]] = ready - lease.prestarted
+            lease.prestarted = None
 
     def _start(self, shape: Shape) -> Lease:
         handle = self.create(shape)

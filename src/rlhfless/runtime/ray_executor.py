@@ -317,6 +317,8 @@ class RayExecutor:
             )
         metrics, records = self.meter.close_step(end)
         metrics |= object_store()
+        if "decode" in pool.prestart_s:  # the host decode function's whole start, once
+            metrics["time/host_start"] = pool.prestart_s.pop("decode")
         transfers = self.meter.transfer_records()
         return metrics, {
             "step": step,
@@ -338,6 +340,9 @@ class RayExecutor:
         """Warm decode functions in the pool with resources of their own: the next plan's N of
         them start without a cold start."""
         return self.functions.warm()
+
+    def host_starting_s(self) -> float | None:
+        return self.functions.host_starting_s()
 
     # ----- state ---------------------------------------------------------------------------
 

@@ -192,9 +192,12 @@ def forecast_run(
     planner: StepPlanner,
     predictor: LengthPredictor,
     first_step: int = 1,
+    host_starting_s: float | None = None,
 ) -> dict[str, Any]:
     """Plan steps first_step..cfg.trainer.steps on first-epoch estimates: the run's forecast total
-    time and cost, its range, and each step's point forecast.
+    time and cost, its range, and each step's point forecast. `host_starting_s`: how long the
+    decode function on the learner's resources has been starting now (None: started), which the
+    first step waits out.
 
     A budget or deadline is refused here (PlanError) only where even the range's optimistic end
     cannot meet it: these first-epoch figures know nothing the run will measure, so a step they
@@ -216,7 +219,8 @@ def forecast_run(
     def totals(model, optimistic: bool = False) -> tuple[float, float, list[dict[str, float]]]:
         rows = []
         for step, (batch, answer) in enumerate(batches, start=first_step):
-            plan = nearest.plan(batch, answer, model)
+            starting = host_starting_s if step == first_step else None
+            plan = nearest.plan(batch, answer, model, host_starting_s=starting)
             if plan.target.get("missed") and optimistic:
                 raise PlanError(
                     f"{plan.missed_target()} even at the forecast's optimistic end ({low}), step {step}"
@@ -276,11 +280,13 @@ def start_forecast(
     engine: Engine,
     start: int,
     warm_up: Callable[[], None] = lambda: None,
+    host_starting: Callable[[], float | None] = lambda: None,
 ) -> dict[str, Any]:
     """Prime the forecast's inputs (the learning phase's measured rate; the length pilot on a
     fresh run), then the whole run's forecast from step `start + 1`. `warm_up` starts what the
     run's functions need, once the learner's rate is timed (alone, as it is cached) and before
-    the pilot and the forecast, which it then overlaps."""
+    the pilot and the forecast, which it then overlaps; `host_starting` says how long the decode
+    function it started on the learner's resources has been starting."""
     from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
     done: dict[str, StepPrompt] = {}  # every epoch holds the same prompts: each is tokenized once
@@ -310,7 +316,7 @@ def start_forecast(
         pilot = length_pilot(engine, steps, cfg, per_source, predictor, answers)
         # It runs on the learner, whose slot a serverless platform bills meanwhile.
         pilot["pilot/cost"] = charge(cfg.scheduler.pricing, planner.resident_units, pilot["pilot/seconds"])
-    forecast = forecast_run(cfg, prompts, tokenize, answers, planner, predictor, start + 1)
+    forecast = forecast_run(cfg, prompts, tokenize, answers, planner, predictor, start + 1, host_starting())
     return {**forecast, **pilot, "learning_seconds_per_token": planner.phases.per_token_s}
 
 
@@ -333,4 +339,19 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     engine = build_engine(cfg, policy, tokenizer)
     planner = build_planner(cfg, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    return start_forecast(cfg, prompts, tokenizer, planner, predictor, engine, 0)
+    if cfg.runtime.executor != "ray":
+        return start_forecast(cfg, prompts, tokenizer, planner, predictor, engine, 0)
+    # Under Ray, training starts the learner's decode function where `warm_up` is called: step 1
+    # waits for what is left of its start after the pilot and the forecast.
+    begun: list[float] = []
+    return start_forecast(
+        cfg,
+        prompts,
+        tokenizer,
+        planner,
+        predictor,
+        engine,
+        0,
+        lambda: begun.append(time.time()),
+        lambda: time.time() - begun[0],
+    )

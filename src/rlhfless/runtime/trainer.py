@@ -162,7 +162,15 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     on_event("forecasting", {"steps": cfg.trainer.steps - start})
     try:  # before anything is written: an infeasible budget or deadline stops the run here
         forecast = start_forecast(
-            cfg, prompts, tokenizer, planner, predictor, executor.engine, start, executor.warm_up
+            cfg,
+            prompts,
+            tokenizer,
+            planner,
+            predictor,
+            executor.engine,
+            start,
+            executor.warm_up,
+            executor.host_starting_s,
         )
     except PlanError as err:
         executor.close()
@@ -220,7 +228,14 @@ def run_step(
 
     on_event("phase", {"step": step, "phase": "plan"})
     try:
-        plan = planner.plan(prompts, answers, predictor, executor.warm_functions(), executor.cluster())
+        plan = planner.plan(
+            prompts,
+            answers,
+            predictor,
+            executor.warm_functions(),
+            executor.cluster(),
+            executor.host_starting_s(),
+        )
     except PlanError as err:
         raise TrainError(f"step {step}: {err}") from None
     if missed := plan.missed_target():  # `scheduler.target_miss=nearest`: the step takes it
