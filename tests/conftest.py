@@ -9,6 +9,7 @@ may be alive; Ray's own shutdown is asynchronous, so they get a grace period to 
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -75,3 +76,10 @@ def no_ray_process_left_behind():
     while (left := _left_behind()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, "Ray processes started by this test session outlived it:\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_cache(tmp_path_factory):
+    """Converted weights, profiles and the time model earlier runs leave go to this session's own
+    cache (`RLHFLESS_CACHE`): a test's plan must not depend on what earlier test sessions ran."""
+    os.environ["RLHFLESS_CACHE"] = str(tmp_path_factory.mktemp("cache"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -36,6 +37,11 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 class ConfigError(ValueError):
     """A config problem, said in one line."""
+
+
+def default_cache_dir() -> str:
+    """`$RLHFLESS_CACHE` where set (a scratch disk; a test session's own), else ~/.cache/rlhfless."""
+    return os.environ.get("RLHFLESS_CACHE") or "~/.cache/rlhfless"
 
 
 @dataclass
@@ -71,8 +77,11 @@ class ModelConfig:
         },
     )
     cache_dir: str = field(
-        default="~/.cache/rlhfless",
-        metadata={"help": "where converted GGUF weights are cached as safetensors"},
+        default_factory=default_cache_dir,
+        metadata={
+            "help": "where converted GGUF weights, measured profiles and what earlier runs learned "
+            "are cached (default: $RLHFLESS_CACHE where set, else ~/.cache/rlhfless)"
+        },
     )
     tiny_hidden_size: int = field(default=64, metadata={"help": "hidden size of the 'tiny' model"})
     tiny_layers: int = field(default=2, metadata={"help": "decoder layers of the 'tiny' model"})

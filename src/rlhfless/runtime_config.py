@@ -110,8 +110,8 @@ class RuntimeConfig:
         default=True,
         metadata={
             "help": "start the forecast's time model from what earlier runs of this model on this "
-            "machine learned at the same learning width (cached beside the profile), instead of "
-            "from the profile alone"
+            "machine learned at the same learning width and scheduling policy (cached beside the "
+            "profile), instead of from the profile alone"
         },
     )
     dashboard: bool = field(default=False, metadata={"help": "embedded Ray: start the dashboard"})

@@ -448,7 +448,7 @@ def test_a_runs_first_learning_phase_teaches_the_rate_only_where_no_earlier_run_
     assert later[1]["calibration/after_s_per_token"] != pytest.approx(remembered)
 
 
-def test_earlier_runs_time_model_is_kept_per_learning_width(tmp_path):
+def test_earlier_runs_time_model_is_kept_per_learning_width_and_policy(tmp_path):
     """The phases after generation are learned in seconds a token at the width they ran on: a run
     learning on one slot is not forecast with the rate two ranks taught (nor the other way)."""
 
@@ -462,6 +462,7 @@ def test_earlier_runs_time_model_is_kept_per_learning_width(tmp_path):
     planners = where("runtime.learner_width=0")  # both slots free: the planner's width is 2
     assert planners == where("runtime.learner_width=2")
     assert where("runtime.learner_width=1") != planners
+    assert where("scheduler.policy=verl") != planners  # its functions share the machine otherwise
     assert where("runtime.calibration_memory=false") is None
 
 

@@ -137,14 +137,17 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
 
 def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
     """Where earlier runs' time model is kept (None: `runtime.calibration_memory=false`): a file per
-    model, thread count, executor, profile and learning width. The phases after generation are
-    learned as seconds a token at the width they ran on, which does not carry to another: a run
-    at `runtime.learner_width=1` forecast with two ranks' rate came out 14-22% short."""
+    model, thread count, executor, profile, learning width and scheduling policy. The phases after
+    generation are learned as seconds a token at the width they ran on, which does not carry to
+    another: a run at `runtime.learner_width=1` forecast with two ranks' rate came out 14-22%
+    short. A policy's functions share the machine differently (verl's ranks are resident and its
+    decode functions run beside each other), so one policy's waits and scales misled the other's
+    forecasts: verl's was 15.5% long after an rlhfless run."""
     if not cfg.runtime.calibration_memory:
         return None
     key = (
         f"{cache_key(policy, torch.get_num_threads())}-{cfg.runtime.executor}-"
-        f"{cfg.runtime.profile or 'measured'}-width{_learning_width(cfg)}"
+        f"{cfg.runtime.profile or 'measured'}-width{_learning_width(cfg)}-{cfg.scheduler.policy}"
     )
     name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     return Path(cfg.model.cache_dir).expanduser() / "profiles" / name
