@@ -98,6 +98,34 @@ def test_the_executors_own_seconds_count_on_the_even_split_as_on_every_candidate
 
 
 @settings(max_examples=40, deadline=None)
+@given(workloads(), st.floats(0.5, 60.0), st.floats(1.0, 1.3))
+def test_the_wait_for_the_learners_own_decode_function_is_on_verls_time_as_on_every_candidate(
+    work, wait, slowdown
+):
+    """On a run's first step every plan, verl's as well, waits the rest of the start of the decode
+    function on the learner's resources (slot 0): a candidate's time grows by at most that wait,
+    and the cap at verl's time by exactly that, so an N the cap admitted stays admitted."""
+    prompts, predictor = work
+    config = SchedulerConfig(lam=0.0, max_slowdown=slowdown)
+    plans = [
+        plan_step(
+            prompts,
+            predictor,
+            PROFILE,
+            make_cluster(),
+            config,
+            2,
+            Billing(Pricing(3600.0), resident_units=1.0, host_start_s=seconds),
+        )
+        for seconds in (0.0, wait)
+    ]
+    before, after = ({c["n"]: c["time"] for c in p.candidates} for p in plans)
+    assert all(after[n] <= before[n] + wait + 1e-9 for n in before)
+    if plans[0].time_cap is not None and plans[1].time_cap is not None:
+        assert plans[1].time_cap == pytest.approx(plans[0].time_cap + slowdown * wait)
+
+
+@settings(max_examples=40, deadline=None)
 @given(workloads(), st.sampled_from([0.0, 0.7]))
 def test_lam_never_takes_a_plan_predicted_slower_than_verls_own(work, lam):
     """`max_slowdown=1`: the chosen N's generation is predicted no slower than the verl policy's

@@ -284,9 +284,10 @@ def plan_step(
             return pick
         if table.time[pick] <= table.time.min():
             return pick
-        if not caps:  # the executor's overhead is on every candidate's time, and on verl's
+        if not caps:  # the executor's overhead and the wait for the learner's own decode
+            # function are on every candidate's time, and on verl's
             even = even_split_seconds(verl_workload(workload), int(ns.max()), profile, config.segments)
-            cap = config.max_slowdown * (even + billing.overhead_s)
+            cap = config.max_slowdown * (even + billing.overhead_s + billing.host_start_s)
             caps.append(cap / billing.generation_shortfall)  # as the run's forecasts have erred
         return choose(table, rest, time_cap=caps[0])
 
