@@ -507,3 +507,31 @@ def test_the_runtime_planner_learns_the_learners_wait_by_n_apart_from_the_rate_a
     restored = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2)
     restored.load_state_dict(planner.state_dict())
     assert restored.waits == planner.waits
+
+
+def test_verls_first_phase_waits_its_resident_ranks_start_and_teaches_the_later_phases_nothing():
+    from rlhfless.data.prompts import Prompt
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+    from rlhfless.runtime.samples import Sample, StepPrompt
+
+    # Nothing seen: the first phase waits a start, at every N.
+    assert LearnerWait().seconds(2, start_s=5.0, resident_start=True) == (5.0, 5.0)
+    verl, cluster = SchedulerConfig(policy="verl"), ClusterSpec(1, 2)
+    planner = StepPlanner(verl, flat_profile(), cluster, 2, resident_units=1.0)
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
+    for wait in (5.6, 0.6, 0.6):  # the run's first phase starts the resident ranks
+        plan = planner.plan(prompts, [None] * 4, LengthPredictor(), first=not planner.observed)
+        plan.n_actors = 2
+        metrics = {"time/step": 40.0 + wait, "time/generation": 20.0, "time/learner_start": wait}
+        planner.observe(plan, samples, metrics | {"learner/width": 2.0, "cost/step": 0.01})
+    assert planner.waits.resident_s == 5.6 and planner.waits.waits == {2: 0.6}
+    assert planner.billing(0, cluster, flat_profile()).learner_wait_s == (0.0, 0.6)
+    assert planner.billing(0, cluster, flat_profile(), first=True).learner_wait_s == (5.6, 5.6)
+    # rlhfless starts its ranks every step, each during generation: no first phase of its own.
+    rlhfless = StepPlanner(SchedulerConfig(), flat_profile(), cluster, 2, resident_units=1.0)
+    rlhfless.load_state_dict(planner.state_dict())
+    assert rlhfless.waits == planner.waits
+    assert rlhfless.billing(0, cluster, flat_profile(), first=True).learner_wait_s == (0.0, 0.6)

@@ -118,17 +118,27 @@ class LearnerWait:
     width W needs until generation ends (N + W - 1 > the cluster's slots), the phase waits the
     rank's whole start, every slot of the step with it (on two CPU slots: 4.3-7.5 s at N = 2
     against 0.02-1.2 s at N = 1). An N not seen yet waits `start_s` where it is exposed so, else
-    the mean of what unexposed phases waited (0 before any)."""
+    the mean of what unexposed phases waited (0 before any).
+
+    Ranks that live across steps (verl's, resident on its held functions' slots) start in a run's
+    first phase, which waits their start (5.6 s on two CPU slots, 0.6 s in later phases): that
+    wait is learned apart (`resident_s`) and teaches the later phases nothing."""
 
     waits: dict[int, float] = field(default_factory=dict)
     width: int | None = None  # the last phase's
+    resident_s: float | None = None  # a run's first phase, its ranks resident from then on
 
     def observe(self, n: int, width: int, wait_s: float) -> None:
         self.waits[n] = ewma(self.waits.get(n), wait_s, ALPHA)
         self.width = width
 
-    def seconds(self, slots: int, start_s: float) -> tuple[float, ...]:
-        """The wait at N = 1 .. `slots` decode functions on a cluster of `slots` slots."""
+    def observe_resident_start(self, width: int, wait_s: float) -> None:
+        self.resident_s = ewma(self.resident_s, wait_s, ALPHA)
+        self.width = width
+
+    def seconds(self, slots: int, start_s: float, resident_start: bool = False) -> tuple[float, ...]:
+        """The wait at N = 1 .. `slots` decode functions on a cluster of `slots` slots; at least
+        the resident ranks' start where this phase starts them (`resident_start`)."""
         width = self.width or slots  # before any phase: the widest it may take
 
         def exposed(n: int) -> bool:
@@ -136,14 +146,19 @@ class LearnerWait:
 
         hidden = [w for n, w in self.waits.items() if not exposed(n)]
         unseen_hidden = sum(hidden) / len(hidden) if hidden else 0.0
-        return tuple(self.waits.get(n, start_s if exposed(n) else unseen_hidden) for n in range(1, slots + 1))
+        waits = [self.waits.get(n, start_s if exposed(n) else unseen_hidden) for n in range(1, slots + 1)]
+        if resident_start and width > 1:
+            first = start_s if self.resident_s is None else self.resident_s
+            waits = [max(w, first) for w in waits]
+        return tuple(waits)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"waits": {str(n): w for n, w in self.waits.items()}, "width": self.width}
+        waits = {str(n): w for n, w in self.waits.items()}
+        return {"waits": waits, "width": self.width, "resident_s": self.resident_s}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.waits = {int(n): float(w) for n, w in state.get("waits", {}).items()}
-        self.width = state.get("width")
+        self.width, self.resident_s = state.get("width"), state.get("resident_s")
 
 
 # Predicted lengths scaled so for a forecast's low and high ends: the range it may fall in.

@@ -194,13 +194,20 @@ class StepPlanner:
                 pass  # a damaged memory only costs what it would have taught
 
     def billing(
-        self, warm: int, cluster: ClusterSpec, profile: Profile, host_starting_s: float | None = None
+        self,
+        warm: int,
+        cluster: ClusterSpec,
+        profile: Profile,
+        host_starting_s: float | None = None,
+        first: bool = False,
     ) -> Billing:
         """The runtime: functions start on demand, the learner holds its units all step and its
         phase waits for its ranks as it has lately at each N (a function's start where unseen);
         the decode function on its resources has been starting for `host_starting_s` (None:
-        started)."""
+        started); `first`: the run's first step in this process, whose phase starts verl's
+        resident ranks."""
         slots = cluster.max_actors(profile.gpus)
+        verl = self.scheduler.policy == "verl"
         return Billing(
             self.scheduler.pricing,
             resident_units=self.resident_units,
@@ -213,9 +220,9 @@ class StepPlanner:
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
-            learner_wait_s=self.waits.seconds(slots, profile.cold_start_s),
+            learner_wait_s=self.waits.seconds(slots, profile.cold_start_s, resident_start=verl and first),
             # verl's ranks are resident on its held slots: started once, in the run's first phase
-            rank_start_s=0.0 if self.scheduler.policy == "verl" else profile.cold_start_s,
+            rank_start_s=0.0 if verl else profile.cold_start_s,
         )
 
     def plan(
@@ -226,9 +233,11 @@ class StepPlanner:
         warm: int = 0,
         cluster: ClusterSpec | None = None,
         host_starting_s: float | None = None,
+        first: bool = False,
     ) -> StepPlan:
         """The step's plan for `cluster` (what the executor has now) or the run's fixed one;
-        `warm` and `host_starting_s` as the executor's `warm_functions` and `host_starting_s`."""
+        `warm` and `host_starting_s` as the executor's `warm_functions` and `host_starting_s`;
+        `first`: the run's first step in this process."""
         specs = [
             PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
             for p, a in zip(prompts, answer_tokens, strict=True)
@@ -241,7 +250,7 @@ class StepPlanner:
             cluster,
             self.scheduler,
             self.group_size,
-            self.billing(warm, cluster, profile, host_starting_s),
+            self.billing(warm, cluster, profile, host_starting_s, first),
             self.max_length,
         )
 
@@ -282,7 +291,11 @@ class StepPlanner:
         # an earlier run (or of the checkpoint resumed) has: else it is left out.
         wait = metrics.get("time/learner_start", 0.0)  # apart from the rate: it depends on N
         if "time/learner_start" in metrics:
-            self.waits.observe(plan.n_actors, int(metrics.get("learner/width", 1)), wait)
+            width = int(metrics.get("learner/width", 1))
+            if self.scheduler.policy == "verl" and not self.observed:  # its ranks' start
+                self.waits.observe_resident_start(width, wait)
+            else:
+                self.waits.observe(plan.n_actors, width, wait)
         if self.observed or not self.phases.steps:
             self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"] - wait)
         self.observed += 1

@@ -71,8 +71,7 @@ class FunctionPool:
                 # Pre-started and still starting: cold, for what is left of its start.
                 lease.cold = lease.hello is not None and not ray.wait([lease.hello], timeout=0)[0]
                 if not lease.cold:
-                    if lease.hello is not None:
-                        self.started(lease, ray.get(lease.hello).ready)
+                    self._started_ahead(lease)
                     lease.hello = None
                 self.leased.add(lease)
                 return lease
@@ -97,6 +96,16 @@ class FunctionPool:
         if any(lease.hello is None or ray.wait([lease.hello], timeout=0)[0] for lease in idle):
             return None
         return now - min(lease.idle_since for lease in idle)
+
+    def _started_ahead(self, lease: Lease) -> None:
+        """A warm lease's start, if it was pre-started and not yet measured (one that died while
+        starting is found lost when it is used)."""
+        if lease.hello is None or lease.prestarted is None:
+            return
+        try:
+            self.started(lease, ray.get(lease.hello).ready)
+        except ray.exceptions.RayError:
+            pass
 
     def started(self, lease: Lease, ready: float) -> None:
         """A started lease's ready time: a pre-started one's whole start is kept by kind."""

@@ -219,8 +219,10 @@ def forecast_run(
     def totals(model, optimistic: bool = False) -> tuple[float, float, list[dict[str, float]]]:
         rows = []
         for step, (batch, answer) in enumerate(batches, start=first_step):
-            starting = host_starting_s if step == first_step else None
-            plan = nearest.plan(batch, answer, model, host_starting_s=starting)
+            first = step == first_step
+            plan = nearest.plan(
+                batch, answer, model, host_starting_s=host_starting_s if first else None, first=first
+            )
             if plan.target.get("missed") and optimistic:
                 raise PlanError(
                     f"{plan.missed_target()} even at the forecast's optimistic end ({low}), step {step}"

@@ -235,6 +235,7 @@ def run_step(
             executor.warm_functions(),
             executor.cluster(),
             executor.host_starting_s(),
+            first=not planner.observed,
         )
     except PlanError as err:
         raise TrainError(f"step {step}: {err}") from None
