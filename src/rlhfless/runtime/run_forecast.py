@@ -195,9 +195,10 @@ def forecast_run(
     host_starting_s: float | None = None,
 ) -> dict[str, Any]:
     """Plan steps first_step..cfg.trainer.steps on first-epoch estimates: the run's forecast total
-    time and cost, its range, and each step's point forecast. `host_starting_s`: how long the
-    decode function on the learner's resources has been starting now (None: started), which the
-    first step waits out.
+    time and cost, its range, and each step's point forecast. The first step waits what a run's
+    first step in its process does: the rest of the start of the decode function on the
+    learner's resources, starting for `host_starting_s` now (None: started), and verl's resident
+    ranks' start.
 
     A budget or deadline is refused here (PlanError) only where even the range's optimistic end
     cannot meet it: these first-epoch figures know nothing the run will measure, so a step they
