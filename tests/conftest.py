@@ -80,6 +80,12 @@ def no_ray_process_left_behind():
 
 @pytest.fixture(scope="session", autouse=True)
 def own_cache(tmp_path_factory):
-    """Converted weights, profiles and the time model earlier runs leave go to this session's own
-    cache (`RLHFLESS_CACHE`): a test's plan must not depend on what earlier test sessions ran."""
-    os.environ["RLHFLESS_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    """Converted weights, profiles and the time model earlier runs leave go to this pytest run's
+    own cache (`RLHFLESS_CACHE`), one for all its xdist workers as on a clean CI machine: a test's
+    plan must not depend on what earlier test runs left in ~/.cache."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is in the run's shared one
+        root = root.parent
+    cache = root / "rlhfless-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["RLHFLESS_CACHE"] = str(cache)
