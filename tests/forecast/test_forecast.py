@@ -231,7 +231,11 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert code == 0 and out["steps"] == 3 and [r["step"] for r in out["per_step"]] == [1, 2, 3]
     assert out["time_range_s"][0] <= out["time_s"] <= out["time_range_s"][1]
     assert out["cost_range"][0] <= out["cost"] <= out["cost_range"][1]
+    for r in out["per_step"]:  # each end re-plans the step, and may take another N: still around it
+        assert r["time_range"][0] <= r["time"] <= r["time_range"][1]
+        assert r["cost_range"][0] <= r["cost"] <= r["cost_range"][1]
     assert out["time_s"] == pytest.approx(sum(r["time"] for r in out["per_step"]))
+    assert out["time_range_s"][0] == pytest.approx(sum(r["time_range"][0] for r in out["per_step"]))
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
     # For a person: the total, then one row per step (the pilot's lengths now come from the cache).
     assert main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1"]) == 0
