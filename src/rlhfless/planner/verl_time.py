@@ -25,8 +25,9 @@ def verl_workload(w: Workload) -> Workload:
 
 def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) -> float:
     """Predicted generation of what verl runs on the same step: equal prompt counts in input order
-    over `n` actors (its slowest actor's prefill and decode; the executor's overhead is added by
-    the caller, as on every candidate)."""
+    over `n` actors (its slowest actor's prefill and decode; the executor's overhead and a first
+    step's wait for the learner's decode function are added by the caller, as on every
+    candidate)."""
     model = RangeModel(verl, np.arange(verl.size), profile, segments)
     starts, ends, _ = even_ranges(verl.size, np.array([n]))
     parts = model.times(starts, ends)

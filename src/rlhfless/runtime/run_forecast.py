@@ -348,19 +348,13 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     engine = build_engine(cfg, policy, tokenizer)
     planner = build_planner(cfg, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    if cfg.runtime.executor != "ray":
-        return start_forecast(cfg, prompts, tokenizer, planner, predictor, engine, 0)
     # Under Ray, training starts the learner's decode function where `warm_up` is called: step 1
     # waits for what is left of its start after the pilot and the forecast.
     begun: list[float] = []
+
+    def starting() -> float | None:
+        return time.time() - begun[0] if cfg.runtime.executor == "ray" else None
+
     return start_forecast(
-        cfg,
-        prompts,
-        tokenizer,
-        planner,
-        predictor,
-        engine,
-        0,
-        lambda: begun.append(time.time()),
-        lambda: time.time() - begun[0],
+        cfg, prompts, tokenizer, planner, predictor, engine, 0, lambda: begun.append(time.time()), starting
     )
