@@ -9,7 +9,8 @@ and prints the share of steps whose *simulated* cost
 
 `real`: the same on this machine's runtime. `--baseline RUN_DIR` is a finished default run (e.g.
 the rlhfless run of `bench_runtime.py --out DIR`); its plans give the cheapest and fastest plans
-per step, and one more run of as many steps trains under the midway deadline (or `--target
+per step (pairs of N and learning width, where the elastic learner's width is the target's to
+choose), and one more run of as many steps trains under the midway deadline (or `--target
 budget`; `--value` sets either).
 
     .venv/bin/python benchmarks/bench_targets.py sim --preset paper-sim
@@ -108,6 +109,11 @@ def real(args: argparse.Namespace) -> None:
     after_t = [p["predicted_step_time"] - p["predicted_time"] for p in plans]
     after_c = [p["predicted_step_cost"] - p["predicted_cost"] for p in plans]
     candidates = [p["candidates"] for p in plans]
+    if all(p.get("step_options") for p in plans):  # the learning width is the target's choice too
+        candidates = [
+            [{"time": o["step_time"], "cost": o["step_cost"]} for o in p["step_options"]] for p in plans
+        ]
+        after_t = after_c = [0.0] * len(plans)
     if args.target == "budget":
         key, value = "budget_per_step", args.value or _midway(candidates, after_c, "cost")
     else:
@@ -139,6 +145,10 @@ def real(args: argparse.Namespace) -> None:
     n = [h["plan/n_actors"] for h in result.history]
     print(
         f"{key}: decode actors per step {n} (lam run: {[metrics[s]['plan/n_actors'] for s in [1, *steps]]})"
+    )
+    widths = [int(h.get("learner/width", 1)) for h in result.history]
+    print(
+        f"{key}: learning width per step {widths} (lam run: {[int(metrics[s].get('learner/width', 1)) for s in [1, *steps]]})"
     )
     _report(key.split("_")[0], value, "$" if key.startswith("budget") else "s", rows, base)
 

@@ -539,3 +539,64 @@ def test_verls_first_phase_waits_its_resident_ranks_start_and_teaches_the_later_
     rlhfless.load_state_dict(planner.state_dict())
     assert rlhfless.waits == planner.waits
     assert rlhfless.billing(0, cluster, flat_profile(), first=True).learner_wait_s == (0.0, 0.6)
+
+
+def test_each_learning_width_is_forecast_at_its_own_rate_once_it_has_run():
+    # Two ranks measured at 0.05 s a token: one rank is forecast at the same slot-seconds (0.1 s)
+    # until it runs; then at what it measured (0.07: two ranks were only 1.4x as fast).
+    phases = PhaseModel()
+    assert phases.at_width(1, usual=2) is None
+    phases.observe(100.0, 5.0, width=2)
+    assert phases.at_width(2, usual=2) == pytest.approx(0.05)
+    assert phases.at_width(1, usual=2) == pytest.approx(0.1)
+    phases.observe(100.0, 7.0, width=1)
+    assert phases.at_width(1, usual=2) == pytest.approx(0.07)
+    assert phases.at_width(2, usual=2) == pytest.approx(0.05)
+    again = PhaseModel()
+    again.load_state_dict(json.loads(json.dumps(phases.state_dict())))
+    assert again == phases
+    # A memory from before widths were apart: its rate stands for the usual width.
+    old = PhaseModel()
+    old.load_state_dict({"per_token_s": 0.05, "steps": 3})
+    assert old.at_width(1, usual=2) == pytest.approx(0.1)
+
+
+def test_the_runtime_planner_offers_a_budget_each_learning_width_at_its_rate_and_wait():
+    from rlhfless.data.prompts import Prompt
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+    from rlhfless.runtime.samples import Sample, StepPrompt
+
+    cluster = ClusterSpec(1, 2)
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
+    tokens = 8 * (3 + 5)
+
+    def run(planner: StepPlanner, width: int, after_s: float, wait_s: float):
+        plan = planner.plan(prompts, [None] * 4, LengthPredictor())
+        metrics = {
+            "time/step": 20.0 + after_s + wait_s,
+            "time/generation": 20.0,
+            "time/learner_start": wait_s,
+        }
+        planner.observe(plan, samples, metrics | {"learner/width": float(width), "cost/step": 0.01})
+        return plan
+
+    fixed = StepPlanner(SchedulerConfig(), flat_profile(), cluster, 2, resident_units=1.0, learning_units=2.0)
+    run(fixed, 2, 20.0, 1.0)
+    assert fixed.billing(0, cluster, flat_profile()).widths == ()  # the phase's width is not the plan's
+    elastic = StepPlanner(
+        SchedulerConfig(), flat_profile(), cluster, 2, resident_units=1.0, learning_units=2.0, widths=2
+    )
+    assert elastic.billing(0, cluster, flat_profile()).widths == ()  # no rate measured yet
+    run(elastic, 2, 20.0, 1.0)
+    one, two = elastic.billing(0, cluster, flat_profile()).widths
+    assert (one.width, one.units, one.wait_s, one.rank_start_s) == (1, 1.0, (0.0,), 0.0)
+    assert one.per_token_s == pytest.approx(40.0 / tokens)  # two ranks' slot-seconds, on one
+    assert (two.width, two.units, two.per_token_s) == (2, 2.0, pytest.approx(20.0 / tokens))
+    plan = run(elastic, 1, 28.0, 0.0)  # one rank: 1.4x two ranks' time, no rank to wait for
+    assert plan.step_options and plan.learner_width == 0  # lam leaves the width to the phase
+    one, two = elastic.billing(0, cluster, flat_profile()).widths
+    assert one.per_token_s == pytest.approx(28.0 / tokens) and two.per_token_s == pytest.approx(20.0 / tokens)
+    assert elastic.waits.waits == {1: 1.0}  # the one-rank phase taught the two-rank wait nothing

@@ -13,7 +13,7 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import PRICE_SHEETS, Pricing, charge, keep_warm
-from rlhfless.planner.scaling import Billing, PlanError, choose
+from rlhfless.planner.scaling import Billing, LearningWidth, PlanError, choose
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import run_policy
@@ -269,3 +269,87 @@ def test_a_step_waits_what_is_left_of_the_learners_decode_function_start_on_the_
     assert plans[1].predicted_cost >= plans[0].predicted_cost
     if n == 1:  # the learner's slot, 5 s longer: $1 a second at this price
         assert plans[1].predicted_cost - plans[0].predicted_cost == pytest.approx(5.0)
+
+
+def _widths(one_rank_s: float, speedup: float, start_s: float) -> tuple[LearningWidth, ...]:
+    """One rank learning at `one_rank_s` a token, or two at `speedup` x its speed, the extra rank
+    starting in `start_s` (waited for only where N holds its slot, as on two slots)."""
+    return (
+        LearningWidth(1, 1.0, one_rank_s, (0.0,), 0.0),
+        LearningWidth(2, 2.0, one_rank_s / speedup, (0.5, start_s), start_s),
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    one_rank_s=st.floats(1e-3, 0.1),
+    speedup=st.floats(1.0, 2.0),
+    start_s=st.floats(0.0, 10.0),
+    where=st.floats(0.0, 1.0),
+    by_budget=st.booleans(),
+)
+def test_a_budget_or_deadline_takes_the_fastest_or_cheapest_pair_of_n_and_learning_width(
+    one_rank_s, speedup, start_s, where, by_budget
+):
+    profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster(nodes=1, gpus_per_node=2)
+    pricing = SchedulerConfig().pricing
+    billing = Billing(
+        pricing,
+        resident_units=1.0,
+        after_units=2.0,
+        after_per_token_s=one_rank_s / speedup,
+        widths=_widths(one_rank_s, speedup, start_s),
+    )
+
+    def plan(**target):
+        return plan_step(_prompts(8), _predictor(8), profile, cluster, SchedulerConfig(**target), 2, billing)
+
+    lam = plan()
+    assert lam.learner_width == 0  # without a target the phase chooses its own width
+    options = lam.step_options
+    assert {(o["n"], o["width"]) for o in options} == {(r["n"], w) for r in lam.candidates for w in (1, 2)}
+    key, bound, other = (
+        ("budget_per_step", "step_cost", "step_time")
+        if by_budget
+        else ("deadline_per_step", "step_time", "step_cost")
+    )
+    low, high = min(o[bound] for o in options), max(o[bound] for o in options)
+    target = low + where * (high - low)
+    chosen = plan(**{key: target})
+    fits = [o for o in options if o[bound] <= target * (1 + 1e-9)]
+    best = min(fits, key=lambda o: (o[other], o[bound]))
+    forecast = chosen.predicted_step_cost if by_budget else chosen.predicted_step_time
+    assert forecast <= target * (1 + 1e-9)
+    picked = next(o for o in options if (o["n"], o["width"]) == (chosen.n_actors, chosen.learner_width))
+    assert (picked["step_time"], picked["step_cost"]) == pytest.approx((best["step_time"], best["step_cost"]))
+    assert picked["step_time"] == pytest.approx(chosen.predicted_step_time)
+    assert picked["step_cost"] == pytest.approx(chosen.predicted_step_cost)
+
+
+def test_one_rank_learning_slower_and_cheaper_is_what_a_budget_between_the_widths_buys():
+    # Two ranks learn 1.4x as fast as one (two CPU cores): twice the slots for 0.71x the time.
+    profile, cluster = make_profile(step_ms=10.0, per_seq_ms=1.0), make_cluster(nodes=1, gpus_per_node=2)
+    billing = Billing(
+        SchedulerConfig().pricing, resident_units=1.0, after_units=2.0, widths=_widths(0.05, 1.4, 4.0)
+    )
+    options = plan_step(
+        _prompts(8), _predictor(8), profile, cluster, SchedulerConfig(), 2, billing
+    ).step_options
+    at_one = [o for o in options if o["n"] == 1]
+    one, two = sorted(at_one, key=lambda o: o["width"])
+    assert one["step_cost"] < two["step_cost"] and one["step_time"] > two["step_time"]
+    budget = (one["step_cost"] + two["step_cost"]) / 2
+    cheap = plan_step(
+        _prompts(8), _predictor(8), profile, cluster, SchedulerConfig(budget_per_step=budget), 2, billing
+    )
+    assert cheap.learner_width == 1 and cheap.predicted_step_cost <= budget
+    fast = plan_step(
+        _prompts(8),
+        _predictor(8),
+        profile,
+        cluster,
+        SchedulerConfig(deadline_per_step=two["step_time"]),
+        2,
+        billing,
+    )
+    assert fast.learner_width == 2 and fast.predicted_step_time == pytest.approx(two["step_time"])

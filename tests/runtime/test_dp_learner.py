@@ -290,6 +290,31 @@ def test_a_rank_given_the_published_weights_joins_with_them_and_none_are_sent():
     assert not np.array_equal(published, flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)))
 
 
+def test_the_phase_takes_the_width_a_budget_or_deadline_chose_in_the_steps_plan():
+    """Both slots are free (the phase's own choice: two ranks), but the step's plan chose one
+    rank under its budget: no rank starts, none is billed."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=0"))
+    tokenizer = load_tokenizer(cfg.model)
+    samples = make_samples(len(tokenizer))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    elastic.planned_width = 1
+    meter = Meter(cfg.scheduler.pricing)
+    meter.begin_step(time.time())
+    try:
+        groups = len({s.uid for s in samples})
+        elastic.prestart(meter, 0, groups, time.time())
+        elastic.widen(meter, groups, [], time.time())
+        got = elastic.learn(samples, [torch.ones(len(s.response_ids)) for s in samples], None)
+        elastic.narrow(time.time())
+        _, records = meter.close_step(time.time())
+    finally:
+        elastic.close()
+
+    assert got["learner/width"] == 1 and len(elastic.ranks) == 1
+    assert [r["name"] for r in records] == ["learner-0"]
+
+
 def test_a_warm_idle_function_gives_its_slot_to_the_learning_phase():
     """A decode function released warm holds the one free slot; the phase (not yet measured: every
     slot) stops it and puts rank 1 there, rather than learning on one rank beside it idling."""

@@ -93,21 +93,41 @@ class Calibration:
 
 @dataclass
 class PhaseModel:
-    """Seconds per prompt + response token of the phases after generation, learned per step."""
+    """Seconds per prompt + response token of the phases after generation, learned per step, and
+    apart per learning width the phase ran at (`at_width`)."""
 
     per_token_s: float | None = None
     steps: int = 0
+    by_width: dict[int, float] = field(default_factory=dict)
 
-    def observe(self, tokens: float, seconds: float) -> None:
+    def observe(self, tokens: float, seconds: float, width: int | None = None) -> None:
         if tokens > 0:
             self.per_token_s = ewma(self.per_token_s, seconds / tokens, ALPHA)
+            if width:
+                self.by_width[width] = ewma(self.by_width.get(width), seconds / tokens, ALPHA)
             self.steps += 1
 
+    def at_width(self, width: int, usual: int) -> float | None:
+        """The rate at `width`: as measured there; else the nearest measured width's (`per_token_s`
+        standing for the `usual` width before any was measured apart) at the same slot-seconds,
+        W ranks taking 1/W of the time. Data parallelism scales at best so: two ranks on two CPU
+        cores learned in 0.70x one rank's time (session 23), so a narrower width not run yet is
+        forecast slow, a wider one fast, until it has run once."""
+        if width in self.by_width:
+            return self.by_width[width]
+        seen = self.by_width or ({usual: self.per_token_s} if self.per_token_s is not None else {})
+        if not seen:
+            return None
+        near = min(seen, key=lambda w: (abs(w - width), w))
+        return seen[near] * near / width
+
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        by_width = {str(w): r for w, r in self.by_width.items()}
+        return {"per_token_s": self.per_token_s, "steps": self.steps, "by_width": by_width}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.per_token_s, self.steps = state.get("per_token_s"), int(state.get("steps", 0))
+        self.by_width = {int(w): float(r) for w, r in state.get("by_width", {}).items()}
 
 
 @dataclass
@@ -136,10 +156,13 @@ class LearnerWait:
         self.resident_s = ewma(self.resident_s, wait_s, ALPHA)
         self.width = width
 
-    def seconds(self, slots: int, start_s: float, resident_start: bool = False) -> tuple[float, ...]:
-        """The wait at N = 1 .. `slots` decode functions on a cluster of `slots` slots; at least
+    def seconds(
+        self, slots: int, start_s: float, resident_start: bool = False, width: int | None = None
+    ) -> tuple[float, ...]:
+        """The wait at N = 1 .. `slots` decode functions on a cluster of `slots` slots, for a phase
+        of `width` ranks (default: the last phase's; before any, the widest it may take); at least
         the resident ranks' start where this phase starts them (`resident_start`)."""
-        width = self.width or slots  # before any phase: the widest it may take
+        width = width or self.width or slots
 
         def exposed(n: int) -> bool:
             return width > 1 and n + width - 1 > slots

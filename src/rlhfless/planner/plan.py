@@ -28,10 +28,13 @@ from rlhfless.planner.scaling import (
     ActorEstimates,
     Billing,
     CandidateTable,
+    LearningWidth,
     candidate_table,
     choose,
+    choose_width,
     estimate_actors,
     target_message,
+    width_options,
 )
 from rlhfless.planner.timemodel import RangeModel, Workload
 from rlhfless.planner.verl_time import even_split_seconds, verl_workload
@@ -106,6 +109,11 @@ class StepPlan:
     # its forecasts fall short against verl's (`forecast.versus_verl`). Not part of `to_dict`.
     verl_actors: int = field(default=0, compare=False)
     predicted_mean: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # The learning phase's width a budget or deadline chose with N (0: the phase chooses by lam),
+    # and every pair of N and width it chose among: {n, width, step_time, step_cost} (none where
+    # the executor offers one width).
+    learner_width: int = 0
+    step_options: list[dict[str, float]] = field(default_factory=list)
 
     def missed_target(self) -> str | None:
         """One line naming the budget or deadline this plan's forecast is past, and the plan."""
@@ -143,6 +151,8 @@ class StepPlan:
             "keep_unused_warm": self.keep_unused_warm,
             "time_cap": self.time_cap,
             "floor": self.floor,
+            "learner_width": self.learner_width,
+            "step_options": self.step_options,
         }
 
     @classmethod
@@ -277,21 +287,24 @@ def plan_step(
     caps: list[float] = []  # verl's time, timed once and only when lam would take a slower plan
     targets = (config.budget_per_step, config.deadline_per_step)
 
-    def pick_n(table: CandidateTable) -> int:
+    nearest = config.target_miss == "nearest"
+    targeted = config.budget_per_step is not None or config.deadline_per_step is not None
+
+    def pick_n(table: CandidateTable) -> tuple[int, LearningWidth | None]:
+        if targeted and billing.widths:
+            return choose_width(table, billing, tokens, *targets, margins, nearest)
         rest = billing.after_generation(tokens, table.n)
-        pick = choose(table, rest, *targets, margins, nearest=config.target_miss == "nearest")
-        if not capped or config.budget_per_step or config.deadline_per_step:
-            return pick
-        if table.time[pick] <= table.time.min():
-            return pick
+        pick = choose(table, rest, *targets, margins, nearest=nearest)
+        if not capped or targeted or table.time[pick] <= table.time.min():
+            return pick, None
         if not caps:  # the executor's overhead and the wait for the learner's own decode
             # function are on every candidate's time, and on verl's
             even = even_split_seconds(verl_workload(workload), int(ns.max()), profile, config.segments)
             cap = config.max_slowdown * (even + billing.overhead_s + billing.host_start_s)
             caps.append(cap / billing.generation_shortfall)  # as the run's forecasts have erred
-        return choose(table, rest, time_cap=caps[0])
+        return choose(table, rest, time_cap=caps[0]), None
 
-    pick = pick_n(table)
+    pick, width = pick_n(table)
     if ranges is not None:
         extra = between(ns, grid, int(table.n[pick]))
         if extra.size:
@@ -300,11 +313,11 @@ def plan_step(
         if extra.size or more:
             actors = refine(ranges, actors, int(table.n[pick]), more, estimate)
             table = candidate_table(actors, *scored)
-            pick = pick_n(table)
+            pick, width = pick_n(table)
         orders = [ranges.order] * table.n.size
     admission = gmax if feats["longest_first"] else None
     chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
-    rest = billing.after_generation(tokens, table.n[pick])
+    rest = (billing.at_width(width) if width else billing).after_generation(tokens, table.n[pick])
     step_time = float(table.time[pick] + rest[0])
     unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
     step_cost = float(table.cost[pick] + table.warm_after[pick] + rest[1])
@@ -343,6 +356,8 @@ def plan_step(
         time_cap=caps[0] if caps else None,
         verl_actors=int(ns.max()) if caps else 0,
         predicted_mean=gmean if caps else None,
+        learner_width=width.width if width else 0,
+        step_options=width_options(table, billing, tokens),
     )
 
 

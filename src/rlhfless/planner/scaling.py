@@ -9,7 +9,9 @@ a serverful policy's whole allocation for the whole phase. The paper's C = rho *
 the case of no learner, no keep-alive and no cold start.
 
 The choice: with `scheduler.budget_per_step` the fastest N whose forecast step cost fits it, with
-`scheduler.deadline_per_step` the cheapest N whose forecast step time fits it; otherwise both are
+`scheduler.deadline_per_step` the cheapest N whose forecast step time fits it (where the executor
+offers several learning widths, `Billing.widths`, the fastest or cheapest pair of N and width:
+a narrower learning phase is slower and cheaper); otherwise both are
 normalised over the candidates and N' = argmin lam * T~ + (1 - lam) * C~, ties to the smaller N,
 T and C with the learning phase's wait for its ranks at that N added (`Billing.learner_wait_s`:
 decode functions holding every slot to generation's end leave its ranks to start after it).
@@ -23,7 +25,7 @@ uses x / min - 1, so lam weighs relative excess time against relative excess cos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,19 @@ class PlanError(ValueError):
     def __init__(self, message: str, least: float | None = None):
         super().__init__(message)
         self.least = least
+
+
+@dataclass(frozen=True)
+class LearningWidth:
+    """One width the learning phase may take, as a budget or deadline weighs it against the
+    others: the units its ranks hold, the phases' seconds a token at it (`after_per_token_s`), its
+    wait for its ranks per N (`learner_wait_s`) and an extra rank's start (`rank_start_s`)."""
+
+    width: int
+    units: float
+    per_token_s: float
+    wait_s: tuple[float, ...] = ()
+    rank_start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,20 @@ class Billing:
     # the phase waits for it or not: what the phase does not wait for, it started during
     # generation. 0: ranks that live across steps (verl's resident ones), or the simulator's.
     rank_start_s: float = 0.0
+    # The learning widths a budget or deadline chooses among with N (none: the phase's own choice,
+    # which this billing's `after_*` figures stand for).
+    widths: tuple[LearningWidth, ...] = ()
+
+    def at_width(self, width: LearningWidth) -> Billing:
+        """This billing with the rest of the step learned at `width`."""
+        return replace(
+            self,
+            after_units=width.units,
+            after_per_token_s=width.per_token_s,
+            learner_wait_s=width.wait_s,
+            rank_start_s=width.rank_start_s,
+            widths=(),
+        )
 
     def after_generation(self, tokens: float, n: np.ndarray | None = None) -> tuple[Any, Any]:
         """(seconds, USD) of the rest of the step for `tokens` predicted prompt + response tokens;
@@ -305,3 +334,41 @@ def choose(
             return int(np.argmin(table.time))
         return int(np.argmin(np.where(fits, table.score, np.inf)))
     return int(np.argmin(table.score))
+
+
+def choose_width(
+    table: CandidateTable,
+    billing: Billing,
+    tokens: float,
+    budget: float | None,
+    deadline: float | None,
+    margins: tuple[float, float],
+    nearest: bool = False,
+) -> tuple[int, LearningWidth]:
+    """(index of N', learning width) under a budget or deadline (`choose`), over every pair of a
+    candidate N and one of `billing.widths`, the rest of the step at `tokens` predicted tokens
+    forecast at that width."""
+    k, widths = table.n.size, billing.widths
+    rests = [billing.at_width(w).after_generation(tokens, table.n) for w in widths]
+    tiled = CandidateTable(
+        *(np.tile(x, len(widths)) for x in (table.n, table.time, table.cost, table.score, table.hidden)),
+        table.warm,
+        np.tile(table.warm_after, len(widths)),
+    )
+    after = (np.concatenate([r[0] for r in rests]), np.concatenate([r[1] for r in rests]))
+    i = choose(tiled, after, budget, deadline, margins, nearest=nearest)
+    return i % k, widths[i // k]
+
+
+def width_options(table: CandidateTable, billing: Billing, tokens: float) -> list[dict[str, float]]:
+    """Every pair of a candidate N and one of `billing.widths`, with its forecast step time and
+    cost: the plans a budget or deadline chooses among."""
+    rows = []
+    for w in billing.widths:
+        seconds, cost = billing.at_width(w).after_generation(tokens, table.n)
+        step_cost = table.cost + table.warm_after + cost
+        for n, t, c in zip(
+            table.n.tolist(), (table.time + seconds).tolist(), step_cost.tolist(), strict=True
+        ):
+            rows.append({"n": int(n), "width": w.width, "step_time": float(t), "step_cost": float(c)})
+    return rows

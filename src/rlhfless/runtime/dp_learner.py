@@ -3,7 +3,8 @@
 Rank 0 lives for the whole run on the learner's slot (colocated with the driver, which waits
 while it works); it alone owns the optimizer states and steps, and checkpoints read them from it.
 Each learning phase takes the planner's width (`planner.learning.learner_width`, priced from the
-last phase's learning seconds and rank starts): ranks 1.. start cold on the slots free once
+last phase's learning seconds and rank starts; under a budget or deadline the step plan's,
+`StepPlan.learner_width`): ranks 1.. start cold on the slots free once
 generation ends, idle warm functions' included where the planner finds stopping them worth their
 restart (keep-alive gives way; one placement group: all of them or none), requested once generation's live
 forecast is within one measured rank start, so their start overlaps its tail
@@ -92,6 +93,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         self.learned: tuple[int, float] | None = None  # the last elastic phase: width, seconds busy
         self.busy_s = 0.0  # the open phase's seconds in calls on its ranks
         self.restart_s = 0.0  # a warm function's cold start at its next use, as the step's plan prices it
+        self.planned_width = 0  # the width the step's plan chose under a budget or deadline (0: none)
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
         self.resident: dict[Lease, Resident] = {}  # verl: a rank per held function, by its lease
@@ -173,7 +175,8 @@ class ElasticLearner(LearnsAhead, LearnerSide):
 
     def _width(self, held_slots: int, groups: int, exposed: bool) -> int:
         """The planner's width for ranks requested now: during generation's tail (their start
-        hidden) or as the phase opens (`exposed`: learning waits for it)."""
+        hidden) or as the phase opens (`exposed`: learning waits for it); the step plan's where a
+        budget or deadline chose it."""
         view = self.functions.cluster()
         warm = sum(1 for lease in self.functions.pool.idle if lease.units > 0)
         free = sum(n.total for n in view.nodes) - held_slots - warm
@@ -181,7 +184,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         if self.learned is not None and self.rank_start_s is not None:
             history = LearningHistory(*self.learned, self.rank_start_s)
         width = learner_width(
-            self.cfg.runtime.learner_width,
+            self.cfg.runtime.learner_width or self.planned_width,
             free,
             groups,
             history,

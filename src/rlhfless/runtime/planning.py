@@ -43,7 +43,7 @@ from rlhfless.planner.forecast import (
 )
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
 from rlhfless.planner.learning import learner_width
-from rlhfless.planner.scaling import Billing
+from rlhfless.planner.scaling import Billing, LearningWidth
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime_config import RuntimeConfig
 
@@ -132,7 +132,14 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
         resident_units=float(cfg.scheduler.gpus_per_actor),  # the learner's slot, held all step
         memory=memory_path(cfg, policy),
         learning_units=float(cfg.scheduler.gpus_per_actor * _learning_width(cfg)),
+        widths=_learning_width(cfg) if _elastic(cfg) else 1,
     )
+
+
+def _elastic(cfg: Config) -> bool:
+    """Whether the learning phase's width is the planner's to choose each step: the Ray executor's
+    elastic learner (not verl's resident ranks) with no `runtime.learner_width` set."""
+    return cfg.runtime.executor == "ray" and cfg.scheduler.policy != "verl" and not cfg.runtime.learner_width
 
 
 def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
@@ -172,12 +179,16 @@ class StepPlanner:
         resident_units: float = 0.0,
         memory: Path | None = None,
         learning_units: float | None = None,
+        widths: int = 1,
     ):
         """`memory`: where the time model learned by earlier runs of this model on this machine is
-        kept; it starts this run's, and every step updates it."""
+        kept; it starts this run's, and every step updates it. `widths`: the learning phase may
+        take 1 .. this many ranks, which a budget or deadline chooses with N (1: the phase's width
+        is not the plan's; its units are `learning_units`)."""
         self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
         self.max_length, self.resident_units = max_length, resident_units
         self.learning_units = resident_units if learning_units is None else learning_units
+        self.widths = widths
         self.calibration = Calibration()
         self.phases = PhaseModel()
         self.waits = LearnerWait()
@@ -223,7 +234,23 @@ class StepPlanner:
             learner_wait_s=self.waits.seconds(slots, profile.cold_start_s, resident_start=verl and first),
             # verl's ranks are resident on its held slots: started once, in the run's first phase
             rank_start_s=0.0 if verl else profile.cold_start_s,
+            widths=self._width_options(slots, profile),
         )
+
+    def _width_options(self, slots: int, profile: Profile) -> tuple[LearningWidth, ...]:
+        """Learning widths 1 .. `widths`, each at its own rate (`PhaseModel.at_width`) and wait
+        for its ranks; none before the phases' rate is known, or where the width is not the
+        plan's."""
+        usual = max(1, round(self.learning_units / max(self.resident_units, 1e-12)))
+        options = []
+        for w in range(1, self.widths + 1) if self.widths > 1 else ():
+            rate = self.phases.at_width(w, usual)
+            if rate is None:
+                return ()
+            waits = self.waits.seconds(slots, profile.cold_start_s, width=w) if w > 1 else (0.0,)
+            start = profile.cold_start_s if w > 1 else 0.0
+            options.append(LearningWidth(w, w * self.resident_units, rate, waits, start))
+        return tuple(options)
 
     def plan(
         self,
@@ -290,14 +317,15 @@ class StepPlanner:
         # before any was measured; first touches), so it teaches the rate only where no step of
         # an earlier run (or of the checkpoint resumed) has: else it is left out.
         wait = metrics.get("time/learner_start", 0.0)  # apart from the rate: it depends on N
+        width = int(metrics.get("learner/width", 1))
         if "time/learner_start" in metrics:
-            width = int(metrics.get("learner/width", 1))
             if self.scheduler.policy == "verl" and not self.observed:  # its ranks' start
                 self.waits.observe_resident_start(width, wait)
-            else:
+            elif width > 1 or self.widths == 1:  # one rank of several widths: no figure for the others
                 self.waits.observe(plan.n_actors, width, wait)
         if self.observed or not self.phases.steps:
-            self.phases.observe(tokens, metrics["time/step"] - metrics["time/generation"] - wait)
+            after = metrics["time/step"] - metrics["time/generation"] - wait
+            self.phases.observe(tokens, after, width if self.widths > 1 else None)
         self.observed += 1
         if self.memory is not None:
             state = {
@@ -390,6 +418,7 @@ def plan_metrics(plan: StepPlan) -> dict[str, float]:
         "plan/predicted_cost": plan.predicted_cost,
         "plan/prefix_length": float(plan.prefix_length),
         "plan/tree_ratio": float(plan.prefill["tree_ratio"]),
+        "plan/learner_width": float(plan.learner_width),  # 0: the learning phase chose its own
         "time/plan": plan.plan_seconds,
     }
 
