@@ -599,4 +599,6 @@ def test_the_runtime_planner_offers_a_budget_each_learning_width_at_its_rate_and
     assert plan.step_options and plan.learner_width == 0  # lam leaves the width to the phase
     one, two = elastic.billing(0, cluster, flat_profile()).widths
     assert one.per_token_s == pytest.approx(28.0 / tokens) and two.per_token_s == pytest.approx(20.0 / tokens)
+    # A plan without a target forecasts the usual width at its own rate, not one mixed with the other's.
+    assert elastic.billing(0, cluster, flat_profile()).after_per_token_s == pytest.approx(20.0 / tokens)
     assert elastic.waits.waits == {1: 1.0}  # the one-rank phase taught the two-rank wait nothing

@@ -226,7 +226,7 @@ class StepPlanner:
             host_start_s=self.calibration.host_wait(self.profile, host_starting_s),
             overhead_s=self.calibration.overhead_s or 0.0,
             after_units=self.learning_units,
-            after_per_token_s=self.phases.per_token_s or 0.0,
+            after_per_token_s=self._usual_rate() or 0.0,
             next_use_after=True,
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
@@ -237,14 +237,23 @@ class StepPlanner:
             widths=self._width_options(slots, profile),
         )
 
+    @property
+    def _usual(self) -> int:
+        """The learning phase's width with every slot free (`learning_units`' ranks)."""
+        return max(1, round(self.learning_units / max(self.resident_units, 1e-12)))
+
+    def _usual_rate(self) -> float | None:
+        """The phases' rate a plan without a target forecasts with: where the width is the plan's
+        (a target may have taken another on earlier steps or runs), the usual width's."""
+        return self.phases.at_width(self._usual, self._usual) if self.widths > 1 else self.phases.per_token_s
+
     def _width_options(self, slots: int, profile: Profile) -> tuple[LearningWidth, ...]:
         """Learning widths 1 .. `widths`, each at its own rate (`PhaseModel.at_width`) and wait
         for its ranks; none before the phases' rate is known, or where the width is not the
         plan's."""
-        usual = max(1, round(self.learning_units / max(self.resident_units, 1e-12)))
         options = []
         for w in range(1, self.widths + 1) if self.widths > 1 else ():
-            rate = self.phases.at_width(w, usual)
+            rate = self.phases.at_width(w, self._usual)
             if rate is None:
                 return ()
             waits = self.waits.seconds(slots, profile.cold_start_s, width=w) if w > 1 else (0.0,)
