@@ -29,8 +29,12 @@ def run_summary(out: dict[str, Any]) -> str:
         )
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
-    lines.append(f"{'step':>6} {'time s':>9} {'cost $':>10} {'generation s':>13} {'actors':>7}")
     rows = out["per_step"]
+    ranks = any(r.get("learner_width") for r in rows)  # a budget or deadline chose them
+    lines.append(
+        f"{'step':>6} {'time s':>9} {'cost $':>10} {'generation s':>13} {'actors':>7}"
+        + (f" {'ranks':>6}" if ranks else "")
+    )
     if len(rows) > SHOWN_STEPS:  # the first steps and the last: --json has every one
         cut = len(rows) - SHOWN_STEPS
         rows = [*rows[: SHOWN_STEPS - 4], {"skipped": cut}, *rows[-4:]]
@@ -40,7 +44,7 @@ def run_summary(out: dict[str, Any]) -> str:
             continue
         lines.append(
             f"{row['step']:>6} {row['time']:9.2f} {row['cost']:10.4g} {row['generation_time']:13.2f} "
-            f"{row['n_actors']:>7}"
+            f"{row['n_actors']:>7}" + (f" {row.get('learner_width', 0):>6}" if ranks else "")
         )
     return "\n".join(lines)
 

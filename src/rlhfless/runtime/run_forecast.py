@@ -237,6 +237,7 @@ def forecast_run(
                     "cost": plan.predicted_step_cost,
                     "generation_time": plan.predicted_time,
                     "n_actors": plan.n_actors,
+                    "learner_width": plan.learner_width,
                 }
             )
         return sum(r["time"] for r in rows), sum(r["cost"] for r in rows), rows
