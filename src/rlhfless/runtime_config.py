@@ -57,7 +57,8 @@ class RuntimeConfig:
             "billed per slot while held; 0 = the planner's choice among the slots free after "
             "generation (the learner's own and those the decode functions released): all of them "
             "until a phase was measured, then the lam score of learning time against its cost, rank "
-            "starts included; 1 = the learner alone. Extra ranks are requested once generation's "
+            "starts included (under scheduler.budget_per_step or deadline_per_step, the step plan's "
+            "width); 1 = the learner alone. Extra ranks are requested once generation's "
             "live forecast is within one measured rank start"
         },
     )

@@ -88,14 +88,17 @@ class SchedulerConfig:
         default=None,
         metadata={
             "help": "USD: each step takes the fastest plan whose forecast step cost fits (instead of "
-            "lam); a budget below the cheapest plan is an error naming it; null = lam decides"
+            "lam): its decode functions and, where the learning width is the planner's (Ray "
+            "runtime, runtime.learner_width=0), the learning phase's width; a budget below the "
+            "cheapest plan is an error naming it; null = lam decides"
         },
     )
     deadline_per_step: float | None = field(
         default=None,
         metadata={
             "help": "seconds: each step takes the cheapest plan whose forecast step time fits "
-            "(instead of lam); a deadline below the fastest plan is an error naming it; null = lam"
+            "(instead of lam), decode functions and learning width as under budget_per_step; a "
+            "deadline below the fastest plan is an error naming it; null = lam"
         },
     )
     target_miss: str = field(
