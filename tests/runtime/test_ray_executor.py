@@ -47,10 +47,11 @@ def run(
     cold_start_s: float = 0.0,
     prefill_scale: float = 1.0,
     setup=lambda executor: None,
+    planned=lambda plan: None,
 ) -> list[dict]:
     """Steps of the tiny preset on the Ray executor, planned for a two-slot machine whose cold
     starts the planner takes to last `cold_start_s` (and its prefills `prefill_scale` times the
-    roofline's); `setup` sees the executor before the first step."""
+    roofline's); `setup` sees the executor before the first step, `planned` each plan."""
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))
     tokenizer = load_tokenizer(cfg.model)
     loader = PromptLoader(load_prompts(cfg.data), cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
@@ -75,6 +76,7 @@ def run(
             before = record.get("weights")
             prompts = tokenize_prompts(next(loader), tokenizer, cfg.generation.max_prompt_tokens)
             plan = planner.plan(prompts, [None] * len(prompts), predictor, executor.warm_functions())
+            planned(plan)
             samples, metrics = executor.generate(prompts, plan, step)
             record = {
                 "plan": plan,
@@ -309,6 +311,18 @@ def test_a_bfloat16_learner_leaves_the_rollouts_in_float32(rlhfless):
     assert bf16["plan"].n_actors == 2
     assert bf16["metrics"]["bytes/weight_sync"] == fp32["metrics"]["bytes/weight_sync"] > 0
     assert tokens(bf16["samples"]) == tokens(fp32["samples"])
+
+
+def test_the_learning_phase_takes_the_width_the_steps_plan_chose():
+    """Both slots are free once the two decode functions are released (the phase's own choice:
+    two ranks); a plan that chose one rank under a budget gets one."""
+
+    def one_rank(plan) -> None:
+        assert plan.n_actors == 2 and plan.learner_width == 0  # no target: the phase's choice
+        plan.learner_width = 1  # as a budget between the widths chooses
+
+    [step] = run(*RLHFLESS, "runtime.learner_width=0", planned=one_rank)
+    assert step["learning"]["learner/width"] == 1 and len(step["rank_pids"]) == 1
 
 
 def test_an_actor_cut_at_tau_has_its_sequences_finished_elsewhere_with_the_same_tokens():
