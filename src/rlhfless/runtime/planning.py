@@ -251,8 +251,10 @@ class StepPlanner:
         """Learning widths 1 .. `widths`, each at its own rate (`PhaseModel.at_width`) and wait
         for its ranks; none before the phases' rate is known, or where the width is not the
         plan's."""
+        if self.widths < 2:
+            return ()
         options = []
-        for w in range(1, self.widths + 1) if self.widths > 1 else ():
+        for w in range(1, self.widths + 1):
             rate = self.phases.at_width(w, self._usual)
             if rate is None:
                 return ()
