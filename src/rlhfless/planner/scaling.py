@@ -336,6 +336,21 @@ def choose(
     return int(np.argmin(table.score))
 
 
+def _over_widths(
+    table: CandidateTable, billing: Billing, tokens: float
+) -> tuple[CandidateTable, tuple[np.ndarray, np.ndarray]]:
+    """`table` repeated once per one of `billing.widths`, and the rest of the step (seconds, USD)
+    at `tokens` predicted tokens for each row, forecast at its width."""
+    widths = billing.widths
+    rests = [billing.at_width(w).after_generation(tokens, table.n) for w in widths]
+    tiled = CandidateTable(
+        *(np.tile(x, len(widths)) for x in (table.n, table.time, table.cost, table.score, table.hidden)),
+        table.warm,
+        np.tile(table.warm_after, len(widths)),
+    )
+    return tiled, (np.concatenate([r[0] for r in rests]), np.concatenate([r[1] for r in rests]))
+
+
 def choose_width(
     table: CandidateTable,
     billing: Billing,
@@ -348,27 +363,20 @@ def choose_width(
     """(index of N', learning width) under a budget or deadline (`choose`), over every pair of a
     candidate N and one of `billing.widths`, the rest of the step at `tokens` predicted tokens
     forecast at that width."""
-    k, widths = table.n.size, billing.widths
-    rests = [billing.at_width(w).after_generation(tokens, table.n) for w in widths]
-    tiled = CandidateTable(
-        *(np.tile(x, len(widths)) for x in (table.n, table.time, table.cost, table.score, table.hidden)),
-        table.warm,
-        np.tile(table.warm_after, len(widths)),
-    )
-    after = (np.concatenate([r[0] for r in rests]), np.concatenate([r[1] for r in rests]))
+    tiled, after = _over_widths(table, billing, tokens)
     i = choose(tiled, after, budget, deadline, margins, nearest=nearest)
-    return i % k, widths[i // k]
+    return i % table.n.size, billing.widths[i // table.n.size]
 
 
 def width_options(table: CandidateTable, billing: Billing, tokens: float) -> list[dict[str, float]]:
     """Every pair of a candidate N and one of `billing.widths`, with its forecast step time and
-    cost: the plans a budget or deadline chooses among."""
-    rows = []
-    for w in billing.widths:
-        seconds, cost = billing.at_width(w).after_generation(tokens, table.n)
-        step_cost = table.cost + table.warm_after + cost
-        for n, t, c in zip(
-            table.n.tolist(), (table.time + seconds).tolist(), step_cost.tolist(), strict=True
-        ):
-            rows.append({"n": int(n), "width": w.width, "step_time": float(t), "step_cost": float(c)})
-    return rows
+    cost: the plans a budget or deadline chooses among (none where it offers no widths)."""
+    if not billing.widths:
+        return []
+    tiled, after = _over_widths(table, billing, tokens)
+    widths = np.repeat([w.width for w in billing.widths], table.n.size)
+    columns = (tiled.n, widths, tiled.time + after[0], tiled.cost + tiled.warm_after + after[1])
+    return [
+        {"n": int(n), "width": int(w), "step_time": float(t), "step_cost": float(c)}
+        for n, w, t, c in zip(*(np.asarray(x).tolist() for x in columns), strict=True)
+    ]
