@@ -273,13 +273,18 @@ class Roofline:
         )
 
     @property
-    def max_kv_tokens(self) -> int:
-        """Tokens of KV cache the actor can hold once weights and a reserve are loaded."""
-        per_gpu = (
+    def kv_bytes(self) -> float:
+        """Bytes a GPU keeps for KV cache once its share of the weights and a reserve are loaded."""
+        return (
             self.gpu.memory_gb * 1e9 * self.memory_utilization
             - self.model.weight_bytes / self.tp
             - self.activation_reserve_gb * 1e9
         )
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Tokens of KV cache the actor can hold once weights and a reserve are loaded."""
+        per_gpu = self.kv_bytes
         if per_gpu <= 0:
             raise ValueError(
                 f"tp: got {self.tp}, expected enough GPUs to hold {self.model.name} "
@@ -321,3 +326,17 @@ def roofline_profile(
     profile.cold_start_s = cold_start_s
     profile.note = f"roofline: {roof.model.name} on {tp} x {roof.gpu.name}"
     return profile
+
+
+def decode_sizes(
+    model: str | dict[str, Any] | ModelShape, gpu: str | dict[str, Any] | GpuSpec, largest: int
+) -> list[int]:
+    """Tensor-parallel sizes worth planning decode actors at: the powers of two up to `largest`
+    (the actor size the user set) whose GPUs keep at least as much memory for KV as for their
+    share of the weights. A smaller actor holds fewer sequences but spends fewer GPUs on each
+    weight read and all-reduce, so on a throughput-bound step it may decode more tokens per GPU;
+    below that memory line its batch is too small to."""
+    shape, spec = ModelShape.resolve(model), GpuSpec.resolve(gpu)
+    sizes = [1 << k for k in range(largest.bit_length()) if (1 << k) < largest]
+    fit = [tp for tp in sizes if Roofline(shape, spec, tp).kv_bytes >= shape.weight_bytes / tp]
+    return [*fit, largest]

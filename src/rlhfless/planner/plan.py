@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -30,9 +30,11 @@ from rlhfless.planner.scaling import (
     CandidateTable,
     LearningWidth,
     candidate_table,
+    PlanError,
     choose,
     choose_width,
     estimate_actors,
+    normalised,
     target_message,
     width_options,
 )
@@ -114,6 +116,9 @@ class StepPlan:
     # the executor offers one width).
     learner_width: int = 0
     step_options: list[dict[str, float]] = field(default_factory=list)
+    # Each decode actor shape's plan where several were planned (`plan_shapes`): {gpus, n, time,
+    # cost, step_time, step_cost}; this plan is the one taken.
+    shape_options: list[dict[str, float]] = field(default_factory=list)
 
     def missed_target(self) -> str | None:
         """One line naming the budget or deadline this plan's forecast is past, and the plan."""
@@ -153,6 +158,7 @@ class StepPlan:
             "floor": self.floor,
             "learner_width": self.learner_width,
             "step_options": self.step_options,
+            "shape_options": self.shape_options,
         }
 
     @classmethod
@@ -359,6 +365,64 @@ def plan_step(
         learner_width=width.width if width else 0,
         step_options=width_options(table, billing, tokens),
     )
+
+
+def plan_shapes(
+    prompts: Sequence[PromptSpec],
+    predictor: LengthPredictor,
+    profiles: Sequence[Profile],
+    cluster: ClusterSpec,
+    config: SchedulerConfig,
+    group_size: int,
+    billing: Billing | None = None,
+    max_length: float | None = None,
+) -> StepPlan:
+    """Plan one step with decode actors of any one of several shapes (`profiles`, one per
+    tensor-parallel size): each shape's plan as `plan_step` makes it, then the one `_across` takes
+    on their whole-step forecasts. The plan keeps every shape's in `shape_options`."""
+    t0 = time.perf_counter()
+    plans, refused = [], []
+    for profile in profiles:
+        shaped = replace(config, gpus_per_actor=profile.gpus)
+        try:
+            plans.append(plan_step(prompts, predictor, profile, cluster, shaped, group_size, billing, max_length))
+        except PlanError as err:  # this shape cannot meet the target; another may
+            if len(profiles) == 1:
+                raise
+            refused.append(err)
+    if len(plans) == len(profiles) == 1:
+        return plans[0]
+    if not plans:
+        raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
+    chosen = plans[_across(plans, config)]
+    chosen.plan_seconds = time.perf_counter() - t0
+    chosen.shape_options = [
+        {
+            "gpus": p.profile.gpus if p.profile else 0,
+            "n": p.n_actors,
+            "time": p.predicted_time,
+            "cost": p.predicted_cost,
+            "step_time": p.predicted_step_time,
+            "step_cost": p.predicted_step_cost,
+        }
+        for p in plans
+    ]
+    return chosen
+
+
+def _across(plans: Sequence[StepPlan], config: SchedulerConfig) -> int:
+    """Index of the shape's plan to take: under a budget the fastest plan that fits it (the
+    cheapest where none does), under a deadline the cheapest that fits (else the fastest), else
+    the least lam score of their whole-step forecasts."""
+    t = np.array([p.predicted_step_time for p in plans])
+    c = np.array([p.predicted_step_cost for p in plans])
+    fits = np.array([not p.target.get("missed") for p in plans])
+    if config.budget_per_step is not None:
+        return int(np.argmin(np.where(fits, t, np.inf))) if fits.any() else int(np.argmin(c))
+    if config.deadline_per_step is not None:
+        return int(np.argmin(np.where(fits, c, np.inf))) if fits.any() else int(np.argmin(t))
+    how, lam = config.normalise, config.lam
+    return int(np.argmin(lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)))
 
 
 def _prefill_work(

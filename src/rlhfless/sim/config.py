@@ -9,7 +9,7 @@ from typing import Any
 
 from rlhfless.checks import check
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.hardware import GpuSpec, ModelShape
+from rlhfless.planner.hardware import GpuSpec, ModelShape, decode_sizes
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.pricing import PRICE_SHEETS, Pricing
 from rlhfless.typed import typed
@@ -110,6 +110,15 @@ class SimModelConfig:
     tp: int = field(
         default=1, metadata={"help": "tensor-parallel GPUs per actor (decode, prefill, learner shard)"}
     )
+    decode_tp: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "tensor-parallel sizes rlhfless's decode actors may take; the planner chooses one "
+            "each step, with the number of actors (verl and rlhfuse keep model.tp). Empty = model.tp "
+            "and every smaller power of two whose GPUs keep as much memory for KV as for weights "
+            "(roofline only: a measured profile times model.tp alone)"
+        },
+    )
     profile: str = field(
         default="", metadata={"help": "measured profile JSON (rlhfless profile --output); empty = roofline"}
     )
@@ -124,6 +133,13 @@ class SimModelConfig:
     def __post_init__(self) -> None:
         check(self.tp >= 1, "tp", self.tp, "an integer >= 1")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "an integer >= 0")
+        check(all(tp >= 1 for tp in self.decode_tp), "decode_tp", self.decode_tp, "integers >= 1")
+        check(
+            not (self.profile and set(self.decode_tp) - {self.tp}),
+            "decode_tp",
+            self.decode_tp,
+            f"only model.tp ({self.tp}) with a measured model.profile (other sizes are untimed)",
+        )
         self.shape  # noqa: B018 - validates the name now
 
     @property
@@ -193,6 +209,21 @@ class SimConfig:
             per_actor,
             f"a divisor of cluster.gpus_per_node ({self.cluster.gpus_per_node})",
         )
+        for tp in self.model.decode_tp:
+            check(
+                self.cluster.gpus_per_node % tp == 0,
+                "model.decode_tp",
+                self.model.decode_tp,
+                f"divisors of cluster.gpus_per_node ({self.cluster.gpus_per_node})",
+            )
+
+    def decode_sizes(self) -> list[int]:
+        """The decode actor sizes rlhfless plans among (`model.decode_tp`, or its default)."""
+        if self.model.decode_tp:
+            return sorted(set(self.model.decode_tp))
+        if self.model.profile:
+            return [self.model.tp]
+        return decode_sizes(self.model.shape, self.cluster.spec, self.model.tp)
 
 
 def build(tree: dict[str, Any]) -> SimConfig:

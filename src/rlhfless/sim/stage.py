@@ -3,7 +3,7 @@ its prices, and the preparation and learning phases that follow generation on ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.placement import ClusterSpec
@@ -26,6 +26,17 @@ class Stage:
     inference_mfu: float
     ppo: bool
     max_response: int | None = None  # the cap on response tokens (unfinished sequences run at most to it)
+    # Every decode actor shape rlhfless may plan, by its GPUs (tensor-parallel size), the truth for
+    # each; `profile` is one of them (model.tp, verl's and rlhfuse's). Empty: `profile` alone.
+    shapes: dict[int, Profile] = field(default_factory=dict)
+
+    def at_shape(self, gpus: int) -> Stage:
+        """This stage with decode actors of `gpus` GPUs timed by their own shape's profile."""
+        return self if gpus == self.profile.gpus else replace(self, profile=self.shapes[gpus])
+
+    def decode_profiles(self) -> list[Profile]:
+        """Every decode actor shape's profile, smallest first."""
+        return [self.shapes[g] for g in sorted(self.shapes)] or [self.profile]
 
     def phase_seconds(self, tokens: float) -> tuple[float, float]:
         """(preparation, learning) seconds for `tokens` prompt + response tokens on every GPU: the

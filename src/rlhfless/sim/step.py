@@ -20,7 +20,7 @@ from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
 from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
-from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.plan import PromptSpec, StepPlan, plan_shapes
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.profile import Profile
@@ -74,6 +74,7 @@ class StepResult:
     pilot_prompts: int = 0
     pilot_seconds: float = 0.0
     pilot_cost: float = 0.0
+    actor_gpus: int = 0  # GPUs per decode actor (its tensor-parallel size), as the plan chose
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -87,6 +88,10 @@ class Simulator:
         self.serverful = config.policy == "verl"
         cold = 0.0 if self.serverful else stage.cold_start_s
         self.planner_profile = replace(stage.profile, cold_start_s=cold)
+        # rlhfless's actor scaling chooses each actor's shape with N; the baselines keep model.tp.
+        shaped = config.policy == "rlhfless" and config.features["actor_scaling"]
+        profiles = stage.decode_profiles() if shaped else [stage.profile]
+        self.planner_profiles = [replace(p, cold_start_s=cold) for p in profiles]
         # Preparation + learning seconds per token: known exactly here (the execution's own
         # formula), learned per step in the runtime.
         self.phases = PhaseModel(per_token_s=stage.after_per_token_s)
@@ -119,10 +124,10 @@ class Simulator:
             for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
                 self.predictor.reveal(uid, lengths)
         g = prompts.lengths.shape[1]
-        return plan_step(
+        return plan_shapes(
             specs,
             self.predictor,
-            self.planner_profile,
+            self.planner_profiles,
             self.stage.cluster,
             self.config,
             g,
@@ -154,7 +159,7 @@ class Simulator:
             {"time": result.time, "cost": result.cost},
         )
         versus = versus_verl(
-            plan, prompts.lengths, prompts.prompt_lengths, self.planner_profile, self.config.segments
+            plan, prompts.lengths, prompts.prompt_lengths, plan.profile or self.planner_profile, self.config.segments
         )
         self.shortfall.observe(versus, len(prompts.uids))
         return result
@@ -172,7 +177,7 @@ class Simulator:
     def execute(
         self, step: int, prompts: StepPrompts, plan: StepPlan, weights_loaded: bool = False
     ) -> StepResult:
-        st = self.stage
+        st = self.stage.at_shape(plan.actors[0].gpus)  # the decode actors' shape, as planned
         gen = Generation(st, self.config, prompts, plan, self.serverful, weights_loaded)
         gen.run()
         generation = max(r.released for r in gen.runs)
@@ -207,6 +212,7 @@ class Simulator:
             cost=cost,
             cost_generation=cost_generation,
             n_actors=len(gen.runs),
+            actor_gpus=int(st.profile.gpus),
             migrations=gen.migrations,
             prefill_tokens=int(plan.prefill["tokens_computed"]),
             prefill_unique=int(plan.prefill["tokens_unique"]),
@@ -262,14 +268,19 @@ class Simulator:
             free.append(FreeGpus(load, float(unused), load))
         return overlap_preparation(finish, per_group, free, generation, st.pricing)
 
+    def shapes(self) -> list[Profile]:
+        """Every decode actor shape of the stage, the baselines' included: each step's floor takes
+        the best of them, whichever a policy plans with."""
+        st = self.stage
+        return list({p.gpus: p for p in (st.profile, *st.decode_profiles())}.values())
+
     def floor(self, prompts: StepPrompts) -> Floor:
         """The step's generation floor from its true lengths, on the cluster's actors."""
         st = self.stage
         g = prompts.lengths.shape[1]
         unique = tree_tokens(PackedPrompts.pack(prompts.prompt_tokens))
-        actors = st.cluster.max_actors(st.profile.gpus)
         return generation_floor(
-            [(st.profile, actors)],
+            [(p, st.cluster.max_actors(p.gpus)) for p in self.shapes()],
             np.repeat(prompts.prompt_lengths, g),
             prompts.lengths.ravel(),
             unique,
