@@ -29,8 +29,8 @@ from rlhfless.planner.scaling import (
     Billing,
     CandidateTable,
     LearningWidth,
-    candidate_table,
     PlanError,
+    candidate_table,
     choose,
     choose_width,
     estimate_actors,
@@ -385,7 +385,9 @@ def plan_shapes(
     for profile in profiles:
         shaped = replace(config, gpus_per_actor=profile.gpus)
         try:
-            plans.append(plan_step(prompts, predictor, profile, cluster, shaped, group_size, billing, max_length))
+            plans.append(
+                plan_step(prompts, predictor, profile, cluster, shaped, group_size, billing, max_length)
+            )
         except PlanError as err:  # this shape cannot meet the target; another may
             if len(profiles) == 1:
                 raise

@@ -56,7 +56,9 @@ def make_stage(cfg: SimConfig) -> Stage:
         profile = roofline_profile(shape, spec, cfg.model.tp)
     if cfg.model.max_batch:
         profile = replace(profile, max_batch=cfg.model.max_batch)
-    shapes = {tp: profile if tp == profile.gpus else roofline_profile(shape, spec, tp) for tp in cfg.decode_sizes()}
+    shapes = {
+        tp: profile if tp == profile.gpus else roofline_profile(shape, spec, tp) for tp in cfg.decode_sizes()
+    }
     if cfg.model.max_batch:
         shapes = {tp: replace(p, max_batch=cfg.model.max_batch) for tp, p in shapes.items()}
     return Stage(

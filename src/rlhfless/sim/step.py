@@ -159,7 +159,11 @@ class Simulator:
             {"time": result.time, "cost": result.cost},
         )
         versus = versus_verl(
-            plan, prompts.lengths, prompts.prompt_lengths, plan.profile or self.planner_profile, self.config.segments
+            plan,
+            prompts.lengths,
+            prompts.prompt_lengths,
+            plan.profile or self.planner_profile,
+            self.config.segments,
         )
         self.shortfall.observe(versus, len(prompts.uids))
         return result
