@@ -10,7 +10,7 @@ from rlhfless.sim.runner import VARIANTS, run_policy
 @settings(max_examples=16, deadline=None)
 @given(
     gpu=st.sampled_from(["l40s", "h100", "a100"]),
-    tp=st.sampled_from([1, 2]),
+    tp=st.sampled_from([1, 2, 4]),  # 2 and 4: rlhfless may plan smaller decode actors too
     samples=st.integers(4, 16),
     cap=st.sampled_from([1024, 2048, 4096, 8192]),
     dataset=st.sampled_from(["gsm8k", "gpqa", "lcb"]),

@@ -32,6 +32,7 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
             "mean_cost": mean_of(steps, "cost"),
             "mean_generation_cost": mean_of(steps, "cost_generation"),
             "mean_actors": mean_of(steps, "n_actors"),
+            "mean_actor_gpus": mean_of(steps, "actor_gpus"),  # each decode actor's TP size
             "mean_migrations": mean_of(steps, "migrations"),
             "mean_plan_seconds": mean_of(steps, "plan_seconds"),
             "mean_floor_time": mean_of(steps, "floor_time"),

@@ -123,14 +123,15 @@ def _headline(name: str, summaries: dict[str, dict[str, dict[str, float]]]) -> d
 
 def _table(name: str, summaries: dict[str, dict[str, dict[str, float]]], headline: dict[str, Any]) -> str:
     lines = [
-        f"{'scenario (simulated)':34s} {'variant':12s} {'step s':>8s} {'cost $':>9s} {'speedup':>8s} "
+        f"{'scenario (simulated)':34s} {'variant':12s} {'tp':>4s} {'step s':>8s} {'cost $':>9s} {'speedup':>8s} "
         f"{'cost -%':>8s} {'gen x':>6s} {'gen $ -%':>9s} {'gen s':>7s} {'/floor':>7s} {'gen $':>7s} "
         f"{'/floor':>7s} {'bound x':>8s} {'bound -%':>9s}"
     ]
     for scenario, rows in summaries.items():
         for variant, row in rows.items():
             lines.append(
-                f"{scenario:34s} {variant:12s} {row['mean_step_time']:8.1f} {row['mean_cost']:9.3f} "
+                f"{scenario:34s} {variant:12s} {row['mean_actor_gpus']:4.1f} {row['mean_step_time']:8.1f} "
+                f"{row['mean_cost']:9.3f} "
                 f"{row.get('speedup', 1.0):7.2f}x {100 * row.get('cost_reduction', 0.0):7.1f}% "
                 f"{row.get('generation_speedup', 1.0):5.2f}x {100 * row.get('generation_cost_reduction', 0.0):8.1f}% "
                 f"{row['mean_generation_time']:7.1f} {row['generation_over_floor']:6.2f}x "
@@ -176,6 +177,7 @@ def _table(name: str, summaries: dict[str, dict[str, dict[str, float]]], headlin
     )
     lines.append(
         "(simulated; learning and preparation run on every GPU under both policies; 'bound': the "
-        "whole step with generation at its floor; gen s / gen $ over the generation and work floors)"
+        "whole step with generation at its floor; gen s / gen $ over the generation and work floors; "
+        "tp: GPUs per decode actor, the mean over steps)"
     )
     return "\n".join(lines)

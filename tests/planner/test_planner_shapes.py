@@ -1,0 +1,106 @@
+"""Decode actor shapes as a plan dimension: `plan_shapes` plans each tensor-parallel size as
+`plan_step` would and takes one, by the same rules that choose N within a shape."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_support import make_cluster, make_profile
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.plan import PromptSpec, plan_shapes, plan_step
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.scaling import PlanError
+
+# One GPU a step, or two GPUs that decode each step faster and hold as many sequences.
+ONE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
+TWO = dataclasses.replace(make_profile(step_ms=6.0, per_seq_ms=0.02, prefill_ms_per_token=0.005), gpus=2)
+SHAPES = [ONE, TWO]
+
+
+@st.composite
+def steps(draw):
+    n = draw(st.integers(2, 24))
+    lengths = draw(st.lists(st.integers(1, 2000), min_size=n, max_size=n))
+    prompts = [PromptSpec(f"p{i}", [7, 7, i % 3, i]) for i in range(n)]
+    predictor = LengthPredictor()
+    for p, length in zip(prompts, lengths, strict=True):
+        predictor.update(p.uid, [length, max(1, length // 3)])
+    return prompts, predictor
+
+
+def own_plans(prompts, predictor, config):
+    """Each shape's plan on its own."""
+    return [
+        plan_step(
+            prompts, predictor, p, make_cluster(), dataclasses.replace(config, gpus_per_actor=p.gpus), 2
+        )
+        for p in SHAPES
+    ]
+
+
+def decision(plan):
+    return {k: v for k, v in plan.to_dict().items() if k not in ("plan_seconds", "shape_options")}
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps(), st.sampled_from(["lam", "budget_per_step", "deadline_per_step"]), st.floats(0.0, 1.0))
+def test_the_plan_is_one_shapes_own_and_the_one_its_target_or_lam_takes(step, target, lam):
+    prompts, predictor = step
+    config = SchedulerConfig(lam=lam, target_miss="nearest")
+    if target != "lam":  # a target between the two shapes' lam plans: one may fit it, or both
+        lam_plans = own_plans(prompts, predictor, config)
+        key = "predicted_step_cost" if target == "budget_per_step" else "predicted_step_time"
+        config = dataclasses.replace(config, **{target: float(np.mean([getattr(p, key) for p in lam_plans]))})
+    own = own_plans(prompts, predictor, config)
+    got = plan_shapes(prompts, predictor, SHAPES, make_cluster(), config, 2)
+
+    taken = [i for i, p in enumerate(own) if decision(p) == decision(got)]
+    assert len(taken) == 1 or decision(own[0]) == decision(own[1])
+    assert {a.gpus for a in got.actors} == {SHAPES[taken[0]].gpus}
+    assert sorted(u for a in got.actors for u in a.uids) == sorted(p.uid for p in prompts)
+    assert [o["gpus"] for o in got.shape_options] == [1, 2]
+    assert [o["step_time"] for o in got.shape_options] == [p.predicted_step_time for p in own]
+
+    time = np.array([p.predicted_step_time for p in own])
+    cost = np.array([p.predicted_step_cost for p in own])
+    fits = np.array([not p.target.get("missed") for p in own])
+    if target == "budget_per_step":
+        best = time[fits].min() if fits.any() else None
+        assert got.predicted_step_time == best if best is not None else got.predicted_step_cost == cost.min()
+    elif target == "deadline_per_step":
+        best = cost[fits].min() if fits.any() else None
+        assert got.predicted_step_cost == best if best is not None else got.predicted_step_time == time.min()
+    else:
+        score = lam * (time / time.min() - 1) + (1 - lam) * (cost / cost.min() - 1)
+        assert score[taken[0]] == pytest.approx(score.min())
+
+
+def test_one_shape_is_plan_step_itself():
+    prompts = [PromptSpec(f"p{i}", [1, 2, i]) for i in range(6)]
+    config = SchedulerConfig(gpus_per_actor=2)
+    alone = plan_shapes(prompts, LengthPredictor(), [TWO], make_cluster(), config, 2)
+    assert decision(alone) == decision(plan_step(prompts, LengthPredictor(), TWO, make_cluster(), config, 2))
+    assert alone.shape_options == []
+
+
+def test_a_target_no_shape_meets_names_the_least_any_shape_could():
+    prompts = [PromptSpec(f"p{i}", [1, 2, i]) for i in range(6)]
+    config = SchedulerConfig(budget_per_step=1e-9)
+    least = []
+    for profile in SHAPES:
+        with pytest.raises(PlanError) as refused:
+            plan_step(
+                prompts,
+                LengthPredictor(),
+                profile,
+                make_cluster(),
+                dataclasses.replace(config, gpus_per_actor=profile.gpus),
+                2,
+            )
+        least.append(refused.value.least)
+    with pytest.raises(PlanError, match="budget_per_step: got 1e-09") as refused:
+        plan_shapes(prompts, LengthPredictor(), SHAPES, make_cluster(), config, 2)
+    assert refused.value.least == min(least)

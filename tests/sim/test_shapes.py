@@ -1,0 +1,75 @@
+"""The simulator's decode actor shapes: rlhfless decodes at the tensor-parallel size its plan
+took, the baselines at model.tp, and every policy's floor is the best of all the shapes."""
+
+import re
+
+import pytest
+
+from rlhfless.planner.hardware import GpuSpec, ModelShape, Roofline, decode_sizes
+from rlhfless.sim.config import build
+from rlhfless.sim.runner import VARIANTS, make_stage, run_policy
+
+
+def scenario(**model):
+    return build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "l40s"},
+            "model": {"name": "qwen2.5-7b", "tp": 4, **model},
+            "workload": {"dataset": "gpqa", "prompts_per_step": 32, "samples": 4, "max_response": 2048},
+        }
+    )
+
+
+@pytest.mark.parametrize(("model", "gpu", "largest"), [("llama-2-70b", "h100", 8), ("qwen2.5-7b", "l40s", 4)])
+def test_default_sizes_are_the_powers_of_two_whose_gpus_keep_as_much_memory_for_kv_as_for_weights(
+    model, gpu, largest
+):
+    shape = ModelShape.resolve(model)
+    sizes = decode_sizes(model, gpu, largest)
+    assert sizes[-1] == largest
+    for tp in (1, 2, 4):
+        if tp < largest:
+            keeps = Roofline(shape, GpuSpec.resolve(gpu), tp).kv_bytes >= shape.weight_bytes / tp
+            assert (tp in sizes) == keeps
+    assert decode_sizes("llama-2-70b", "h100", 8) == [4, 8]
+
+
+def test_rlhfless_decodes_at_the_shape_its_plan_took_the_baselines_at_model_tp():
+    cfg = scenario(decode_tp=[1, 4])
+    stage = make_stage(cfg)
+    assert sorted(stage.shapes) == [1, 4]
+    ours = run_policy(cfg, VARIANTS["rlhfless"], 2, stage)
+    verl = run_policy(cfg, VARIANTS["verl"], 2, stage)
+    for mine, theirs in zip(ours, verl, strict=True):
+        assert mine.actor_gpus in (1, 4)
+        assert {a["gpus"] for a in mine.actors} == {mine.actor_gpus}
+        assert theirs.actor_gpus == 4
+        assert mine.floor_time == theirs.floor_time  # one floor a step, whichever policy
+    only_one = run_policy(scenario(decode_tp=[1]), VARIANTS["rlhfless"], 1)
+    assert only_one[0].actor_gpus == 1
+
+
+def test_the_floor_over_shapes_is_no_higher_than_either_shapes_own():
+    steps = {
+        sizes: run_policy(scenario(decode_tp=list(sizes)), VARIANTS["verl"], 1)[0]
+        for sizes in ((1,), (4,), (1, 4))
+    }
+    both = steps[(1, 4)]
+    assert both.floor_latency == min(steps[(1,)].floor_latency, steps[(4,)].floor_latency)
+    assert both.floor_throughput == min(steps[(1,)].floor_throughput, steps[(4,)].floor_throughput)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"decode_tp": [3]}, "model.decode_tp: got [3], expected divisors of cluster.gpus_per_node (8)"),
+        ({"decode_tp": [0]}, "model.decode_tp: got [0], expected integers >= 1"),
+        (
+            {"decode_tp": [2, 4], "profile": "measured.json"},
+            "model.decode_tp: got [2, 4], expected only model.tp (4) with a measured model.profile",
+        ),
+    ],
+)
+def test_a_decode_size_the_cluster_or_profile_cannot_time_is_one_line_naming_it(model, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        scenario(**model)
