@@ -70,3 +70,32 @@ def test_bad_override_exits_2(tmp_path, capsys):
     path = write(tmp_path / "p.jsonl", [{"uid": "a", "prompt_tokens": [1]}])
     assert main(["plan", "--prompts", str(path), "scheduler.tau=2"]) == 2
     assert "scheduler.tau: got 2" in capsys.readouterr().err
+
+
+def test_plan_weighs_every_decode_size_and_names_the_one_it_took(tmp_path, capsys):
+    path = str(write(tmp_path / "p.jsonl", ROWS))
+    cluster = ["--model", "llama-2-70b", "--gpu", "h100", "--nodes", "2", "scheduler.gpus_per_actor=8"]
+    assert main(["plan", "--prompts", path, *cluster, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [o["gpus"] for o in plan["shape_options"]] == [4, 8]  # 70B leaves TP 2 too little KV
+    taken = {a["gpus"] for a in plan["actors"]}
+    assert len(taken) == 1 and f"on {taken.pop()} x h100" in plan["profile"]
+    assert main(["plan", "--prompts", path, *cluster]) == 0
+    sizes = [line for line in capsys.readouterr().out.splitlines() if " TP " in line]
+    assert len(sizes) == 2 and sum("* TP" in line for line in sizes) == 1
+    assert main(["plan", "--prompts", path, *cluster, "--decode-tp", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["shape_options"] == []
+
+
+def test_a_decode_size_list_that_is_not_integers_or_not_the_tables_is_one_line(tmp_path, capsys):
+    path = str(write(tmp_path / "p.jsonl", ROWS))
+    assert main(["plan", "--prompts", path, "--decode-tp", "4,x"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "rlhfless plan: --decode-tp: got '4,x', expected comma-separated integers >= 1"
+    )
+    table = tmp_path / "t.json"
+    assert main(["profile", "--simulated", "model=qwen2.5-3b", "gpu=l40s", "--json"]) == 0
+    table.write_text(capsys.readouterr().out)
+    assert main(["plan", "--prompts", path, "--profile", str(table), "--decode-tp", "1,2"]) == 2
+    assert "--decode-tp: got '1,2', expected only the measured table's size (1)" in capsys.readouterr().err

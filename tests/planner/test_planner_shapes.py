@@ -32,10 +32,16 @@ def steps(draw):
 
 
 def own_plans(prompts, predictor, config):
-    """Each shape's plan on its own."""
+    """Each shape's plan on its own, its floor the best of both shapes."""
     return [
         plan_step(
-            prompts, predictor, p, make_cluster(), dataclasses.replace(config, gpus_per_actor=p.gpus), 2
+            prompts,
+            predictor,
+            p,
+            make_cluster(),
+            dataclasses.replace(config, gpus_per_actor=p.gpus),
+            2,
+            floor_shapes=SHAPES,
         )
         for p in SHAPES
     ]

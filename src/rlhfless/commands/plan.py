@@ -60,6 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--model", default="qwen2.5-3b", help="model shape for the default table and weight size"
     )
     parser.add_argument("--gpu", default="l40s", help="GPU for the default table and link speeds")
+    parser.add_argument(
+        "--decode-tp",
+        help="comma-separated tensor-parallel sizes the decode actors may take, the planner "
+        "choosing one with N (rlhfless with actor scaling, roofline tables); default: "
+        "scheduler.gpus_per_actor and every smaller power of two whose GPUs keep as much memory "
+        "for KV as for weights",
+    )
     parser.add_argument("--nodes", type=int, default=2, help="nodes in the cluster")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
     parser.add_argument("--config", help="YAML config file (default: the default preset)")
@@ -73,6 +80,14 @@ def _fail(message: str) -> int:
 
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _sizes(text: str) -> list[int]:
+    """`--decode-tp`'s sizes, sorted: comma-separated integers >= 1."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--decode-tp: got {text!r}, expected comma-separated integers >= 1")
+    return sorted({int(p) for p in parts})
 
 
 def _history_entry(value: Any) -> list[int] | None:
@@ -163,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None:
         return forecast(args)
     from rlhfless.config import ConfigError, load_config
-    from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+    from rlhfless.planner.hardware import GpuSpec, ModelShape, decode_sizes, roofline_profile
     from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.planner.plan import PromptSpec, plan_step
+    from rlhfless.planner.plan import PromptSpec, plan_shapes
     from rlhfless.planner.predictor import LengthPredictor
     from rlhfless.planner.profile import Profile
 
@@ -180,11 +195,19 @@ def run(args: argparse.Namespace) -> int:
         rows = read_prompts(args.prompts, cfg.generation.max_prompt_tokens)
         shape = ModelShape.resolve(args.model)
         if args.profile:
-            profile = Profile.load(args.profile)
+            profiles = [Profile.load(args.profile)]
             source = f"measured table {args.profile}"
+            if args.decode_tp and _sizes(args.decode_tp) != [profiles[0].gpus]:
+                raise ValueError(
+                    f"--decode-tp: got {args.decode_tp!r}, expected only the measured table's size "
+                    f"({profiles[0].gpus}): other sizes are untimed"
+                )
         else:
-            profile = roofline_profile(shape, args.gpu, scheduler.gpus_per_actor)
-            source = f"built-in default (derived, not measured): {profile.note}"
+            shaped = scheduler.policy == "rlhfless" and scheduler.features["actor_scaling"]
+            largest = scheduler.gpus_per_actor
+            sizes = _sizes(args.decode_tp) if args.decode_tp else decode_sizes(shape, args.gpu, largest)
+            profiles = [roofline_profile(shape, args.gpu, tp) for tp in (sizes if shaped else [largest])]
+            source = "built-in default (derived, not measured): "
         gpu = GpuSpec.resolve(args.gpu)
         cluster = ClusterSpec(
             nodes=args.nodes,
@@ -199,9 +222,11 @@ def run(args: argparse.Namespace) -> int:
             for entry in row["history"]:
                 predictor.update(row["uid"], _history_entry(entry))
         prompts = [PromptSpec(r["uid"], r["prompt_tokens"], r["answer_tokens"]) for r in rows]
-        plan = plan_step(prompts, predictor, profile, cluster, scheduler, group_size)
+        plan = plan_shapes(prompts, predictor, profiles, cluster, scheduler, group_size)
     except (ValueError, OSError) as err:
         return _fail(str(err))
+    if not args.profile:  # the size the plan took
+        source += plan.profile.note if plan.profile else ""
     out = {"profile": source, "group_size": group_size, **plan.to_dict()}
     print(json.dumps(out, indent=1) if args.json else step_summary(out, scheduler, cluster))
     return 0

@@ -49,6 +49,17 @@ def run_summary(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _sizes(out: dict[str, Any], chosen: int) -> list[str]:
+    """One line per decode actor size the planner weighed (none where it had one)."""
+    options = out.get("shape_options") or []
+    return [
+        f"{'sizes' if i == 0 else '':13s} {'*' if o['gpus'] == chosen else ' '} TP {o['gpus']:g}: "
+        f"N {o['n']:g}, generation {o['time']:.2f} s ${o['cost']:.4g}, step {o['step_time']:.2f} s "
+        f"${o['step_cost']:.4g}"
+        for i, o in enumerate(options)
+    ]
+
+
 def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
     """One step's plan for a person: what was chosen and why, what it costs, how far from the
     floor, what the prefill shares, the candidates around the choice, and the actors."""
@@ -71,6 +82,7 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
         f"profile       {out['profile']}",
         f"actors        {out['n_actors']} decode actor(s) of {actors[0]['gpus'] if actors else 0} GPU(s), "
         f"on a cluster of {cluster.nodes} x {cluster.gpus_per_node} GPUs; {why}",
+        *_sizes(out, actors[0]["gpus"] if actors else 0),
         f"generation    {out['predicted_time']:.2f} s, ${out['predicted_cost']:.4g} predicted; floor "
         f"{floor['time_s']:.2f} s (latency {floor['latency_s']:.2f}, throughput "
         f"{floor['throughput_s']:.2f}), {ratio:.2f}x; work floor ${floor['work_cost']:.4g}",

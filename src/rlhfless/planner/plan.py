@@ -239,10 +239,12 @@ def plan_step(
     group_size: int,
     billing: Billing | None = None,
     max_length: float | None = None,
+    floor_shapes: Sequence[Profile] = (),
 ) -> StepPlan:
     """Plan one step. `billing` says how the executor starts and bills functions (default: on
     demand, no resident learner, `config.pricing`); `max_length` caps predicted response lengths
-    (the engine's max_new_tokens)."""
+    (the engine's max_new_tokens); `floor_shapes`: every actor shape the floor may take the best
+    of (default: `profile` alone)."""
     t0 = time.perf_counter()
     n_prompts = len(prompts)
     _check_inputs(profile, cluster, config, n_prompts, group_size)
@@ -276,7 +278,7 @@ def plan_step(
         actors = estimate(ranges.model, ranges.starts, ranges.ends, ranges.n_of)
     g_rest = np.full(n_prompts, group_size - 1.0)
     floor = generation_floor(
-        [(profile, cluster.max_actors(profile.gpus))],
+        [(p, cluster.max_actors(p.gpus)) for p in floor_shapes or [profile]],
         np.r_[lengths, lengths],
         np.r_[gmax, workload.rest_length],
         prefill["tokens_unique"],
@@ -386,7 +388,9 @@ def plan_shapes(
         shaped = replace(config, gpus_per_actor=profile.gpus)
         try:
             plans.append(
-                plan_step(prompts, predictor, profile, cluster, shaped, group_size, billing, max_length)
+                plan_step(
+                    prompts, predictor, profile, cluster, shaped, group_size, billing, max_length, profiles
+                )
             )
         except PlanError as err:  # this shape cannot meet the target; another may
             if len(profiles) == 1:
