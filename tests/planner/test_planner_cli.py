@@ -77,12 +77,14 @@ def test_plan_weighs_every_decode_size_and_names_the_one_it_took(tmp_path, capsy
     cluster = ["--model", "llama-2-70b", "--gpu", "h100", "--nodes", "2", "scheduler.gpus_per_actor=8"]
     assert main(["plan", "--prompts", path, *cluster, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert [o["gpus"] for o in plan["shape_options"]] == [4, 8]  # 70B leaves TP 2 too little KV
+    sizes = [o["gpus"] for o in plan["shape_options"]]
+    assert sizes[:2] == [4, 8]  # 70B leaves TP 2 too little KV; then a split between them, if any
+    assert all(o["pools"][0][0] == 8 and o["pools"][1][0] == 4 for o in plan["shape_options"][2:])
     taken = {a["gpus"] for a in plan["actors"]}
-    assert len(taken) == 1 and f"on {taken.pop()} x h100" in plan["profile"]
+    assert taken in ({4}, {8}, {4, 8}) and f"on {max(taken)} x h100" in plan["profile"]
     assert main(["plan", "--prompts", path, *cluster]) == 0
-    sizes = [line for line in capsys.readouterr().out.splitlines() if " TP " in line]
-    assert len(sizes) == 2 and sum("* TP" in line for line in sizes) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if " TP " in line]
+    assert len(lines) == len(sizes) and sum("* TP" in line for line in lines) == 1
     assert main(["plan", "--prompts", path, *cluster, "--decode-tp", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["shape_options"] == []
 

@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import PromptSpec, plan_shapes, plan_step
+from rlhfless.planner.pools import split_plans
 from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.planner.scaling import PlanError
+from rlhfless.planner.scaling import Billing, PlanError
 
 # One GPU a step, or two GPUs that decode each step faster and hold as many sequences.
 ONE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
@@ -55,7 +57,7 @@ def decision(plan):
 @given(steps(), st.sampled_from(["lam", "budget_per_step", "deadline_per_step"]), st.floats(0.0, 1.0))
 def test_the_plan_is_one_shapes_own_and_the_one_its_target_or_lam_takes(step, target, lam):
     prompts, predictor = step
-    config = SchedulerConfig(lam=lam, target_miss="nearest")
+    config = SchedulerConfig(lam=lam, target_miss="nearest", split_sizes=False)
     if target != "lam":  # a target between the two shapes' lam plans: one may fit it, or both
         lam_plans = own_plans(prompts, predictor, config)
         key = "predicted_step_cost" if target == "budget_per_step" else "predicted_step_time"
@@ -110,3 +112,56 @@ def test_a_target_no_shape_meets_names_the_least_any_shape_could():
     with pytest.raises(PlanError, match="budget_per_step: got 1e-09") as refused:
         plan_shapes(prompts, LengthPredictor(), SHAPES, make_cluster(), config, 2)
     assert refused.value.least == min(least)
+
+
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=4, model_bytes=10**9, kv_bytes_per_token=1000)
+
+
+def assert_whole(plan):
+    """Every prompt once, actors numbered in order, no GPU twice, all on the cluster."""
+    assert sorted(u for a in plan.actors for u in a.uids) == sorted(plan.predicted_length)
+    assert [a.actor for a in plan.actors] == list(range(plan.n_actors))
+    gpus = [g for a in plan.actors for g in a.gpu_ids]
+    assert len(gpus) == len(set(gpus)) and max(gpus) < CLUSTER.total_gpus
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps(), st.floats(0.0, 1.0))
+def test_every_split_holds_the_longest_prompts_on_the_largest_size_and_every_prompt_once(step, lam):
+    prompts, predictor = step
+    config = SchedulerConfig(lam=lam)
+    gmax, _ = predictor.predict([p.uid for p in prompts])
+
+    def part(subset, profile, nodes, cfg):
+        return plan_step(subset, predictor, profile, nodes, cfg, 2, floor_shapes=SHAPES)
+
+    floor = {"time_s": 1.0}
+    splits = split_plans(prompts, gmax, TWO, ONE, CLUSTER, config, 2, Billing(config.pricing), floor, part)
+    assert splits  # 4 nodes: every split tried plans
+    for plan in splits:
+        assert_whole(plan)
+        large, small = plan.pools
+        assert {a.gpus for a in large.actors} == {2} and {a.gpus for a in small.actors} == {1}
+        assert max(a.node for a in large.actors) < min(a.node for a in small.actors)
+        shortest_long = min(plan.predicted_length[u] for u in large.predicted_length)
+        assert all(plan.predicted_length[u] <= shortest_long for u in small.predicted_length)
+        assert plan.predicted_time == max(large.predicted_time, small.predicted_time)
+        assert plan.predicted_cost == pytest.approx(large.predicted_cost + small.predicted_cost)
+        assert plan.actors == [*large.actors, *small.actors] and plan.floor == floor
+
+
+@settings(max_examples=20, deadline=None)
+@given(steps(), st.floats(0.0, 1.0))
+def test_a_split_is_taken_only_where_it_beats_every_single_size(step, lam):
+    prompts, predictor = step
+    config = SchedulerConfig(lam=lam)
+    got = plan_shapes(prompts, predictor, SHAPES, CLUSTER, config, 2)
+    assert_whole(got)
+    singles = [o for o in got.shape_options if "pools" not in o]
+    assert [o["gpus"] for o in singles] == [1, 2] and len(got.shape_options) <= 3
+    t = np.array([o["step_time"] for o in got.shape_options])
+    c = np.array([o["step_cost"] for o in got.shape_options])
+    score = lam * (t / t.min() - 1) + (1 - lam) * (c / c.min() - 1)
+    mine = lam * (got.predicted_step_time / t.min() - 1) + (1 - lam) * (got.predicted_step_cost / c.min() - 1)
+    assert mine == pytest.approx(score.min())
+    assert bool(got.pools) == (len(got.shape_options) == 3 and int(np.argmin(score)) == 2)

@@ -16,11 +16,14 @@ from rlhfless.sim.runner import VARIANTS, run_policy
     dataset=st.sampled_from(["gsm8k", "gpqa", "lcb"]),
     variant=st.sampled_from(["verl", "rlhfless", "rlhfuse", "+assignment", "auto"]),
     max_batch=st.sampled_from([0, 16]),  # 16: actors run in waves (probe admission, backfill)
+    nodes=st.sampled_from([1, 2]),  # 2: a step may be split between two decode actor sizes
 )
-def test_generation_is_never_shorter_than_its_floor(gpu, tp, samples, cap, dataset, variant, max_batch):
+def test_generation_is_never_shorter_than_its_floor(
+    gpu, tp, samples, cap, dataset, variant, max_batch, nodes
+):
     cfg = build(
         {
-            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": gpu},
+            "cluster": {"nodes": nodes, "gpus_per_node": 4, "gpu": gpu},
             "model": {"name": "qwen2.5-3b", "tp": tp, "max_batch": max_batch},
             "workload": {"dataset": dataset, "prompts_per_step": 24, "samples": samples, "max_response": cap},
         }

@@ -6,8 +6,12 @@ import re
 import pytest
 
 from rlhfless.planner.hardware import GpuSpec, ModelShape, Roofline, decode_sizes
+from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.pools import split_plans
+from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.sim.config import build
-from rlhfless.sim.runner import VARIANTS, make_stage, run_policy
+from rlhfless.sim.runner import VARIANTS, make_stage, make_workload, run_policy, scheduler_for
+from rlhfless.sim.step import Simulator
 
 
 def scenario(**model):
@@ -73,3 +77,34 @@ def test_the_floor_over_shapes_is_no_higher_than_either_shapes_own():
 def test_a_decode_size_the_cluster_or_profile_cannot_time_is_one_line_naming_it(model, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         scenario(**model)
+
+
+def test_a_split_plan_generates_each_part_at_its_own_size_as_that_part_alone_would():
+    cfg = build(
+        {
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "l40s"},
+            "model": {"name": "qwen2.5-7b", "tp": 4, "decode_tp": [1, 4]},
+            "workload": {"dataset": "lcb", "prompts_per_step": 64, "samples": 4, "max_response": 4096},
+        }
+    )
+    stage = make_stage(cfg)
+    config = scheduler_for(cfg, VARIANTS["rlhfless"])
+    sim = Simulator(stage, config, LengthPredictor.from_config(config))
+    step = make_workload(cfg).step(0)
+    specs = [PromptSpec(u, t) for u, t in zip(step.uids, step.prompt_tokens, strict=True)]
+    gmax, _ = sim.predictor.predict(step.uids)
+    one, four = sim.planner_profiles
+
+    def part(subset, profile, nodes, c):
+        return plan_step(
+            subset, sim.predictor, profile, nodes, c, 4, sim.billing(), 4096, sim.planner_profiles
+        )
+
+    plan = split_plans(specs, gmax, four, one, stage.cluster, config, 4, sim.billing(), {}, part)[0]
+    whole = sim.execute(0, step, plan)
+    parts = [sim.execute(0, step.subset(p.predicted_length), p) for p in plan.pools]
+    assert sorted({a["gpus"] for a in whole.actors}) == [1, 4]
+    assert whole.actors == [a for p in parts for a in p.actors]
+    assert whole.generation == max(p.generation for p in parts)
+    assert whole.cost_generation == pytest.approx(sum(p.cost_generation for p in parts))
+    assert whole.tokens == pytest.approx(sum(p.tokens for p in parts))

@@ -49,15 +49,22 @@ def run_summary(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _sizes(out: dict[str, Any], chosen: int) -> list[str]:
-    """One line per decode actor size the planner weighed (none where it had one)."""
-    options = out.get("shape_options") or []
-    return [
-        f"{'sizes' if i == 0 else '':13s} {'*' if o['gpus'] == chosen else ' '} TP {o['gpus']:g}: "
-        f"N {o['n']:g}, generation {o['time']:.2f} s ${o['cost']:.4g}, step {o['step_time']:.2f} s "
-        f"${o['step_cost']:.4g}"
-        for i, o in enumerate(options)
-    ]
+def _sizes(out: dict[str, Any]) -> list[str]:
+    """One line per decode actor size the planner weighed, and a split between two (none where
+    it had one size); `*` marks the plan taken."""
+    lines = []
+    for i, o in enumerate(out.get("shape_options") or []):
+        taken = o["n"] == out["n_actors"] and o["step_time"] == out["predicted_step_time"]
+        parts = o.get("pools") or [[o["gpus"], o["n"], None]]
+        what = " + ".join(
+            f"TP {gpus:g}" + (f" x {n:g} ({prompts:g} prompts)" if prompts is not None else f": N {n:g}")
+            for gpus, n, prompts in parts
+        )
+        lines.append(
+            f"{'sizes' if i == 0 else '':13s} {'*' if taken else ' '} {what}, generation {o['time']:.2f} s "
+            f"${o['cost']:.4g}, step {o['step_time']:.2f} s ${o['step_cost']:.4g}"
+        )
+    return lines
 
 
 def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
@@ -76,13 +83,14 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
             f", within {out['time_cap']:.1f} s" if out["time_cap"] else ""
         )
     ratio = out["predicted_time"] / floor["time_s"] if floor["time_s"] else float("nan")
+    gpus = [str(g) for g in sorted({a["gpus"] for a in actors}, reverse=True)]
     lines = [
         f"plan: {prompts} prompts x {out['group_size']} samples, policy {out['policy']} "
         f"({out['plan_seconds'] * 1e3:.1f} ms to plan)",
         f"profile       {out['profile']}",
-        f"actors        {out['n_actors']} decode actor(s) of {actors[0]['gpus'] if actors else 0} GPU(s), "
+        f"actors        {out['n_actors']} decode actor(s) of {' and '.join(gpus) or 0} GPU(s), "
         f"on a cluster of {cluster.nodes} x {cluster.gpus_per_node} GPUs; {why}",
-        *_sizes(out, actors[0]["gpus"] if actors else 0),
+        *_sizes(out),
         f"generation    {out['predicted_time']:.2f} s, ${out['predicted_cost']:.4g} predicted; floor "
         f"{floor['time_s']:.2f} s (latency {floor['latency_s']:.2f}, throughput "
         f"{floor['throughput_s']:.2f}), {ratio:.2f}x; work floor ${floor['work_cost']:.4g}",

@@ -197,6 +197,15 @@ class SchedulerConfig:
     actor_scaling: bool = field(
         default=True, metadata={"help": "rlhfless: choose N by time/cost (else N = n_max)"}
     )
+    split_sizes: bool = field(
+        default=True,
+        metadata={
+            "help": "actor scaling over several decode actor sizes (the simulator's model.decode_tp, "
+            "rlhfless plan --decode-tp): a step may also be split, its longest predicted prompts on "
+            "actors of the largest size and the rest on a smaller one, where that beats every "
+            "single size"
+        },
+    )
     cut_and_migrate: bool = field(
         default=True, metadata={"help": "rlhfless: cut actors at tau and migrate their stragglers"}
     )
@@ -341,6 +350,7 @@ class SchedulerConfig:
                 "longest_first": self.longest_first,
                 "probe_admission": self.probe_admission,
                 "actor_scaling": self.actor_scaling,
+                "split_sizes": self.split_sizes and self.actor_scaling,
                 "cut": "actor" if self.cut_and_migrate else "none",
                 "migration": self.migration if self.cut_and_migrate else "none",
                 "overlap_preparation": self.overlap_preparation,
@@ -355,6 +365,7 @@ class SchedulerConfig:
             "longest_first": False,
             "probe_admission": False,
             "actor_scaling": False,
+            "split_sizes": False,
             "cut": "global" if self.policy == "rlhfuse" else "none",
             "migration": "global" if self.policy == "rlhfuse" else "none",
             "overlap_preparation": False,

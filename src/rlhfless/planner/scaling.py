@@ -278,6 +278,20 @@ def candidate_table(
 TARGETS = {"budget_per_step": ("$", "cheapest"), "deadline_per_step": ("s", "fastest")}
 
 
+def target_of(
+    budget: float | None, deadline: float | None, step_time: float, step_cost: float
+) -> dict[str, float]:
+    """A plan's target record: {"budget_per_step": $} or {"deadline_per_step": s}, with "missed"
+    1.0 where the plan's whole-step forecast is past it (the nearest plan), else 0.0; {} for none."""
+    for key, value, forecast in (
+        ("budget_per_step", budget, step_cost),
+        ("deadline_per_step", deadline, step_time),
+    ):
+        if value is not None:
+            return {key: value, "missed": float(forecast > value * (1 + 1e-9))}
+    return {}
+
+
 def target_message(key: str, target: float, least: float, n: int) -> str:
     """One line: the budget or deadline `key` asked `target`, and the nearest plan (N=`n`) `least`."""
     unit, best = TARGETS[key]

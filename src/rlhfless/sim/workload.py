@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,17 @@ class StepPrompts:
     @property
     def prompt_lengths(self) -> np.ndarray:
         return np.array([len(t) for t in self.prompt_tokens], dtype=np.int64)
+
+    def subset(self, uids: Iterable[str]) -> StepPrompts:
+        """These prompts' rows for `uids` (in that order)."""
+        index = {u: i for i, u in enumerate(self.uids)}
+        rows = [index[u] for u in uids]
+        return StepPrompts(
+            [self.uids[i] for i in rows],
+            [self.prompt_tokens[i] for i in rows],
+            self.answer_tokens[rows],
+            self.lengths[rows],
+        )
 
 
 class SyntheticWorkload:

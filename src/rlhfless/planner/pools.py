@@ -1,0 +1,178 @@
+"""A step's decode actors in two sizes: the longest predicted prompts on actors of the largest
+size, which decode each token fastest, and the rest on actors of a smaller one, which decode the
+most tokens per GPU.
+
+An actor of the smaller size that holds the step's longest prompts can set the step's end, since
+each of its tokens takes longer; on actors of the larger size those prompts finish sooner, while
+the bulk keeps the smaller size's throughput. Each part is planned by `plan_step` on nodes of its
+own (the largest size on the first `k`, the learner's among them), and the step's plan is the two
+side by side (`StepPlan.pools`). Splits tried: the longest `SHARES` of the prompts on `NODES`
+nodes, only where the smaller size alone would be latency-bound (`latency_bound`); the caller
+keeps one only where it beats every single size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.dedup import PackedPrompts, tree_tokens
+from rlhfless.planner.floor import generation_floor
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.pricing import Pricing
+from rlhfless.planner.profile import Profile
+from rlhfless.planner.scaling import Billing, PlanError, target_of
+from rlhfless.planner.timemodel import Workload
+
+if TYPE_CHECKING:
+    from rlhfless.planner.plan import PromptSpec, StepPlan
+
+SHARES = (0.005, 0.01, 0.02, 0.05)  # of the step's prompts, longest predicted first
+NODES = (1, 2)  # nodes of the largest size
+
+# plan_step with its prompts, profile, cluster and config given (the rest fixed by the caller)
+PartPlanner = Callable[[Sequence["PromptSpec"], Profile, ClusterSpec, SchedulerConfig], "StepPlan"]
+
+
+def latency_bound(
+    profile: Profile,
+    prompt_tokens: np.ndarray,
+    group_max: np.ndarray,
+    group_mean: np.ndarray,
+    group_size: int,
+    actors: int,
+    pricing: Pricing,
+) -> bool:
+    """Whether `actors` actors of `profile` alone would wait on the step's longest predicted
+    sequence rather than on its tokens (its latency bound at least its throughput bound): only
+    then can actors that decode each token faster shorten the step, at fewer tokens per GPU."""
+    n, g = len(prompt_tokens), group_size
+    rest = Workload(group_max, group_mean, prompt_tokens, prompt_tokens, prompt_tokens * 0, g).rest_length
+    floor = generation_floor(
+        [(profile, actors)],
+        np.r_[prompt_tokens, prompt_tokens],
+        np.r_[group_max, rest],
+        0.0,
+        pricing,
+        counts=np.r_[np.ones(n), np.full(n, g - 1.0)],
+    )
+    return floor.latency_s >= floor.throughput_s
+
+
+def split_plans(
+    prompts: Sequence[PromptSpec],
+    group_max: np.ndarray,
+    large: Profile,
+    small: Profile,
+    cluster: ClusterSpec,
+    config: SchedulerConfig,
+    group_size: int,
+    billing: Billing,
+    floor: dict[str, float],
+    plan_part: PartPlanner,
+) -> list[StepPlan]:
+    """Every split's plan (none on a single node or on nodes of unequal GPUs), each with the
+    step's `floor`. Each part is planned without the step's budget or deadline, which the joined
+    plan is held to."""
+    n = len(prompts)
+    if cluster.nodes < 2 or cluster.node_gpus or n < 2:
+        return []
+    free = replace(config, budget_per_step=None, deadline_per_step=None)
+    order = np.argsort(-np.asarray(group_max, dtype=float), kind="stable")
+    unique = tree_tokens(PackedPrompts.pack([p.prompt_tokens for p in prompts]))
+    out = []
+    for k in (k for k in NODES if k < cluster.nodes and large.gpus <= cluster.gpus_per_node):
+        counts = sorted({min(max(1, round(share * n)), n - 1) for share in SHARES})
+        for m in counts:
+            long, rest = [prompts[i] for i in order[:m]], [prompts[i] for i in order[m:]]
+            try:
+                a = plan_part(
+                    long, large, replace(cluster, nodes=k), replace(free, gpus_per_actor=large.gpus)
+                )
+                b = plan_part(
+                    rest,
+                    small,
+                    replace(cluster, nodes=cluster.nodes - k),
+                    replace(free, gpus_per_actor=small.gpus),
+                )
+            except PlanError:
+                continue
+            uids = [p.uid for p in prompts]
+            plan = joined(uids, a, b, (k, k * cluster.gpus_per_node), unique, config, group_size, billing)
+            out.append(replace(plan, floor=floor))
+    return out
+
+
+def joined(
+    uids: list[str],
+    a: StepPlan,
+    b: StepPlan,
+    offset: tuple[int, int],
+    unique_tokens: int,
+    config: SchedulerConfig,
+    group_size: int,
+    billing: Billing,
+) -> StepPlan:
+    """Parts `a` (on the first nodes) and `b` (after them) as one step's plan: `b`'s actors moved
+    to their nodes and GPUs of the whole cluster (`offset`: the nodes and GPUs before them) and
+    numbered after `a`'s; generation ends with the later part and costs both; the rest of the step
+    is forecast for both parts' tokens."""
+    node_offset, gpu_offset = offset
+    for actor in b.actors:
+        actor.actor += len(a.actors)
+        actor.node += node_offset
+        actor.gpu_ids = [g + gpu_offset for g in actor.gpu_ids]
+    actors = [*a.actors, *b.actors]
+    prompt_tokens = a.prefill["tokens_per_prompt"] + b.prefill["tokens_per_prompt"]
+    tokens = sum(x.predicted_tokens for x in actors) + group_size * prompt_tokens
+    rest_s, rest_cost = billing.after_generation(tokens, np.array([len(actors)]))
+    time_s, cost = max(a.predicted_time, b.predicted_time), a.predicted_cost + b.predicted_cost
+    step_time, step_cost = time_s + float(rest_s[0]), cost + float(rest_cost[0])
+    computed = a.prefill["tokens_computed"] + b.prefill["tokens_computed"]
+    groups = len(a.prefix_groups)
+    tree = [
+        {
+            **node,
+            "parent": node["parent"] + len(a.prefix_tree) if node["parent"] >= 0 else -1,
+            "group": node["group"] + groups if node["group"] >= 0 else -1,
+        }
+        for node in b.prefix_tree
+    ]
+    predicted = {**a.predicted_length, **b.predicted_length}
+    return replace(
+        a,
+        n_actors=len(actors),
+        prefix_length=max(a.prefix_length, b.prefix_length),
+        unique_prefixes=a.unique_prefixes + b.unique_prefixes,
+        prefix_groups=[*a.prefix_groups, *b.prefix_groups],
+        prefix_tree=[*a.prefix_tree, *tree],
+        actors=actors,
+        candidates=[{"n": len(actors), "time": time_s, "cost": cost, "score": 0.0, "hidden": False}],
+        predicted_time=time_s,
+        predicted_cost=cost,
+        prefill={
+            **a.prefill,
+            "seconds": max(a.prefill["seconds"], b.prefill["seconds"]),
+            **{
+                key: a.prefill[key] + b.prefill[key]
+                for key in ("tokens", "tokens_naive", "tokens_per_prompt", "tokens_computed")
+            },
+            "tokens_unique": unique_tokens,
+            "tree_ratio": computed / unique_tokens if unique_tokens else 1.0,
+        },
+        predicted_length={u: predicted[u] for u in uids},
+        predicted_step_time=step_time,
+        predicted_step_cost=step_cost,
+        target=target_of(config.budget_per_step, config.deadline_per_step, step_time, step_cost),
+        keep_unused_warm=a.keep_unused_warm and b.keep_unused_warm,
+        time_cap=None,
+        verl_actors=0,
+        predicted_mean=None,
+        learner_width=0,
+        step_options=[],
+        pools=[a, b],
+    )
