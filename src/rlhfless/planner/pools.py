@@ -122,6 +122,8 @@ def joined(
     numbered after `a`'s; generation ends with the later part and costs both; the rest of the step
     is forecast for both parts' tokens."""
     node_offset, gpu_offset = offset
+    # `b` was planned on nodes of its own, its first actor as if on the learner's GPUs: its
+    # forecast misses that actor's start and weight load, which the executor then pays.
     for actor in b.actors:
         actor.actor += len(a.actors)
         actor.node += node_offset
