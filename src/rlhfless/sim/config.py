@@ -114,7 +114,8 @@ class SimModelConfig:
         default_factory=list,
         metadata={
             "help": "tensor-parallel sizes rlhfless's decode actors may take; the planner chooses one "
-            "each step, with the number of actors (verl and rlhfuse keep model.tp). Empty = model.tp "
+            "each step with the number of actors, or splits a step between two "
+            "(scheduler.split_sizes); verl and rlhfuse keep model.tp. Empty = model.tp "
             "and every smaller power of two whose GPUs keep as much memory for KV as for weights "
             "(roofline only: a measured profile times model.tp alone)"
         },
