@@ -53,14 +53,12 @@ def test_rlhfless_decodes_at_the_shape_its_plan_took_the_baselines_at_model_tp()
     assert only_one[0].actor_gpus == 1
 
 
-def test_the_floor_over_shapes_is_no_higher_than_either_shapes_own():
-    steps = {
-        sizes: run_policy(scenario(decode_tp=list(sizes)), VARIANTS["verl"], 1)[0]
-        for sizes in ((1,), (4,), (1, 4))
-    }
-    both = steps[(1, 4)]
-    assert both.floor_latency == min(steps[(1,)].floor_latency, steps[(4,)].floor_latency)
-    assert both.floor_throughput == min(steps[(1,)].floor_throughput, steps[(4,)].floor_throughput)
+def test_the_floor_over_shapes_takes_each_bound_from_the_shape_best_at_it():
+    alone = {tp: run_policy(scenario(tp=tp, decode_tp=[tp]), VARIANTS["verl"], 1)[0] for tp in (1, 4)}
+    both = run_policy(scenario(decode_tp=[1, 4]), VARIANTS["verl"], 1)[0]
+    assert alone[1].floor_time != alone[4].floor_time
+    assert both.floor_latency == min(step.floor_latency for step in alone.values())
+    assert both.floor_throughput == min(step.floor_throughput for step in alone.values())
 
 
 @pytest.mark.parametrize(
