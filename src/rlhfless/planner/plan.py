@@ -380,8 +380,10 @@ def plan_shapes(
     max_length: float | None = None,
 ) -> StepPlan:
     """Plan one step with decode actors of any one of several shapes (`profiles`, one per
-    tensor-parallel size): each shape's plan as `plan_step` makes it, then the one `_across` takes
-    on their whole-step forecasts. The plan keeps every shape's in `shape_options`."""
+    tensor-parallel size): each shape's plan as `plan_step` makes it and, with
+    `scheduler.split_sizes`, the best split between two (`planner.pools`); then the one `_across`
+    takes on their whole-step forecasts. The plan keeps each option's in `shape_options`. A
+    target no single shape meets is refused before any split is tried."""
     t0 = time.perf_counter()
     plans, refused = [], []
     for profile in profiles:
