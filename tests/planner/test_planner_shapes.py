@@ -12,8 +12,9 @@ from planner_support import make_cluster, make_profile
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import PromptSpec, plan_shapes, plan_step
-from rlhfless.planner.pools import split_plans
+from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.scaling import Billing, PlanError
 
 # One GPU a step, or two GPUs that decode each step faster and hold as many sequences.
@@ -165,3 +166,15 @@ def test_a_split_is_taken_only_where_it_beats_every_single_size(step, lam):
     mine = lam * (got.predicted_step_time / t.min() - 1) + (1 - lam) * (got.predicted_step_cost / c.min() - 1)
     assert mine == pytest.approx(score.min())
     assert bool(got.pools) == (len(got.shape_options) == 3 and int(np.argmin(score)) == 2)
+
+
+def test_a_split_is_weighed_only_where_the_smaller_size_would_wait_on_its_longest_sequence():
+    def bound(lengths, actors):
+        n = len(lengths)
+        group_max = np.asarray(lengths, dtype=float)
+        return latency_bound(ONE, np.full(n, 10.0), group_max, group_max / 2, 4, actors, Pricing(1.0))
+
+    # One 2,000-token sequence among short ones on many actors: its decode alone sets the end.
+    assert bound([2000] + [50] * 99, actors=16)
+    # A hundred long groups on one actor: their tokens, not any one sequence, set it.
+    assert not bound([2000] * 100, actors=1)
