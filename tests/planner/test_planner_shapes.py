@@ -11,11 +11,12 @@ from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, plan_shapes, plan_step
+from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.scaling import Billing, PlanError
+from rlhfless.planner.sizes import plan_shapes
 
 # One GPU a step, or two GPUs that decode each step faster and hold as many sequences.
 ONE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
@@ -136,8 +137,8 @@ def test_every_split_holds_the_longest_prompts_on_the_largest_size_and_every_pro
     def part(subset, profile, nodes, cfg):
         return plan_step(subset, predictor, profile, nodes, cfg, 2, floor_shapes=SHAPES)
 
-    floor = {"time_s": 1.0}
-    splits = split_plans(prompts, gmax, TWO, ONE, CLUSTER, config, 2, Billing(config.pricing), floor, part)
+    whole = part(prompts, ONE, CLUSTER, config)
+    splits = split_plans(prompts, gmax, TWO, ONE, CLUSTER, config, 2, Billing(config.pricing), whole, part)
     assert splits  # 4 nodes: every split tried plans
     for plan in splits:
         assert_whole(plan)
@@ -148,7 +149,7 @@ def test_every_split_holds_the_longest_prompts_on_the_largest_size_and_every_pro
         assert all(plan.predicted_length[u] <= shortest_long for u in small.predicted_length)
         assert plan.predicted_time == max(large.predicted_time, small.predicted_time)
         assert plan.predicted_cost == pytest.approx(large.predicted_cost + small.predicted_cost)
-        assert plan.actors == [*large.actors, *small.actors] and plan.floor == floor
+        assert plan.actors == [*large.actors, *small.actors] and plan.floor == whole.floor
 
 
 @settings(max_examples=20, deadline=None)

@@ -98,7 +98,8 @@ def test_a_split_plan_generates_each_part_at_its_own_size_as_that_part_alone_wou
             subset, sim.predictor, profile, nodes, c, 4, sim.billing(), 4096, sim.planner_profiles
         )
 
-    plan = split_plans(specs, gmax, four, one, stage.cluster, config, 4, sim.billing(), {}, part)[0]
+    whole = part(specs, four, stage.cluster, config)
+    plan = split_plans(specs, gmax, four, one, stage.cluster, config, 4, sim.billing(), whole, part)[0]
     whole = sim.execute(0, step, plan)
     parts = [sim.execute(0, step.subset(p.predicted_length), p) for p in plan.pools]
     assert sorted({a["gpus"] for a in whole.actors}) == [1, 4]

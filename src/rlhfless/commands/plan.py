@@ -180,9 +180,10 @@ def run(args: argparse.Namespace) -> int:
     from rlhfless.config import ConfigError, load_config
     from rlhfless.planner.hardware import GpuSpec, ModelShape, decode_sizes, roofline_profile
     from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.planner.plan import PromptSpec, plan_shapes
+    from rlhfless.planner.plan import PromptSpec
     from rlhfless.planner.predictor import LengthPredictor
     from rlhfless.planner.profile import Profile
+    from rlhfless.planner.sizes import plan_shapes
 
     try:
         if args.config:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it
@@ -203,10 +204,11 @@ def run(args: argparse.Namespace) -> int:
                     f"({profiles[0].gpus}): other sizes are untimed"
                 )
         else:
-            shaped = scheduler.policy == "rlhfless" and scheduler.features["actor_scaling"]
             largest = scheduler.gpus_per_actor
             sizes = _sizes(args.decode_tp) if args.decode_tp else decode_sizes(shape, args.gpu, largest)
-            profiles = [roofline_profile(shape, args.gpu, tp) for tp in (sizes if shaped else [largest])]
+            if not scheduler.features["actor_scaling"]:  # the baselines' and fixed N: one size
+                sizes = [largest]
+            profiles = [roofline_profile(shape, args.gpu, tp) for tp in sizes]
             source = "built-in default (derived, not measured): "
         gpu = GpuSpec.resolve(args.gpu)
         cluster = ClusterSpec(

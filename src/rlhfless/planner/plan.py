@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -21,7 +21,6 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import keep_warm
 from rlhfless.planner.profile import Profile
@@ -30,12 +29,10 @@ from rlhfless.planner.scaling import (
     Billing,
     CandidateTable,
     LearningWidth,
-    PlanError,
     candidate_table,
     choose,
     choose_width,
     estimate_actors,
-    normalised,
     target_message,
     target_of,
     width_options,
@@ -118,11 +115,9 @@ class StepPlan:
     # the executor offers one width).
     learner_width: int = 0
     step_options: list[dict[str, float]] = field(default_factory=list)
-    # Each decode actor shape's plan where several were planned (`plan_shapes`): {gpus, n, time,
-    # cost, step_time, step_cost}; this plan is the one taken.
+    # Each decode actor size's plan (and a split's) where several were weighed (`planner.sizes`)
     shape_options: list[dict[str, Any]] = field(default_factory=list)
-    # A plan split between two decode actor sizes (`planner.pools`): each part's own plan, its
-    # actors those of this plan. Not part of `to_dict` (only the simulator splits a step).
+    # A split between two sizes (`planner.pools`): each part's plan, not part of `to_dict`
     pools: list[StepPlan] = field(default_factory=list, repr=False, compare=False)
 
     def missed_target(self) -> str | None:
@@ -334,7 +329,6 @@ def plan_step(
     step_time = float(table.time[pick] + rest[0])
     unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
     step_cost = float(table.cost[pick] + table.warm_after[pick] + rest[1])
-    # missed: only the nearest plan was left (`target_miss=nearest`)
     target = target_of(config.budget_per_step, config.deadline_per_step, step_time, step_cost)
 
     prefix_groups, prefix_tree = dedup.layout(uids) if dedup else ([], [])
@@ -367,121 +361,6 @@ def plan_step(
         learner_width=width.width if width else 0,
         step_options=width_options(table, billing, tokens),
     )
-
-
-def plan_shapes(
-    prompts: Sequence[PromptSpec],
-    predictor: LengthPredictor,
-    profiles: Sequence[Profile],
-    cluster: ClusterSpec,
-    config: SchedulerConfig,
-    group_size: int,
-    billing: Billing | None = None,
-    max_length: float | None = None,
-) -> StepPlan:
-    """Plan one step with decode actors of any one of several shapes (`profiles`, one per
-    tensor-parallel size): each shape's plan as `plan_step` makes it and, with
-    `scheduler.split_sizes`, the best split between two (`planner.pools`); then the one `_across`
-    takes on their whole-step forecasts. The plan keeps each option's in `shape_options`. A
-    target no single shape meets is refused before any split is tried."""
-    t0 = time.perf_counter()
-    plans, refused = [], []
-    for profile in profiles:
-        shaped = replace(config, gpus_per_actor=profile.gpus)
-        try:
-            plans.append(
-                plan_step(
-                    prompts, predictor, profile, cluster, shaped, group_size, billing, max_length, profiles
-                )
-            )
-        except PlanError as err:  # this shape cannot meet the target; another may
-            if len(profiles) == 1:
-                raise
-            refused.append(err)
-    if len(plans) == len(profiles) == 1:
-        return plans[0]
-    if not plans:
-        raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
-    options = list(plans)
-    if config.features["split_sizes"] and len(profiles) > 1:
-        splits = _splits(
-            prompts, predictor, profiles, plans, cluster, config, group_size, billing, max_length
-        )
-        if splits:  # the best split beside every single size
-            options.append(splits[_across(splits, config)])
-    chosen = options[_across(options, config)]
-    chosen.plan_seconds = time.perf_counter() - t0
-    chosen.shape_options = [_option(p) for p in options]
-    return chosen
-
-
-def _splits(
-    prompts: Sequence[PromptSpec],
-    predictor: LengthPredictor,
-    profiles: Sequence[Profile],
-    plans: Sequence[StepPlan],
-    cluster: ClusterSpec,
-    config: SchedulerConfig,
-    group_size: int,
-    billing: Billing | None,
-    max_length: float | None,
-) -> list[StepPlan]:
-    """Plans split between the largest size and a smaller one (`planner.pools`): the smaller is
-    the best single size's where that is not the largest, else the next below it; none where the
-    smaller alone would not wait on the longest predicted sequence (`pools.latency_bound`)."""
-    by_size = sorted(profiles, key=lambda p: p.gpus)
-    large = by_size[-1]
-    best = plans[_across(plans, config)].profile
-    small = best if best is not None and best.gpus < large.gpus else by_size[-2]
-    gmax, gmean = predictor.predict(
-        [p.uid for p in prompts], [p.answer_tokens for p in prompts], [p.source for p in prompts]
-    )
-    if max_length is not None:
-        gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
-    billing = billing or Billing(config.pricing)
-    lengths = np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=float, count=len(prompts))
-    actors = cluster.max_actors(small.gpus)
-    if not latency_bound(small, lengths, gmax, gmean, group_size, actors, billing.pricing):
-        return []
-
-    def part(
-        subset: Sequence[PromptSpec], profile: Profile, nodes: ClusterSpec, cfg: SchedulerConfig
-    ) -> StepPlan:
-        return plan_step(subset, predictor, profile, nodes, cfg, group_size, billing, max_length, profiles)
-
-    return split_plans(
-        prompts, gmax, large, small, cluster, config, group_size, billing, plans[0].floor, part
-    )
-
-
-def _option(plan: StepPlan) -> dict[str, Any]:
-    """One decode actor size's plan, or a split's, as `shape_options` lists it: a split's
-    `pools` are [GPUs per actor, actors, prompts] of each part."""
-    pools = [[p.profile.gpus if p.profile else 0, p.n_actors, len(p.predicted_length)] for p in plan.pools]
-    return {
-        "gpus": 0 if pools else (plan.profile.gpus if plan.profile else 0),
-        "n": plan.n_actors,
-        "time": plan.predicted_time,
-        "cost": plan.predicted_cost,
-        "step_time": plan.predicted_step_time,
-        "step_cost": plan.predicted_step_cost,
-        **({"pools": pools} if pools else {}),
-    }
-
-
-def _across(plans: Sequence[StepPlan], config: SchedulerConfig) -> int:
-    """Index of the shape's plan to take: under a budget the fastest plan that fits it (the
-    cheapest where none does), under a deadline the cheapest that fits (else the fastest), else
-    the least lam score of their whole-step forecasts."""
-    t = np.array([p.predicted_step_time for p in plans])
-    c = np.array([p.predicted_step_cost for p in plans])
-    fits = np.array([not p.target.get("missed") for p in plans])
-    if config.budget_per_step is not None:
-        return int(np.argmin(np.where(fits, t, np.inf))) if fits.any() else int(np.argmin(c))
-    if config.deadline_per_step is not None:
-        return int(np.argmin(np.where(fits, c, np.inf))) if fits.any() else int(np.argmin(t))
-    how, lam = config.normalise, config.lam
-    return int(np.argmin(lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)))
 
 
 def _prefill_work(

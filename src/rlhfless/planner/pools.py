@@ -15,27 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.plan import PromptSpec, StepPlan
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing, PlanError, target_of
 from rlhfless.planner.timemodel import Workload
 
-if TYPE_CHECKING:
-    from rlhfless.planner.plan import PromptSpec, StepPlan
-
 SHARES = (0.005, 0.01, 0.02, 0.05)  # of the step's prompts, longest predicted first
 NODES = (1, 2)  # nodes of the largest size
 
 # plan_step with its prompts, profile, cluster and config given (the rest fixed by the caller)
-PartPlanner = Callable[[Sequence["PromptSpec"], Profile, ClusterSpec, SchedulerConfig], "StepPlan"]
+PartPlanner = Callable[[Sequence[PromptSpec], Profile, ClusterSpec, SchedulerConfig], StepPlan]
 
 
 def latency_bound(
@@ -72,18 +68,18 @@ def split_plans(
     config: SchedulerConfig,
     group_size: int,
     billing: Billing,
-    floor: dict[str, float],
+    whole: StepPlan,
     plan_part: PartPlanner,
 ) -> list[StepPlan]:
     """Every split's plan (none on a single node or on nodes of unequal GPUs), each with the
-    step's `floor`. Each part is planned without the step's budget or deadline, which the joined
-    plan is held to."""
+    floor and unique prompt tokens of `whole`, a plan of the whole step at one size. Each part is
+    planned without the step's budget or deadline, which the joined plan is held to."""
     n = len(prompts)
     if cluster.nodes < 2 or cluster.node_gpus or n < 2:
         return []
     free = replace(config, budget_per_step=None, deadline_per_step=None)
     order = np.argsort(-np.asarray(group_max, dtype=float), kind="stable")
-    unique = tree_tokens(PackedPrompts.pack([p.prompt_tokens for p in prompts]))
+    unique = int(whole.prefill["tokens_unique"])
     out = []
     for k in (k for k in NODES if k < cluster.nodes and large.gpus <= cluster.gpus_per_node):
         counts = sorted({min(max(1, round(share * n)), n - 1) for share in SHARES})
@@ -103,7 +99,7 @@ def split_plans(
                 continue
             uids = [p.uid for p in prompts]
             plan = joined(uids, a, b, (k, k * cluster.gpus_per_node), unique, config, group_size, billing)
-            out.append(replace(plan, floor=floor))
+            out.append(replace(plan, floor=whole.floor))
     return out
 
 

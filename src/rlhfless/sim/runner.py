@@ -46,6 +46,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def make_stage(cfg: SimConfig) -> Stage:
     shape, spec = cfg.model.shape, cfg.cluster.spec
+
+    def timed(profile: Profile) -> Profile:  # the engine's batch limit on every actor shape
+        return replace(profile, max_batch=cfg.model.max_batch) if cfg.model.max_batch else profile
+
     if cfg.model.profile:
         profile = Profile.load(cfg.model.profile)
         if profile.gpus != cfg.model.tp:
@@ -54,13 +58,11 @@ def make_stage(cfg: SimConfig) -> Stage:
             )
     else:
         profile = roofline_profile(shape, spec, cfg.model.tp)
-    if cfg.model.max_batch:
-        profile = replace(profile, max_batch=cfg.model.max_batch)
+    profile = timed(profile)
     shapes = {
-        tp: profile if tp == profile.gpus else roofline_profile(shape, spec, tp) for tp in cfg.decode_sizes()
+        tp: profile if tp == profile.gpus else timed(roofline_profile(shape, spec, tp))
+        for tp in cfg.decode_sizes()
     }
-    if cfg.model.max_batch:
-        shapes = {tp: replace(p, max_batch=cfg.model.max_batch) for tp, p in shapes.items()}
     return Stage(
         model=shape,
         profile=profile,

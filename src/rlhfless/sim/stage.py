@@ -38,6 +38,11 @@ class Stage:
         """Every decode actor shape's profile, smallest first."""
         return [self.shapes[g] for g in sorted(self.shapes)] or [self.profile]
 
+    def every_profile(self) -> list[Profile]:
+        """The decode shapes and `profile` (the baselines'): each step's floor takes the best of
+        them, whichever a policy plans with."""
+        return list({p.gpus: p for p in (self.profile, *self.decode_profiles())}.values())
+
     def phase_seconds(self, tokens: float) -> tuple[float, float]:
         """(preparation, learning) seconds for `tokens` prompt + response tokens on every GPU: the
         reference (and PPO's critic) forward at 2 FLOPs per parameter per token, learning at 6."""

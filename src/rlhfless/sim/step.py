@@ -20,11 +20,12 @@ from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
 from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
-from rlhfless.planner.plan import PromptSpec, StepPlan, plan_shapes
+from rlhfless.planner.plan import PromptSpec, StepPlan
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing
+from rlhfless.planner.sizes import plan_shapes
 from rlhfless.sim.execution import schedule, slot_cap
 from rlhfless.sim.generation import Generation
 from rlhfless.sim.overlap import FreeGpus, Overlap, overlap_preparation
@@ -89,8 +90,7 @@ class Simulator:
         cold = 0.0 if self.serverful else stage.cold_start_s
         self.planner_profile = replace(stage.profile, cold_start_s=cold)
         # rlhfless's actor scaling chooses each actor's shape with N; the baselines keep model.tp.
-        shaped = config.policy == "rlhfless" and config.features["actor_scaling"]
-        profiles = stage.decode_profiles() if shaped else [stage.profile]
+        profiles = stage.decode_profiles() if config.features["actor_scaling"] else [stage.profile]
         self.planner_profiles = [replace(p, cold_start_s=cold) for p in profiles]
         # Preparation + learning seconds per token: known exactly here (the execution's own
         # formula), learned per step in the runtime.
@@ -283,19 +283,13 @@ class Simulator:
             free.append(FreeGpus(load, float(unused), load))
         return overlap_preparation(finish, per_group, free, generation, st.pricing)
 
-    def shapes(self) -> list[Profile]:
-        """Every decode actor shape of the stage, the baselines' included: each step's floor takes
-        the best of them, whichever a policy plans with."""
-        st = self.stage
-        return list({p.gpus: p for p in (st.profile, *st.decode_profiles())}.values())
-
     def floor(self, prompts: StepPrompts) -> Floor:
         """The step's generation floor from its true lengths, on the cluster's actors."""
         st = self.stage
         g = prompts.lengths.shape[1]
         unique = tree_tokens(PackedPrompts.pack(prompts.prompt_tokens))
         return generation_floor(
-            [(p, st.cluster.max_actors(p.gpus)) for p in self.shapes()],
+            [(p, st.cluster.max_actors(p.gpus)) for p in st.every_profile()],
             np.repeat(prompts.prompt_lengths, g),
             prompts.lengths.ravel(),
             unique,

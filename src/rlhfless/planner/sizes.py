@@ -1,0 +1,132 @@
+"""`plan_shapes`: one step planned over several decode actor sizes (tensor-parallel sizes), for
+the simulator and `rlhfless plan` on a GPU cluster: each size's plan as `plan.plan_step` makes it,
+a split between two (`planner.pools`), and the one the rule choosing N within a size would take.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.placement import ClusterSpec
+from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.pools import latency_bound, split_plans
+from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.profile import Profile
+from rlhfless.planner.scaling import Billing, CandidateTable, PlanError, choose, normalised
+
+
+def plan_shapes(
+    prompts: Sequence[PromptSpec],
+    predictor: LengthPredictor,
+    profiles: Sequence[Profile],
+    cluster: ClusterSpec,
+    config: SchedulerConfig,
+    group_size: int,
+    billing: Billing | None = None,
+    max_length: float | None = None,
+) -> StepPlan:
+    """Plan one step with decode actors of any one of several shapes (`profiles`, one per
+    tensor-parallel size): each shape's plan as `plan_step` makes it and, with
+    `scheduler.split_sizes`, the best split between two (`planner.pools`); then the one `_across`
+    takes on their whole-step forecasts. The plan keeps each option's in `shape_options`. A
+    target no single shape meets is refused before any split is tried."""
+    t0 = time.perf_counter()
+    plans, refused = [], []
+    for profile in profiles:
+        shaped = replace(config, gpus_per_actor=profile.gpus)
+        try:
+            plans.append(
+                plan_step(
+                    prompts, predictor, profile, cluster, shaped, group_size, billing, max_length, profiles
+                )
+            )
+        except PlanError as err:  # this shape cannot meet the target; another may
+            if len(profiles) == 1:
+                raise
+            refused.append(err)
+    if len(plans) == len(profiles) == 1:
+        return plans[0]
+    if not plans:
+        raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
+    options = list(plans)
+    if config.features["split_sizes"] and len(profiles) > 1:
+        splits = _splits(
+            prompts, predictor, profiles, plans, cluster, config, group_size, billing, max_length
+        )
+        if splits:  # the best split beside every single size
+            options.append(splits[_across(splits, config)])
+    chosen = options[_across(options, config)]
+    chosen.plan_seconds = time.perf_counter() - t0
+    chosen.shape_options = [_option(p) for p in options]
+    return chosen
+
+
+def _splits(
+    prompts: Sequence[PromptSpec],
+    predictor: LengthPredictor,
+    profiles: Sequence[Profile],
+    plans: Sequence[StepPlan],
+    cluster: ClusterSpec,
+    config: SchedulerConfig,
+    group_size: int,
+    billing: Billing | None,
+    max_length: float | None,
+) -> list[StepPlan]:
+    """Plans split between the largest size and a smaller one (`planner.pools`): the smaller is
+    the best single size's where that is not the largest, else the next below it; none where the
+    smaller alone would not wait on the longest predicted sequence (`pools.latency_bound`)."""
+    by_size = sorted(profiles, key=lambda p: p.gpus)
+    large = by_size[-1]
+    best = plans[_across(plans, config)].profile
+    small = best if best is not None and best.gpus < large.gpus else by_size[-2]
+    gmax, gmean = predictor.predict(
+        [p.uid for p in prompts], [p.answer_tokens for p in prompts], [p.source for p in prompts]
+    )
+    if max_length is not None:
+        gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
+    billing = billing or Billing(config.pricing)
+    lengths = np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=float, count=len(prompts))
+    actors = cluster.max_actors(small.gpus)
+    if not latency_bound(small, lengths, gmax, gmean, group_size, actors, billing.pricing):
+        return []
+
+    def part(
+        subset: Sequence[PromptSpec], profile: Profile, nodes: ClusterSpec, cfg: SchedulerConfig
+    ) -> StepPlan:
+        return plan_step(subset, predictor, profile, nodes, cfg, group_size, billing, max_length, profiles)
+
+    return split_plans(prompts, gmax, large, small, cluster, config, group_size, billing, plans[0], part)
+
+
+def _option(plan: StepPlan) -> dict[str, Any]:
+    """One decode actor size's plan, or a split's, as `shape_options` lists it: a split's
+    `pools` are [GPUs per actor, actors, prompts] of each part."""
+    pools = [[p.profile.gpus if p.profile else 0, p.n_actors, len(p.predicted_length)] for p in plan.pools]
+    return {
+        "gpus": 0 if pools else (plan.profile.gpus if plan.profile else 0),
+        "n": plan.n_actors,
+        "time": plan.predicted_time,
+        "cost": plan.predicted_cost,
+        "step_time": plan.predicted_step_time,
+        "step_cost": plan.predicted_step_cost,
+        **({"pools": pools} if pools else {}),
+    }
+
+
+def _across(plans: Sequence[StepPlan], config: SchedulerConfig) -> int:
+    """Index of the plan to take, by `choose` over their whole-step forecasts: under a budget the
+    fastest that fits it (the cheapest where none does), under a deadline the cheapest that fits
+    (else the fastest), else the least lam score."""
+    t = np.array([p.predicted_step_time for p in plans])
+    c = np.array([p.predicted_step_cost for p in plans])
+    how, lam = config.normalise, config.lam
+    score = lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)
+    none = np.zeros(len(plans))
+    table = CandidateTable(np.arange(len(plans)), t, c, score, none.astype(bool), none.astype(bool), none)
+    return choose(table, budget=config.budget_per_step, deadline=config.deadline_per_step, nearest=True)
