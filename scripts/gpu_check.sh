@@ -34,12 +34,21 @@ if sys.argv[1] == "cuda" and not torch.cuda.is_available():
 print(f"gpu_check: torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")
 PY
 
+# A part that fails does not stop the next: one run on a lent machine reports every part.
+failed=()
 echo "== (a) CUDA tests"
 start=$SECONDS
-timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/engine tests/runtime/test_device.py
+timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/engine tests/runtime/test_device.py \
+    || failed+=("(a) CUDA tests")
 echo "(a) took $((SECONDS - start)) s"
 
 echo "== (b) GRPO steps under verl and rlhfless, (c) CPU/$DEVICE sample identity"
 start=$SECONDS
-timeout 360 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@"
+timeout 360 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@" \
+    || failed+=("(b, c) gpu_check.py")
 echo "(b, c) took $((SECONDS - start)) s"
+if ((${#failed[@]})); then
+    echo "gpu_check.sh: FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "gpu_check.sh: every part passed"
