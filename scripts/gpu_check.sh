@@ -6,9 +6,9 @@
 #   (c) sample identity between CPU and CUDA decode functions, a sequence migrated CPU -> CUDA
 #       mid-decode included (benchmarks/gpu_check.py does (b) and (c)).
 #
-# GPU FIGURES WERE NOT MEASURED where this script was written: that machine had no GPU. Only the
-# whole path ran there, on CPU: DEVICE=cpu MODEL=tiny STEPS=2 scripts/gpu_check.sh (tests/runtime/
-# test_gpu_check.py). The aim is under ~8 minutes on one H200; each part has its own time limit.
+# Written on a machine with no GPU, where its whole path runs on a CPU: DEVICE=cpu MODEL=tiny
+# STEPS=2 scripts/gpu_check.sh (tests/runtime/test_gpu_check.py). On one lent H200 (session 27) it
+# took 4-5 minutes and every part passed: docs/MEASUREMENTS.md, "On one NVIDIA H200".
 #
 # Needs the project's dependencies importable by $PYTHON (ray, pydantic, reasoning-gym, ...);
 # nothing is downloaded at run time (HF_HUB_OFFLINE=1). Usage:
