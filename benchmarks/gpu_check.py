@@ -22,21 +22,19 @@ import statistics
 import tempfile
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import ray
 import torch
+from bench_span import decode_breakdown
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rlhfless.config import load_config
 from rlhfless.devices import resolve_device
-from rlhfless.engine.engine import Engine
-from rlhfless.engine.profiling import measure_profile
-from rlhfless.engine.sampling import SamplingParams, sample_tokens, token_seed
-from rlhfless.engine.sequences import Request
+from rlhfless.engine.engine import SPAN_QUANTUM
+from rlhfless.engine.sampling import SamplingParams
 from rlhfless.models import CHATML_TEMPLATE, load_model, load_tokenizer
 from rlhfless.runtime.functions import DecodeFunction
 from rlhfless.runtime.ray_cluster import start_ray
@@ -207,58 +205,6 @@ def sample_identity(model_dir: Path, device: str, new_tokens: int) -> tuple[int,
     return len(reference), same, same_migrated
 
 
-def decode_breakdown(model_dir: Path, device: str, new_tokens: int, prompts: int, group: int) -> dict:
-    """Where an engine's decode step goes on `device`, in the run's dtype: the whole step (forward,
-    sampling and bookkeeping) of `prompts` x `group` sequences of `new_tokens` against one bare
-    decode forward and one bare sampling call of the same batch (ms each, medians)."""
-    cfg = resolve_device(
-        load_config(preset="default", overrides=(f"model.path={model_dir}", f"runtime.device={device}"))
-    )
-    tokenizer = load_tokenizer(cfg.model)
-    model = load_model(cfg.model, len(tokenizer), cfg.seed, device)
-    engine = Engine(
-        model, eos_token_ids=[-1], pad_token_id=tokenizer.pad_token_id, max_running=prompts * group
-    )
-    g = torch.Generator().manual_seed(3)
-    requests = [
-        Request(f"p{i}", torch.randint(0, 256, (200,), generator=g).tolist(), group) for i in range(prompts)
-    ]
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, seed=11)
-    engine.generate(requests[:1], replace(params, max_new_tokens=4), 0)  # warm-up: kernels, allocator
-    before = replace(engine.stats)
-    start = time.perf_counter()
-    engine.generate(requests, params, 1)
-    wall = time.perf_counter() - start
-    stats = engine.stats.minus(before)
-    batch = prompts * group
-    bare = measure_profile(
-        model, batches=[batch], contexts=[200 + new_tokens // 2], prefill_tokens=[], repeats=5
-    )
-    logits = torch.randn(batch, model.config.vocab_size, device=model.device, dtype=torch.float32)
-    seeds = [token_seed(i, 0) for i in range(batch)]
-
-    def sample() -> None:
-        sample_tokens(logits, params, seeds)
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    sample()
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        sample()
-        times.append((time.perf_counter() - t) * 1000)
-    return {
-        "wall_s": wall,
-        "decode_steps": stats.decode_steps,
-        "step_ms": 1000 * stats.decode_seconds / max(1, stats.decode_steps),
-        "prefill_s": stats.prefill_seconds,
-        "forward_ms": bare["decode"][0]["ms"],
-        "sample_ms": statistics.median(times),
-        "batch": batch,
-    }
-
-
 def guarded(label: str, part, *args):
     """`part(*args)`, or None with its traceback printed: one run on a lent machine reports every
     part, a failed one included."""
@@ -299,15 +245,20 @@ def main() -> int:
             flush=True,
         )
 
-    if args.device == "cuda":
-        d = guarded("decode breakdown", decode_breakdown, model_dir, args.device, 160, 8, 4)
-        if d:
-            print(
-                f"engine on {args.device}: {d['batch']} sequences x 160 tokens in {d['wall_s']:.2f} s "
-                f"(prefill {d['prefill_s']:.2f} s); a decode step {d['step_ms']:.1f} ms, of which a bare "
-                f"forward {d['forward_ms']:.1f} ms and a bare sampling call {d['sample_ms']:.1f} ms",
-                flush=True,
-            )
+    d = guarded("decode breakdown", decode_breakdown, str(model_dir), args.device, 160, 8, 4)
+    for quantum in (1, SPAN_QUANTUM) if d else ():
+        r = d[quantum]
+        print(
+            f"engine on {args.device}, span_quantum={quantum}: {d['batch']} sequences x 160 tokens in "
+            f"{r['wall_s']:.2f} s, a decode step {r['step_ms']:.1f} ms",
+            flush=True,
+        )
+    if d:
+        print(
+            f"a bare decode forward of that batch {d['forward_ms']:.1f} ms, a bare sampling call "
+            f"{d['sample_ms']:.1f} ms",
+            flush=True,
+        )
 
     preset, extra = RUNS[args.model]
     start_ray(
@@ -333,6 +284,7 @@ def main() -> int:
         print(f"driver's peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB", flush=True)
     ok = (
         identity is not None
+        and d is not None
         and identity[1] == identity[0] == identity[2]
         and all(r and np.isfinite(r["step_s"]) for r in results.values())
     )

@@ -93,6 +93,23 @@ def test_same_tokens_alone_in_a_mixed_batch_and_after_cut_and_resume(model, para
     assert cut_and_resume(model, requests, params, k=4, with_kv=True) == reference
 
 
+@pytest.mark.parametrize("quantum", [5, 64])
+def test_a_rounded_decode_span_draws_the_same_tokens_as_the_exact_one(model, quantum):
+    """Rounding a decode step's attention span up (the mask hides the extra positions) changes no
+    token: the span is an engine's speed knob, never a sample's."""
+    requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts(6))]
+    exact = key(make_engine(model, span_quantum=1, max_running=4).generate(requests, SAMPLED, step=3))
+    assert (
+        key(make_engine(model, span_quantum=quantum, max_running=4).generate(requests, SAMPLED, step=3))
+        == exact
+    )
+
+
+def test_the_span_quantum_is_a_positive_count(model):
+    with pytest.raises(ValueError, match="span_quantum: got 0"):
+        make_engine(model, span_quantum=0)
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_same_tokens_whatever_the_torch_thread_count(model, threads):
     """Another thread count sums the matmuls in another order; the sampled tokens stay the same."""

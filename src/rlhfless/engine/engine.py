@@ -27,6 +27,10 @@ from rlhfless.engine.sequences import (
     SequenceState,
 )
 
+# Decode spans are rounded up to a multiple of this: on a CPU it adds ~1% to a step's attention;
+# on a GPU a 160-token response repeats 3-4 shapes instead of making 160 (docs/DECISIONS.md).
+SPAN_QUANTUM = 64
+
 
 @dataclass(eq=False)
 class _Seq:
@@ -61,7 +65,10 @@ class Engine:
     """Generation engine on one Hugging Face causal LM (Llama-style attention, SDPA or eager).
 
     `max_running` bounds concurrent sequences (slots); `max_kv_tokens` bounds the KV tokens they
-    may come to hold (prompt + max_new_tokens each), so admission never has to preempt. The model
+    may come to hold (prompt + max_new_tokens each), so admission never has to preempt. A decode
+    step attends over its longest sequence's span rounded up to `span_quantum` positions (the mask
+    hides the rest), so steps repeat shapes: on a GPU, an attention backend that plans per shape
+    (cuDNN's builds a graph, tens of ms) plans a few times a run, not once a token. The model
     should have dropout off (eval mode, or dropout 0); the engine does not change its mode.
     """
 
@@ -75,11 +82,14 @@ class Engine:
         max_running: int = 64,
         max_kv_tokens: int = 1 << 16,
         prefill_chunk_tokens: int = 4096,
+        span_quantum: int = SPAN_QUANTUM,
     ):
         if max_running < 1:
             raise ValueError(f"max_running: got {max_running}, expected >= 1")
         if max_kv_tokens < 1:
             raise ValueError(f"max_kv_tokens: got {max_kv_tokens}, expected >= 1")
+        if span_quantum < 1:
+            raise ValueError(f"span_quantum: got {span_quantum}, expected >= 1")
         self.model = model  # shared with a colocated learner: its train/eval mode is left alone
         self.mask_kind = attention_mask_kind(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -88,6 +98,7 @@ class Engine:
         self.max_running = max_running
         self.max_kv_tokens = max_kv_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.span_quantum = span_quantum
         config = model.config
         param = next(model.parameters())
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -374,7 +385,7 @@ class Engine:
         start = time.perf_counter()
         running = self._running
         lengths = [s.length for s in running]
-        span = max(lengths) + 1
+        span = -(-(max(lengths) + 1) // self.span_quantum) * self.span_quantum
         positions = torch.tensor(lengths, dtype=torch.long, device=self.device)
         tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long, device=self.device)
         self.slots.reserve(len(running), span)
