@@ -3,8 +3,8 @@ rlhfless on the chosen device, and sample identity between CPU and device decode
 
 Written on a 2-core CPU machine with no GPU, where the whole path runs with `--model tiny`. Run it
 through `scripts/gpu_check.sh` on a GPU machine: on one lent H200 it took 3-4 minutes (session 27,
-docs/MEASUREMENTS.md). On CUDA it also times an engine's decode step against a bare forward and a
-bare sampling call of the same batch (part d).
+docs/MEASUREMENTS.md). It also times an engine's decode step, with the attention span exact and
+rounded, against a bare forward and a bare sampling call of the same batch (part d, `bench_span`).
 
     python benchmarks/gpu_check.py --device cuda --model qwen2.5-0.5b --steps 3
     python benchmarks/gpu_check.py --device cpu --model tiny --steps 1     # the path, on a CPU
@@ -66,6 +66,7 @@ RUNS = {
     "qwen2.5-0.5b": ("default", ("generation.max_prompt_tokens=4096",)),
     "tiny": ("tiny", ("data.batch_size=2", "algorithm.group_size=2", "generation.max_new_tokens=8")),
 }
+POLICIES = ("verl", "rlhfless")
 
 
 def synthetic_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
@@ -91,9 +92,6 @@ def synthetic_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
-
-
-POLICIES = ("verl", "rlhfless")
 
 
 def build_model_dir(name: str, root: Path) -> Path:
@@ -260,6 +258,8 @@ def main() -> int:
             flush=True,
         )
 
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the peak below is the training run's
     preset, extra = RUNS[args.model]
     start_ray(
         resolve_device(load_config(preset=preset, overrides=(f"runtime.device={args.device}",))).runtime
