@@ -1,8 +1,9 @@
 """float32 against bfloat16 compute on this machine, side by side in one run: one learning pass of
 the default learner on 32 samples (`model.compute_dtype`), and one decode function's generation of a
-default step's shape (8 prompts x 4 samples, 160 new tokens) on a model in each dtype, alternating.
-Rollouts stay float32 (`runtime/precision.py` says why): the generation row is what a bfloat16
-rollout would buy, not what a run does.
+default step's shape (8 prompts x 4 samples, 160 new tokens) on a model in each dtype, alternating;
+and, first, whether each dtype keeps a sequence's tokens when its batch changes (8 prompts x 2
+samples in one batch, then each prompt alone). Rollouts stay float32 (`runtime/precision.py` says
+why): the generation row is what a bfloat16 rollout would buy, not what a run does.
 
     .venv/bin/python benchmarks/bench_precision.py [--repeats 2] [--threads 1] [key=value ...]
 
@@ -46,6 +47,28 @@ def generation_s(model: torch.nn.Module, tokenizer, prompts: list[list[int]], cf
     return time.perf_counter() - start
 
 
+def batch_invariance(model: torch.nn.Module, tokenizer, new_tokens: int = 32) -> tuple[int, int]:
+    """8 prompts x 2 samples decoded in one batch, then each prompt alone, on `model` as it is
+    (device, dtype): (sequences, identical). No schedule may change a sample, so a rollout dtype
+    must keep all of them."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, seed=11)
+    g = torch.Generator().manual_seed(5)
+    vocab = int(model.config.vocab_size)
+    requests = [
+        Request(f"p{i}", torch.randint(9, vocab, (12 + 3 * i,), generator=g).tolist(), 2) for i in range(8)
+    ]
+
+    def decode(batch: list[Request]) -> dict:
+        engine = Engine(model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+        return {(r.uid, r.sample): r.response_ids for r in engine.generate(batch, params, 1)}
+
+    together = decode(requests)
+    alone: dict = {}
+    for request in requests:
+        alone |= decode([request])
+    return len(together), sum(alone[k] == v for k, v in together.items())
+
+
 def learning_s(policy: torch.nn.Module, cfg, samples: list[Sample], advantages: list[torch.Tensor]) -> float:
     learner = build_learner(cfg, copy.deepcopy(policy).train(), pad_id=0)
     start = time.perf_counter()
@@ -78,6 +101,9 @@ def main() -> None:
     print(
         f"native bfloat16 on this CPU: {native_bfloat16()}; torch threads {args.threads}; load {load[0]:.2f}"
     )
+    for name in DTYPES:
+        n, same = batch_invariance(copy.deepcopy(policy).to(getattr(torch, name)), tokenizer)
+        print(f"{name:9s} rollouts, one batch against each prompt alone: {same}/{n} sequences identical")
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(args.repeats):
         for name in DTYPES:

@@ -131,7 +131,7 @@ def run_trl(steps: int, preset: str, overrides: tuple[str, ...], out: Path, mem:
         output_dir=str(out),
         use_cpu=True,
         bf16=cfg.model.compute_dtype == "bfloat16",
-        model_init_kwargs={"dtype": getattr(torch, param_dtype(cfg.model.dtype, "cpu")), **load_kwargs},
+        model_init_kwargs={"dtype": getattr(torch, param_dtype(cfg.model.dtype)), **load_kwargs},
         per_device_train_batch_size=completions // accumulation,
         gradient_accumulation_steps=accumulation,
         num_generations=algo.group_size,

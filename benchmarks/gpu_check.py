@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from bench_precision import batch_invariance
 from bench_span import decode_breakdown
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -203,6 +204,19 @@ def sample_identity(model_dir: Path, device: str, new_tokens: int) -> tuple[int,
     return len(reference), same, same_migrated
 
 
+def rollout_invariance(model_dir: Path, device: str, new_tokens: int) -> dict[str, tuple[int, int]]:
+    """Per rollout dtype on `device`: (sequences, identical) between one batch and each prompt
+    alone (`bench_precision.batch_invariance`). The run's rollouts (`model.dtype=auto`: float32)
+    must keep all; bfloat16 is measured to show why they are not bfloat16."""
+    cfg = load_config(preset="tiny", overrides=(f"model.path={model_dir}", "model.dtype=float32"))
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, len(tokenizer), cfg.seed, device)
+    return {
+        name: batch_invariance(model.to(getattr(torch, name)), tokenizer, new_tokens)
+        for name in ("float32", "bfloat16")
+    }
+
+
 def guarded(label: str, part, *args):
     """`part(*args)`, or None with its traceback printed: one run on a lent machine reports every
     part, a failed one included."""
@@ -240,6 +254,14 @@ def main() -> int:
         print(f"sample identity, cpu vs {args.device} functions: {same}/{n} identical", flush=True)
         print(
             f"sample identity, cut on cpu, resumed on {args.device}: {same_migrated}/{n} identical",
+            flush=True,
+        )
+
+    invariance = guarded("batch invariance", rollout_invariance, model_dir, args.device, args.identity_tokens)
+    for dtype, (n_seq, same_seq) in (invariance or {}).items():
+        print(
+            f"{dtype} rollouts on {args.device}, one batch of {n_seq} against each prompt alone: "
+            f"{same_seq}/{n_seq} identical",
             flush=True,
         )
 
@@ -284,6 +306,8 @@ def main() -> int:
         print(f"driver's peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB", flush=True)
     ok = (
         identity is not None
+        and invariance is not None
+        and invariance["float32"][0] == invariance["float32"][1]
         and d is not None
         and identity[1] == identity[0] == identity[2]
         and all(r and np.isfinite(r["step_s"]) for r in results.values())

@@ -61,8 +61,9 @@ class ModelConfig:
     dtype: str = field(
         default="auto",
         metadata={
-            "help": "parameter dtype: float32, bfloat16, or auto (bfloat16 on a GPU, float32 on a CPU; "
-            "resolved with runtime.device when the run starts)"
+            "help": "parameter dtype, also the rollout engines': float32, bfloat16, or auto (float32 on "
+            "every device: in bfloat16 a schedule changes samples; the learner computes in "
+            "`compute_dtype`)"
         },
     )
     compute_dtype: str = field(

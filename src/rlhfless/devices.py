@@ -1,6 +1,7 @@
 """The run's device, chosen once: `runtime.device` (auto, cpu, cuda) resolved when the run starts,
-and the parameter dtype that goes with it (`model.dtype=auto`: bfloat16 on a GPU, float32 on a CPU),
-and the dtype the learner's matmuls run in (`model.compute_dtype`).
+the parameter dtype (`model.dtype=auto`: float32 on every device, so that rollouts keep their
+samples whatever the schedule), and the dtype the learner's matmuls run in (`model.compute_dtype`:
+bfloat16 autocast on a GPU).
 
 The resolved config is what the run records (config.yaml) and hands to every function, so the
 policy, the reference, the critic, the prefill and decode engines and their KV all live on one
@@ -14,12 +15,13 @@ from dataclasses import replace
 from rlhfless.config import Config, ConfigError
 
 
-def param_dtype(name: str, device: str) -> str:
-    """The parameter dtype `model.dtype=name` means on `device`: `auto` is bfloat16 on CUDA (half
-    the memory and the tensor-core rate) and float32 on a CPU (bfloat16 matmuls are slow there)."""
-    if name != "auto":
-        return name
-    return "bfloat16" if device.startswith("cuda") else "float32"
+def param_dtype(name: str) -> str:
+    """The parameter dtype `model.dtype=name` means: `auto` is float32 on every device. The
+    weights are also the rollout engines': in bfloat16 a sequence's tokens move with its batch's
+    shape (8 of 16 sequences alike, one batch against each prompt alone, `bench_precision.py`;
+    52 of 128 between verl and rlhfless), so a schedule would change samples. The learner still
+    computes in bfloat16 on a GPU (`compute_dtype`), over these float32 master weights."""
+    return "float32" if name == "auto" else name
 
 
 def native_bfloat16() -> bool:
@@ -56,7 +58,7 @@ def resolve_device(cfg: Config, cuda_available: bool | None = None) -> Config:
             "(torch sees no CUDA device)"
         )
     device = "cuda" if asked == "cuda" or (asked == "auto" and cuda_available) else "cpu"
-    dtype = param_dtype(cfg.model.dtype, device)
+    dtype = param_dtype(cfg.model.dtype)
     native = cfg.model.compute_dtype == "auto" and device == "cpu" and native_bfloat16()
     compute = compute_dtype(cfg.model.compute_dtype, device, dtype, native)
     model = replace(cfg.model, dtype=dtype, compute_dtype=compute)

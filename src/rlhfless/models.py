@@ -150,7 +150,7 @@ def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0, device: str = "
     """The causal LM on `device` in `cfg.dtype` (`auto`: as `devices.param_dtype` says), in eval
     mode, with dropout off (RL needs exact log-probs). Random weights are drawn on the CPU, so a
     seed gives the same model on every device."""
-    dtype = getattr(torch, param_dtype(cfg.dtype, device))
+    dtype = getattr(torch, param_dtype(cfg.dtype))
     if cfg.path == TINY_MODEL:
         model = tiny_model(cfg, vocab_size, seed).to(dtype)
     else:

@@ -25,17 +25,21 @@ def tiny(*overrides: str):
     return load_config(preset="tiny", overrides=("trainer.progress=false", *overrides))
 
 
-def test_auto_is_cuda_with_bfloat16_where_torch_sees_a_gpu_else_cpu_with_float32():
+def test_auto_is_cuda_where_torch_sees_a_gpu_with_float32_weights_on_every_device():
+    """Weights, and so rollouts, stay float32 on a GPU too (in bfloat16 a schedule would change
+    samples); there the learner computes in bfloat16 when `compute_dtype` is auto."""
     cfg = tiny()
     assert (cfg.runtime.device, cfg.model.dtype) == ("auto", "auto")
     on_gpu = resolve_device(cfg, cuda_available=True)
-    assert (on_gpu.runtime.device, on_gpu.model.dtype) == ("cuda", "bfloat16")
+    assert (on_gpu.runtime.device, on_gpu.model.dtype) == ("cuda", "float32")
+    learns = resolve_device(tiny("model.compute_dtype=auto"), cuda_available=True).model
+    assert (learns.dtype, learns.compute_dtype) == ("float32", "bfloat16")
     on_cpu = resolve_device(cfg, cuda_available=False)
     assert (on_cpu.runtime.device, on_cpu.model.dtype) == ("cpu", "float32")
     assert resolve_device(on_gpu, cuda_available=True) == on_gpu  # resolving twice changes nothing
-    pinned = resolve_device(tiny("model.dtype=float32", "runtime.device=cuda"), cuda_available=True)
-    assert (pinned.runtime.device, pinned.model.dtype) == ("cuda", "float32")
-    assert param_dtype("auto", "cuda:3") == "bfloat16" and param_dtype("bfloat16", "cpu") == "bfloat16"
+    pinned = resolve_device(tiny("model.dtype=bfloat16", "runtime.device=cuda"), cuda_available=True)
+    assert (pinned.runtime.device, pinned.model.dtype) == ("cuda", "bfloat16")
+    assert param_dtype("auto") == "float32" and param_dtype("bfloat16") == "bfloat16"
 
 
 @NO_CUDA
@@ -79,7 +83,7 @@ def test_every_model_its_kv_and_its_updates_live_on_the_chosen_device(device):
     """PPO with a KL loss: the policy, the reference, the critic, the prefill/decode engine and its
     slots, and the updates, all on the device, in its dtype; results come back on the CPU."""
     cfg = resolve_device(tiny(f"runtime.device={device}", "algorithm.name=ppo", "algorithm.kl_coef=0.1"))
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = getattr(torch, cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     executor = build_executor(cfg, tokenizer, policy)

@@ -6,7 +6,8 @@ log-probs and losses stay float32, as in TRL's and OpenRLHF's bf16 training.
 The rollout engines (prefill, decode) stay in the weights' dtype. A bfloat16 engine's logits move
 with its batch's shape by far more than float32's, and the sampler's Gumbel-max then flips near-tied
 tokens: on the default run, verl and rlhfless sampled 52 of 128 responses alike in bfloat16, against
-all of them in float32. A schedule would change samples, which RLHFless promises it never does.
+all of them in float32. A schedule would change samples, which RLHFless promises it never does. So
+`model.dtype=auto` is float32 on a GPU as well, where the learner computes in bfloat16 over it.
 """
 
 from __future__ import annotations
