@@ -3,8 +3,9 @@ by side in one process, against a bare decode forward and a bare sampling call o
 
 The engine rounds each decode step's span up to `engine.SPAN_QUANTUM` positions so that steps
 repeat shapes. On a lent H200 (session 27) an exact-span decode step of a Qwen2.5-0.5B-shaped model
-took 80.8 ms against a bare forward's 19.3 ms: each step was a new shape, and cuDNN's attention
-plans per shape. Run it on the machine at hand; `scripts/gpu_check.sh` runs it on a GPU.
+took 80.8 ms against a bare forward's 19.3 ms, and each step was a new shape, for which cuDNN's
+attention builds a graph: the lead this measures. Run it on the machine at hand;
+`scripts/gpu_check.sh` runs it on a GPU.
 
     .venv/bin/python benchmarks/bench_span.py [--device cpu] [--model-path smollm2-135m-instruct]
 """

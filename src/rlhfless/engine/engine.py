@@ -27,8 +27,8 @@ from rlhfless.engine.sequences import (
     SequenceState,
 )
 
-# Decode spans are rounded up to a multiple of this: on a CPU it adds ~1% to a step's attention;
-# on a GPU a 160-token response repeats 3-4 shapes instead of making 160 (docs/DECISIONS.md).
+# Decode spans are rounded up to a multiple of this, so a 160-token response repeats 3-4 shapes
+# instead of making 160; on this CPU a step's time is unchanged within noise (bench_span.py).
 SPAN_QUANTUM = 64
 
 
@@ -68,7 +68,7 @@ class Engine:
     may come to hold (prompt + max_new_tokens each), so admission never has to preempt. A decode
     step attends over its longest sequence's span rounded up to `span_quantum` positions (the mask
     hides the rest), so steps repeat shapes: on a GPU, an attention backend that plans per shape
-    (cuDNN's builds a graph, tens of ms) plans a few times a run, not once a token. The model
+    (cuDNN's builds a graph) plans a few times a run, not once a token. The model
     should have dropout off (eval mode, or dropout 0); the engine does not change its mode.
     """
 
