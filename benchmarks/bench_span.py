@@ -1,7 +1,7 @@
 """A decode step's time with the attention span exact and rounded (`Engine(span_quantum=...)`), side
 by side in one process, against a bare decode forward and a bare sampling call of the same batch.
 
-The engine rounds each decode step's span up to `engine.SPAN_QUANTUM` positions so that steps
+The engine rounds each decode step's span up to `engine.forward.SPAN_QUANTUM` positions so that steps
 repeat shapes. On a lent H200 (session 27) an exact-span decode step of a Qwen2.5-0.5B-shaped model
 took 80.8 ms against a bare forward's 19.3 ms, and each step was a new shape, for which cuDNN's
 attention builds a graph: the lead this measures. Run it on the machine at hand;
@@ -21,7 +21,8 @@ import torch
 
 from rlhfless.config import load_config
 from rlhfless.devices import resolve_device
-from rlhfless.engine.engine import SPAN_QUANTUM, Engine
+from rlhfless.engine.engine import Engine
+from rlhfless.engine.forward import SPAN_QUANTUM
 from rlhfless.engine.profiling import measure_profile
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, token_seed
 from rlhfless.engine.sequences import Request

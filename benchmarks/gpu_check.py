@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rlhfless.config import load_config
 from rlhfless.devices import resolve_device
-from rlhfless.engine.engine import SPAN_QUANTUM
+from rlhfless.engine.forward import SPAN_QUANTUM
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.models import CHATML_TEMPLATE, load_model, load_tokenizer
 from rlhfless.runtime.functions import DecodeFunction

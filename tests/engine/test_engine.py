@@ -7,6 +7,8 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfless.engine import (
@@ -19,6 +21,7 @@ from rlhfless.engine import (
     StaleCacheError,
     rollout,
 )
+from rlhfless.engine.forward import decode_span
 from tests.engine.engine_support import small_llama
 
 VOCAB = 256
@@ -91,6 +94,12 @@ def test_same_tokens_alone_in_a_mixed_batch_and_after_cut_and_resume(model, para
     assert key(engine.run()) == reference
     assert cut_and_resume(model, requests, params, k=4, with_kv=False) == reference
     assert cut_and_resume(model, requests, params, k=4, with_kv=True) == reference
+
+
+@given(longest=st.integers(0, 100_000), quantum=st.integers(1, 512))
+def test_a_decode_span_is_the_next_multiple_of_the_quantum_past_the_longest_sequence(longest, quantum):
+    span = decode_span(longest, quantum)
+    assert span % quantum == 0 and longest + 1 <= span < longest + 1 + quantum
 
 
 @pytest.mark.parametrize("quantum", [5, 64])

@@ -16,7 +16,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlhfless.engine.forward import attention_mask_kind, decode_forward, prefill_forward
+from rlhfless.engine.forward import (
+    SPAN_QUANTUM,
+    attention_mask_kind,
+    decode_forward,
+    decode_span,
+    prefill_forward,
+)
 from rlhfless.engine.kv import PrefixKV, SlotCache, StaleCacheError
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
@@ -26,10 +32,6 @@ from rlhfless.engine.sequences import (
     SequenceResult,
     SequenceState,
 )
-
-# Decode spans are rounded up to a multiple of this, so a 160-token response repeats 3-4 shapes
-# instead of making 160; on this CPU a step's time is unchanged within noise (bench_span.py).
-SPAN_QUANTUM = 64
 
 
 @dataclass(eq=False)
@@ -385,7 +387,7 @@ class Engine:
         start = time.perf_counter()
         running = self._running
         lengths = [s.length for s in running]
-        span = -(-(max(lengths) + 1) // self.span_quantum) * self.span_quantum
+        span = decode_span(max(lengths), self.span_quantum)
         positions = torch.tensor(lengths, dtype=torch.long, device=self.device)
         tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long, device=self.device)
         self.slots.reserve(len(running), span)

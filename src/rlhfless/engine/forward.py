@@ -88,6 +88,17 @@ def prefill_forward(
     return out.logits[:, -1], cache, span
 
 
+# Decode spans are rounded up to a multiple of this, so a 160-token response repeats 3-4 shapes
+# instead of making 160; on this CPU a step's time is unchanged within noise (bench_span.py).
+SPAN_QUANTUM = 64
+
+
+def decode_span(longest: int, quantum: int = SPAN_QUANTUM) -> int:
+    """The positions a decode step attends over when its longest sequence holds `longest` tokens
+    before the new one: that plus one, rounded up to `quantum` (the mask hides the rest)."""
+    return -(-(longest + 1) // quantum) * quantum
+
+
 def decode_forward(
     model: torch.nn.Module,
     slots: SlotCache,

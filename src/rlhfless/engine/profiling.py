@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from rlhfless.engine.forward import attention_mask_kind, decode_forward, prefill_forward
+from rlhfless.engine.forward import attention_mask_kind, decode_forward, decode_span, prefill_forward
 from rlhfless.engine.kv import SlotCache
 
 
@@ -77,11 +77,12 @@ def measure_profile(
         for batch in batches:
             for context in contexts:
                 slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
-                slots.reserve(batch, context + 1)
+                span = decode_span(context)  # as the engine attends
+                slots.reserve(batch, span)
                 tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
                 positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
                 ms = _median_ms(
-                    partial(decode_forward, model, slots, tokens, positions, kind, context + 1),
+                    partial(decode_forward, model, slots, tokens, positions, kind, span),
                     repeats,
                     param.device,
                 )
