@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -23,7 +24,7 @@ from rlhfless.config import load_config
 from rlhfless.devices import resolve_device
 from rlhfless.engine.engine import Engine
 from rlhfless.engine.forward import SPAN_QUANTUM
-from rlhfless.engine.profiling import measure_profile
+from rlhfless.engine.profiling import measure_profile, median_ms
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, token_seed
 from rlhfless.engine.sequences import Request
 from rlhfless.models import load_model, load_tokenizer
@@ -75,19 +76,8 @@ def decode_breakdown(model_path: str, device: str, new_tokens: int, prompts: int
     )
     logits = torch.randn(batch, model.config.vocab_size, device=model.device, dtype=torch.float32)
     seeds = [token_seed(i, 0) for i in range(batch)]
-
-    def sample() -> None:
-        sample_tokens(logits, params, seeds)
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    sample()
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        sample()
-        times.append((time.perf_counter() - t) * 1000)
-    return out | {"forward_ms": bare["decode"][0]["ms"], "sample_ms": statistics.median(times)}
+    sample_ms = median_ms(partial(sample_tokens, logits, params, seeds), 5, model.device)
+    return out | {"forward_ms": bare["decode"][0]["ms"], "sample_ms": sample_ms}
 
 
 def main() -> int:

@@ -19,7 +19,10 @@ from rlhfless.engine.forward import attention_mask_kind, decode_forward, decode_
 from rlhfless.engine.kv import SlotCache
 
 
-def _median_ms(fn, repeats: int, device: torch.device) -> float:
+def median_ms(fn, repeats: int, device: torch.device) -> float:
+    """`fn()`'s median wall time over `repeats` calls after one warm-up, in ms, the device's queue
+    drained around each call."""
+
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -81,7 +84,7 @@ def measure_profile(
                 slots.reserve(batch, span)
                 tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
                 positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
-                ms = _median_ms(
+                ms = median_ms(
                     partial(decode_forward, model, slots, tokens, positions, kind, span),
                     repeats,
                     param.device,
@@ -89,7 +92,7 @@ def measure_profile(
                 decode.append({"batch": int(batch), "context": int(context), "ms": round(ms, 4)})
         for n in prefill_tokens:
             row = [(torch.randint(0, vocab, (n,), generator=generator).tolist(), None)]
-            ms = _median_ms(partial(prefill_forward, model, row, 0, kind), repeats, param.device)
+            ms = median_ms(partial(prefill_forward, model, row, 0, kind), repeats, param.device)
             prefill.append({"tokens": int(n), "ms": round(ms, 4)})
     return {
         "decode": decode,

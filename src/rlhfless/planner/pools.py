@@ -80,9 +80,10 @@ def split_plans(
     free = replace(config, budget_per_step=None, deadline_per_step=None)
     order = np.argsort(-np.asarray(group_max, dtype=float), kind="stable")
     unique = int(whole.prefill["tokens_unique"])
+    uids = [p.uid for p in prompts]
+    counts = sorted({min(max(1, round(share * n)), n - 1) for share in SHARES})
     out = []
     for k in (k for k in NODES if k < cluster.nodes and large.gpus <= cluster.gpus_per_node):
-        counts = sorted({min(max(1, round(share * n)), n - 1) for share in SHARES})
         for m in counts:
             long, rest = [prompts[i] for i in order[:m]], [prompts[i] for i in order[m:]]
             try:
@@ -97,7 +98,6 @@ def split_plans(
                 )
             except PlanError:
                 continue
-            uids = [p.uid for p in prompts]
             plan = joined(uids, a, b, (k, k * cluster.gpus_per_node), unique, config, group_size, billing)
             out.append(replace(plan, floor=whole.floor))
     return out
