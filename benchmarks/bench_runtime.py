@@ -6,7 +6,11 @@ model: cold starts and warm functions' keep-alive idle billed), step time, prefi
 migrations, cold starts, how many samples came out token-identical, and how close each step's
 forecast and the whole run's forecast (made before step 1) came to what was measured.
 
-    .venv/bin/python benchmarks/bench_runtime.py --steps 5 [--order rlhfless verl] [KEY=VALUE ...] [--rlhfless KEY=VALUE ...]
+    .venv/bin/python benchmarks/bench_runtime.py --steps 5 [--order rlhfless verl] [--rounds 2] [KEY=VALUE ...] [--rlhfless KEY=VALUE ...]
+
+The machine drifts by 10-20% over the minutes between two runs, as much as the policies differ, so
+`--rounds 2` runs them ABBA (the order, then the reverse) and pools each policy's steps: a drift
+steady over the four runs then weighs on both policies alike. Each round's own ratio is printed too.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ from rlhfless.runtime.trainer import train
 
 
 def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...], out: Path) -> list[dict]:
-    """`rlhfless train` itself under one policy; per step its metrics and sampled responses."""
+    """`rlhfless train` itself under one policy, into run directory `out`; per step its metrics and
+    sampled responses."""
     cfg = load_config(
         preset=preset,
         overrides=(
             "runtime.executor=ray",
             f"scheduler.policy={policy}",
             f"trainer.steps={steps}",
-            f"output_dir={out / policy}",
+            f"output_dir={out}",
             "trainer.save_every=0",
             "trainer.report=false",
             "trainer.progress=false",
@@ -50,11 +55,21 @@ def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...], out
     result = train(cfg, show)
     history = []
     for row in result.history:
-        lines = (out / policy / "rollouts" / f"step_{row['step']:06d}.jsonl").read_text().split("\n")
+        lines = (out / "rollouts" / f"step_{row['step']:06d}.jsonl").read_text().split("\n")
         records = [json.loads(line) for line in lines if line]
         tokens = [(r["uid"], r["sample"], r["response"]) for r in records]
         history.append({**row, "time": row["time/step"], "n_actors": row["plan/n_actors"], "tokens": tokens})
     return history
+
+
+def schedule(order: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, policy) in the order they run: `order`, then its reverse, and so on (ABBA...)."""
+    return [(r, p) for r in range(rounds) for p in (order if r % 2 == 0 else order[::-1])]
+
+
+def run_dir(out: Path, policy: str, round_: int) -> Path:
+    """The first round's runs keep `out/POLICY` (what `bench_targets.py real --baseline` reads)."""
+    return out / (policy if round_ == 0 else f"{policy}_{round_ + 1}")
 
 
 def main() -> None:
@@ -65,6 +80,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the per-step records here")
     parser.add_argument(
         "--order", nargs=2, default=["verl", "rlhfless"], help="which policy runs first (machine drift)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="2: ABBA (the order, then its reverse), each policy's steps pooled",
     )
     parser.add_argument(
         "--out", type=Path, help="keep both run directories here (default: a temp dir, removed at exit)"
@@ -81,19 +102,29 @@ def main() -> None:
     args = parser.parse_args()
     if sorted(args.order) != ["rlhfless", "verl"]:
         parser.error(f"--order: got {args.order}, expected verl and rlhfless in some order")
+    if args.rounds < 1:
+        parser.error(f"--rounds: got {args.rounds}, expected >= 1")
     start_ray(load_config(preset=args.preset, overrides=tuple(args.overrides)).runtime)
     scratch = None if args.out else tempfile.TemporaryDirectory(prefix="bench_runtime.")  # gone at exit
     out = args.out or Path(scratch.name)
     extra = {"verl": tuple(args.overrides), "rlhfless": (*args.overrides, *args.rlhfless)}
-    runs = {p: run_policy(p, args.steps, args.preset, extra[p], out) for p in args.order}
+    rounds: dict[str, list[list[dict]]] = {p: [] for p in args.order}
+    for r, p in schedule(args.order, args.rounds):
+        rounds[p].append(run_policy(p, args.steps, args.preset, extra[p], run_dir(out, p, r)))
     ray.shutdown()
 
-    def mean(policy: str, key: str, skip: int = args.skip_first) -> float:
-        return statistics.fmean(h[key] for h in runs[policy][skip:])
+    def mean(policy: str, key: str, skip: int = args.skip_first, round_: int | None = None) -> float:
+        runs = rounds[policy] if round_ is None else [rounds[policy][round_]]
+        return statistics.fmean(h[key] for run in runs for h in run[skip:])
 
     def total(policy: str, key: str) -> float:
-        return sum(h[key] for h in runs[policy])
+        return sum(h[key] for run in rounds[policy] for h in run) / args.rounds
 
+    if args.rounds > 1:
+        print(
+            f"\n{args.rounds} rounds, run {' '.join(p for _, p in schedule(args.order, args.rounds))}; "
+            "each policy's steps pooled below, totals per run"
+        )
     rows = [
         ("cost per step ($, steps > warm-up)", mean("verl", "cost/step"), mean("rlhfless", "cost/step")),
         ("cost per step ($, all steps)", mean("verl", "cost/step", 0), mean("rlhfless", "cost/step", 0)),
@@ -137,41 +168,56 @@ def main() -> None:
     print(f"\n{'':38s} {'verl':>12s} {'rlhfless':>12s} {'rlhfless/verl':>14s}")
     for name, a, b in rows:
         print(f"{name:38s} {a:12.6g} {b:12.6g} {b / a if a else float('nan'):14.3f}")
-    same_steps, same_samples, n_samples = 0, 0, 0
-    for hv, hr in zip(runs["verl"], runs["rlhfless"], strict=True):
-        same = sum(a == b for a, b in zip(hv["tokens"], hr["tokens"], strict=True))
-        same_samples += same
-        n_samples += len(hv["tokens"])
-        same_steps += same == len(hv["tokens"])
-        print(f"step {hv['step']}: {same}/{len(hv['tokens'])} samples identical")
-    print(f"identical samples: {same_samples}/{n_samples}; identical steps: {same_steps}/{len(runs['verl'])}")
+    same_steps, same_samples, n_samples, n_steps = 0, 0, 0, 0
+    for r in range(args.rounds):
+        for hv, hr in zip(rounds["verl"][r], rounds["rlhfless"][r], strict=True):
+            same = sum(a == b for a, b in zip(hv["tokens"], hr["tokens"], strict=True))
+            same_samples += same
+            n_samples += len(hv["tokens"])
+            same_steps += same == len(hv["tokens"])
+            n_steps += 1
+            print(
+                f"{f'round {r + 1} ' if args.rounds > 1 else ''}step {hv['step']}: "
+                f"{same}/{len(hv['tokens'])} samples identical"
+            )
+    print(f"identical samples: {same_samples}/{n_samples}; identical steps: {same_steps}/{n_steps}")
+    for r in range(args.rounds if args.rounds > 1 else 0):
+        print(
+            f"round {r + 1} alone: cost reduction "
+            f"{1 - mean('rlhfless', 'cost/step', round_=r) / mean('verl', 'cost/step', round_=r):.1%}, "
+            f"speedup {mean('verl', 'time', round_=r) / mean('rlhfless', 'time', round_=r):.2f}x"
+        )
     print(
         f"cost reduction {1 - mean('rlhfless', 'cost/step') / mean('verl', 'cost/step'):.1%}, "
-        f"speedup {mean('verl', 'time') / mean('rlhfless', 'time'):.2f}x (steps after the warm-up)"
+        f"speedup {mean('verl', 'time') / mean('rlhfless', 'time'):.2f}x (steps after the warm-up"
+        f"{', every round' if args.rounds > 1 else ''})"
     )
     print("\nforecast against actual (steps after the first; error = forecast / actual - 1):")
-    for policy in args.order:
+    for r, policy in schedule(args.order, args.rounds):
+        run, name_ = rounds[policy][r], f"{policy}{f' {r + 1}' if args.rounds > 1 else ''}"
         for name in ("generation_time", "generation_cost", "step_time", "step_cost"):
-            errors = [h.get(f"forecast/error/{name}") for h in runs[policy][1:]]
+            errors = [h.get(f"forecast/error/{name}") for h in run[1:]]
             errors = [abs(e) for e in errors if e is not None]
             if errors:
                 within = sum(e <= 0.2 for e in errors)
                 print(
-                    f"  {policy:8s} {name:16s} {within}/{len(errors)} within 20%, "
+                    f"  {name_:10s} {name:16s} {within}/{len(errors)} within 20%, "
                     f"mean |error| {100 * statistics.fmean(errors):.1f}%, max {100 * max(errors):.1f}%"
                 )
-        whole = json.loads((out / policy / "forecast.json").read_text())
-        actual_t, actual_c = total(policy, "time/step"), total(policy, "cost/step")
+        whole = json.loads((run_dir(out, policy, r) / "forecast.json").read_text())
+        actual_t, actual_c = sum(h["time/step"] for h in run), sum(h["cost/step"] for h in run)
         print(
-            f"  {policy:8s} whole run ({whole['steps']} steps, forecast before step 1): "
+            f"  {name_:10s} whole run ({whole['steps']} steps, forecast before step 1): "
             f"time {whole['time_s']:.0f} s vs {actual_t:.0f} s ({whole['time_s'] / actual_t - 1:+.1%}), "
             f"cost {whole['cost']:.4g} vs {actual_c:.4g} ({whole['cost'] / actual_c - 1:+.1%})"
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {p: [{k: v for k, v in h.items() if k != "tokens"} for h in hs] for p, hs in runs.items()}, f
-            )
+            records = {
+                p: [[{k: v for k, v in h.items() if k != "tokens"} for h in run] for run in runs]
+                for p, runs in rounds.items()
+            }
+            json.dump(records if args.rounds > 1 else {p: runs[0] for p, runs in records.items()}, f)
 
 
 if __name__ == "__main__":
