@@ -4,6 +4,7 @@ import io
 
 from rich.console import Console
 
+from rlhfless.commands.plan_summary import forecast_line
 from rlhfless.commands.train import Display
 
 FORECAST = {
@@ -41,3 +42,8 @@ def test_no_spinner_without_a_terminal():
     display = Display(Console(file=io.StringIO()), enabled=False)
     display("forecasting", {"steps": 3})
     assert display.status is None
+
+
+def test_a_forecast_under_ten_seconds_keeps_two_digits_rather_than_rounding_to_zero():
+    tiny = FORECAST | {"time_s": 0.214, "time_range_s": [0.15, 0.3]}
+    assert forecast_line(tiny).startswith("forecast for 3 step(s): 0.21 s (0.15-0.3), ")

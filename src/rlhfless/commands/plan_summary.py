@@ -9,11 +9,17 @@ SHOWN_STEPS = 20  # a longer run's forecast shows its first and last steps
 SHOWN_ACTORS = 16  # more actors than this: the slowest are listed (`--json` has them all)
 
 
+def seconds(x: float) -> str:
+    """Whole seconds, or two significant digits under ten (a tiny model's run is under a second)."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
 def forecast_line(info: dict[str, Any]) -> str:
     """A run forecast in one line: total time and cost, their ranges, and what the range assumes."""
     (lo, hi), (clo, chi) = info["time_range_s"], info["cost_range"]
     return (
-        f"forecast for {info['steps']} step(s): {info['time_s']:.0f} s ({lo:.0f}-{hi:.0f}), "
+        f"forecast for {info['steps']} step(s): {seconds(info['time_s'])} s "
+        f"({seconds(lo)}-{seconds(hi)}), "
         f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}"
     )
 
