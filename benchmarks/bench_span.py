@@ -7,6 +7,8 @@ took 80.8 ms against a bare forward's 19.3 ms, and each step was a new shape, fo
 attention builds a graph: the lead this measures. Run it on the machine at hand;
 `scripts/gpu_check.sh` runs it on a GPU.
 
+On a GPU it also times the decode steps replayed as CUDA graphs (`generation.cuda_graphs`).
+
     .venv/bin/python benchmarks/bench_span.py [--device cpu] [--model-path smollm2-135m-instruct]
 """
 
@@ -30,12 +32,22 @@ from rlhfless.engine.sequences import Request
 from rlhfless.models import load_model, load_tokenizer
 
 
+def variants(device: str) -> dict[str, dict]:
+    """The engines compared, by name: the exact span (every step a new shape), the engine's
+    default (span rounded up to `SPAN_QUANTUM`) and, on a GPU, its decode steps replayed as CUDA
+    graphs (`generation.cuda_graphs`)."""
+    out = {"exact": {"span_quantum": 1}, "rounded": {"span_quantum": SPAN_QUANTUM}}
+    if torch.device(device).type == "cuda":
+        out["graphs"] = {"span_quantum": SPAN_QUANTUM, "cuda_graphs": True}
+    return out
+
+
 def decode_breakdown(model_path: str, device: str, new_tokens: int, prompts: int, group: int) -> dict:
     """Where an engine's decode step goes on `device`, in the run's dtype: the whole step (forward,
-    sampling and bookkeeping) of `prompts` x `group` sequences of `new_tokens`, with the attention
-    span exact (`span_quantum=1`, every step a new shape) and rounded (the engine's default), each
-    run twice (means), against one bare decode forward and one bare sampling call of the same
-    batch (ms, medians)."""
+    sampling and bookkeeping) of `prompts` x `group` sequences of `new_tokens`, under each of
+    `variants` (run in that order, then the reverse, so the machine's drift falls on all alike;
+    means), against one bare decode forward and one bare sampling call of the same batch (ms,
+    medians)."""
     cfg = resolve_device(
         load_config(preset="default", overrides=(f"model.path={model_path}", f"runtime.device={device}"))
     )
@@ -47,26 +59,23 @@ def decode_breakdown(model_path: str, device: str, new_tokens: int, prompts: int
     ]
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, seed=11)
     batch = prompts * group
-    out: dict = {"batch": batch}
-    runs: dict[int, list] = {1: [], SPAN_QUANTUM: []}
-    for quantum in (1, SPAN_QUANTUM, SPAN_QUANTUM, 1):  # ABBA: the machine's drift falls on both
+    kinds = variants(device)
+    runs: dict[str, list] = {name: [] for name in kinds}
+    for name in [*kinds, *reversed(kinds)]:
         engine = Engine(
-            model,
-            eos_token_ids=[-1],
-            pad_token_id=tokenizer.pad_token_id,
-            max_running=batch,
-            span_quantum=quantum,
+            model, eos_token_ids=[-1], pad_token_id=tokenizer.pad_token_id, max_running=batch, **kinds[name]
         )
         engine.generate(requests[:1], replace(params, max_new_tokens=4), 0)  # kernels, allocator
         before = replace(engine.stats)
         start = time.perf_counter()
         results = engine.generate(requests, params, 1)
         stats = engine.stats.minus(before)
-        runs[quantum].append(
+        runs[name].append(
             (time.perf_counter() - start, stats.decode_seconds / max(1, stats.decode_steps), results)
         )
-    for quantum, pair in runs.items():
-        out[quantum] = {
+    out: dict = {"batch": batch}
+    for name, pair in runs.items():
+        out[name] = {
             "wall_s": statistics.fmean(r[0] for r in pair),
             "step_ms": 1000 * statistics.fmean(r[1] for r in pair),
             "tokens": [[r.response_ids for r in results] for _, _, results in pair],
@@ -80,6 +89,13 @@ def decode_breakdown(model_path: str, device: str, new_tokens: int, prompts: int
     return out | {"forward_ms": bare["decode"][0]["ms"], "sample_ms": sample_ms}
 
 
+def identical(d: dict) -> tuple[int, int]:
+    """(the fewest sequences of any run identical to the first exact-span run's, sequences)."""
+    reference = d["exact"]["tokens"][0]
+    runs = [run for name in d if isinstance(d[name], dict) for run in d[name]["tokens"]]
+    return min(sum(a == b for a, b in zip(reference, run, strict=True)) for run in runs), len(reference)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -91,18 +107,15 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=4)
     args = parser.parse_args()
     d = decode_breakdown(args.model_path, args.device, args.new_tokens, args.prompts, args.group)
-    exact, rounded = d[1], d[SPAN_QUANTUM]
     print(f"{d['batch']} sequences x {args.new_tokens} new tokens on {args.device}")
-    print(f"decode step, exact span:            {exact['step_ms']:8.1f} ms ({exact['wall_s']:.2f} s in all)")
-    print(
-        f"decode step, span rounded to {SPAN_QUANTUM:3d}:   {rounded['step_ms']:8.1f} ms ({rounded['wall_s']:.2f} s in all)"
-    )
-    print(f"rounded / exact:                    {rounded['step_ms'] / exact['step_ms']:8.3f}")
+    for name, kwargs in variants(args.device).items():
+        r = d[name]
+        print(f"decode step, {name:8s} {kwargs}: {r['step_ms']:8.1f} ms ({r['wall_s']:.2f} s in all)")
+        print(f"  {name} / exact: {r['step_ms'] / d['exact']['step_ms']:.3f}")
     print(f"bare decode forward {d['forward_ms']:.1f} ms, bare sampling call {d['sample_ms']:.1f} ms")
-    reference = exact["tokens"][0]
-    same = min(sum(a == b for a, b in zip(reference, run, strict=True)) for run in rounded["tokens"])
-    print(f"sequences identical, exact vs rounded: {same}/{len(reference)}")
-    return 0 if same == len(reference) else 1
+    same, n = identical(d)
+    print(f"sequences identical in every run to the exact span's: {same}/{n}")
+    return 0 if same == n else 1
 
 
 if __name__ == "__main__":

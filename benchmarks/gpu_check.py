@@ -28,13 +28,12 @@ import numpy as np
 import ray
 import torch
 from bench_precision import batch_invariance
-from bench_span import decode_breakdown
+from bench_span import decode_breakdown, identical, variants
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rlhfless.config import load_config
 from rlhfless.devices import resolve_device
-from rlhfless.engine.forward import SPAN_QUANTUM
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.models import CHATML_TEMPLATE, load_model, load_tokenizer
 from rlhfless.runtime.functions import DecodeFunction
@@ -266,17 +265,18 @@ def main() -> int:
         )
 
     d = guarded("decode breakdown", decode_breakdown, str(model_dir), args.device, 160, 8, 4)
-    for quantum in (1, SPAN_QUANTUM) if d else ():
-        r = d[quantum]
+    for name, kwargs in variants(args.device).items() if d else ():
+        r = d[name]
         print(
-            f"engine on {args.device}, span_quantum={quantum}: {d['batch']} sequences x 160 tokens in "
+            f"engine on {args.device}, {name} {kwargs}: {d['batch']} sequences x 160 tokens in "
             f"{r['wall_s']:.2f} s, a decode step {r['step_ms']:.1f} ms",
             flush=True,
         )
     if d:
+        same, n = identical(d)
         print(
             f"a bare decode forward of that batch {d['forward_ms']:.1f} ms, a bare sampling call "
-            f"{d['sample_ms']:.1f} ms",
+            f"{d['sample_ms']:.1f} ms; sequences identical in every engine run: {same}/{n}",
             flush=True,
         )
 
@@ -309,6 +309,7 @@ def main() -> int:
         and invariance is not None
         and invariance["float32"][0] == invariance["float32"][1]
         and d is not None
+        and identical(d)[0] == identical(d)[1]
         and identity[1] == identity[0] == identity[2]
         and all(r and np.isfinite(r["step_s"]) for r in results.values())
     )

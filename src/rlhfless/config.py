@@ -131,6 +131,15 @@ class GenerationConfig:
     max_prompt_tokens: int = field(
         default=1024, metadata={"help": "longest prompt accepted; longer prompts are an error"}
     )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "on a CUDA device, replay each decode step as a CUDA graph (the batch padded to a "
+            "power of two, the span to the KV cache's capacity): one launch instead of a kernel per "
+            "op, where the step is host-bound; no token changes. Ignored on a CPU. Off until measured "
+            "on a GPU"
+        },
+    )
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an integer >= 1")

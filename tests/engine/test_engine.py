@@ -22,6 +22,7 @@ from rlhfless.engine import (
     rollout,
 )
 from rlhfless.engine.forward import decode_span
+from rlhfless.engine.graphs import bucket
 from tests.engine.engine_support import small_llama
 
 VOCAB = 256
@@ -112,6 +113,50 @@ def test_a_rounded_decode_span_draws_the_same_tokens_as_the_exact_one(model, qua
         key(make_engine(model, span_quantum=quantum, max_running=4).generate(requests, SAMPLED, step=3))
         == exact
     )
+
+
+@given(batch=st.integers(1, 300), most=st.integers(1, 300))
+def test_a_step_is_padded_to_the_next_power_of_two_within_the_engines_slots(batch, most):
+    size = bucket(batch, most)
+    assert size >= batch
+    assert size == batch or size <= most
+    assert size & (size - 1) == 0 or size == most or size == batch
+
+
+def test_padded_fixed_shape_decode_steps_draw_the_same_tokens_as_exact_ones(model):
+    """What a CUDA graph replays: the batch padded to a bucket (6 slots: 4 sequences pad to 4, 5 to
+    6) and the span the cache's whole capacity. Neither changes a token, nor a log-prob beyond
+    float rounding."""
+    requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts(6))]
+    exact = make_engine(model, max_running=6).generate(requests, SAMPLED, step=3)
+    engine = make_engine(model, max_running=6, static_decode=True)
+    fixed = engine.generate(requests, SAMPLED, step=3)
+    assert key(fixed) == key(exact)
+    for a, b in zip(fixed, exact, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert engine.stats.decode_steps > 0 and engine.static is not None and engine.static.captured == 0
+
+
+def test_cuda_graphs_need_a_model_on_a_cuda_device(model):
+    with pytest.raises(ValueError, match="cuda_graphs: the model is on cpu"):
+        make_engine(model, cuda_graphs=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_decode_steps_replayed_as_cuda_graphs_draw_the_same_tokens(model):
+    """Each decode shape captured once and replayed; new weights drop the graphs (they hold the
+    old parameters' addresses), and the next step captures again."""
+    model = copy.deepcopy(model).to("cuda")
+    requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts(6))]
+    eager = key(make_engine(model, max_running=6).generate(requests, SAMPLED, step=3))
+    engine = make_engine(model, max_running=6, cuda_graphs=True)
+    assert key(engine.generate(requests, SAMPLED, step=3)) == eager
+    assert engine.static.graphs and engine.static.captured > 0
+    weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    engine.set_weights(weights, version=1)
+    assert engine.static.captured == 0
+    assert key(engine.generate(requests, SAMPLED, step=3)) == eager
 
 
 def test_the_span_quantum_is_a_positive_count(model):

@@ -12,6 +12,7 @@ from rlhfless.devices import learner_device, param_dtype, resolve_device
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import Request
 from rlhfless.models import load_model, load_tokenizer
+from rlhfless.runtime.executor import cuda_graphs
 from rlhfless.runtime.functions import DecodeFunction
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import build_executor
@@ -185,7 +186,7 @@ class FakeRemote:
         self.opts = opts
         return self
 
-    def remote(self, *args):
+    def remote(self, *args, **kwargs):
         FakeRemote.made.append((self.cls.__name__, self.opts, args))
 
 
@@ -220,3 +221,10 @@ def test_an_embedded_ray_offers_every_gpu_but_the_learners(monkeypatch, device, 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert ray_cluster.start_ray(tiny(f"runtime.device={device}").runtime)
     assert calls[0]["num_gpus"] == offered
+
+
+@pytest.mark.parametrize(
+    "asked,device,used", [(True, "cuda:1", True), (True, "cpu", False), (False, "cuda", False)]
+)
+def test_cuda_graphs_are_asked_for_and_used_on_a_cuda_device_only(asked, device, used):
+    assert cuda_graphs(tiny(f"generation.cuda_graphs={str(asked).lower()}"), device) is used

@@ -23,6 +23,7 @@ from rlhfless.engine.forward import (
     decode_span,
     prefill_forward,
 )
+from rlhfless.engine.graphs import StaticDecode
 from rlhfless.engine.kv import PrefixKV, SlotCache, StaleCacheError
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
@@ -70,7 +71,9 @@ class Engine:
     may come to hold (prompt + max_new_tokens each), so admission never has to preempt. A decode
     step attends over its longest sequence's span rounded up to `span_quantum` positions (the mask
     hides the rest), so steps repeat shapes: on a GPU, an attention backend that plans per shape
-    (cuDNN's builds a graph) plans a few times a run, not once a token. The model
+    (cuDNN's builds a graph) plans a few times a run, not once a token. `cuda_graphs` (a CUDA
+    model only) replays each decode step as a CUDA graph of a fixed shape (`graphs.StaticDecode`);
+    `static_decode` runs those fixed shapes eagerly, on any device. The model
     should have dropout off (eval mode, or dropout 0); the engine does not change its mode.
     """
 
@@ -85,6 +88,8 @@ class Engine:
         max_kv_tokens: int = 1 << 16,
         prefill_chunk_tokens: int = 4096,
         span_quantum: int = SPAN_QUANTUM,
+        static_decode: bool = False,
+        cuda_graphs: bool = False,
     ):
         if max_running < 1:
             raise ValueError(f"max_running: got {max_running}, expected >= 1")
@@ -107,6 +112,11 @@ class Engine:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.device = param.device
         self.slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+        self.static = (
+            StaticDecode(model, self.slots, self.mask_kind, max_running, graphs=cuda_graphs)
+            if static_decode or cuda_graphs
+            else None
+        )
         self.stats = EngineStats()
         self._queue: deque[_Row] = deque()
         self._running: list[_Seq] = []
@@ -221,6 +231,8 @@ class Engine:
                 torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
             else:
                 self.model.load_state_dict(weights, strict=True)
+        if self.static is not None:
+            self.static.clear()
         self.weight_version = version
 
     # ----- running -------------------------------------------------------------------------
@@ -390,8 +402,11 @@ class Engine:
         span = decode_span(max(lengths), self.span_quantum)
         positions = torch.tensor(lengths, dtype=torch.long, device=self.device)
         tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long, device=self.device)
-        self.slots.reserve(len(running), span)
-        logits = decode_forward(self.model, self.slots, tokens, positions, self.mask_kind, span)
+        if self.static is not None:
+            logits = self.static(tokens, positions, span)
+        else:
+            self.slots.reserve(len(running), span)
+            logits = decode_forward(self.model, self.slots, tokens, positions, self.mask_kind, span)
         for seq in running:
             seq.length += 1
         self._sample(running, logits)

@@ -112,6 +112,7 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.slots = 0
         self.capacity = 0
+        self.version = 0  # counts reallocations: a CUDA graph holds the buffers' addresses
         self._rows: torch.Tensor | None = None
         self._positions: torch.Tensor | None = None
         self._span = 0
@@ -131,6 +132,7 @@ class SlotCache:
             while len(store) < self.n_layers:
                 store.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
         self.slots, self.capacity = new_slots, new_capacity
+        self.version += 1
 
     def write(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], start: int = 0) -> None:
         """Store per-layer [H, n, D] tensors at positions start..start+n of `slot`."""

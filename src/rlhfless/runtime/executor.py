@@ -82,6 +82,12 @@ def sampling_params(cfg: Config) -> SamplingParams:
     )
 
 
+def cuda_graphs(cfg: Config, device: str | torch.device) -> bool:
+    """Whether an engine on `device` replays its decode steps as CUDA graphs (`generation.cuda_graphs`,
+    which a CPU ignores)."""
+    return cfg.generation.cuda_graphs and torch.device(device).type == "cuda"
+
+
 def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer) -> Engine:
     """The learner's engine on the policy's own parameters, in their dtype (never `compute_dtype`:
     see `precision`): the prefill function (and, in-process, the only decode actor)."""
@@ -91,6 +97,7 @@ def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer) -> Engine:
         pad_token_id=tokenizer.pad_token_id,
         weight_version=0,
         max_running=cfg.generation.max_running,
+        cuda_graphs=cuda_graphs(cfg, next(policy.parameters()).device),
     )
 
 

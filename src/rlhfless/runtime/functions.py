@@ -104,11 +104,21 @@ class DecodeFunction:
         max_running: int,
         threads: int,
         device: str,
+        cuda_graphs: bool = False,
     ) -> None:
         """Only the process: the model loads in `hello`, so that `where` answers as soon as Ray has
         placed the function, before its cold start ends."""
         self.started = function_setup(threads)
-        self.setup = (model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device)
+        self.setup = (
+            model_cfg,
+            vocab_size,
+            seed,
+            eos_token_ids,
+            pad_token_id,
+            max_running,
+            device,
+            cuda_graphs,
+        )
         self.params: SamplingParams | None = None
         self.step = 0
         self.faults: list[DecodeFault] = []
@@ -123,7 +133,7 @@ class DecodeFunction:
     def hello(self) -> Started:
         """The rest of the cold start, called once by the pool after `where`: the model from
         storage into an engine."""
-        model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device = self.setup
+        model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device, graphs = self.setup
         model = load_model(model_cfg, vocab_size, seed, device)
         self.engine = Engine(
             model,
@@ -131,6 +141,7 @@ class DecodeFunction:
             pad_token_id=pad_token_id,
             weight_version=-1,
             max_running=max_running,
+            cuda_graphs=graphs,
         )
         return started(self.started, time.time())
 

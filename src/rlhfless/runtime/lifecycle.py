@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
 from rlhfless.runtime.billing import Invocation, Meter
+from rlhfless.runtime.executor import cuda_graphs
 from rlhfless.runtime.functions import DecodeFunction, PrepareFunction, PrepSetup
 from rlhfless.runtime.pool import FunctionPool, Lease, Shape
 from rlhfless.runtime.ray_cluster import ClusterView, free_slots, read_cluster
@@ -221,6 +222,7 @@ class Functions:
                     cfg.generation.max_running,
                     self.rt.threads_per_actor,
                     device,
+                    cuda_graphs=cuda_graphs(cfg, device),
                 )
             )
         return (
