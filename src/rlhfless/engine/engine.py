@@ -35,6 +35,19 @@ from rlhfless.engine.sequences import (
 )
 
 
+def copy_into_parameters(vector: torch.Tensor, model: torch.nn.Module) -> None:
+    """A flat weight vector copied into the parameters' own storage, which stays where it is
+    (`vector_to_parameters` would make each parameter a view of `vector` instead)."""
+    params = list(model.parameters())
+    total = sum(param.numel() for param in params)
+    if total != vector.numel():
+        raise ValueError(f"weights: got {vector.numel()} values, expected {total} (the model's parameters)")
+    offset = 0
+    for param in params:
+        param.copy_(vector[offset : offset + param.numel()].view_as(param))
+        offset += param.numel()
+
+
 @dataclass(eq=False)
 class _Seq:
     uid: str
@@ -227,12 +240,12 @@ class Engine:
         if self._running or self._queue:
             raise RuntimeError("set_weights: sequences are still running; their KV would mix weight versions")
         with torch.no_grad():
-            if isinstance(weights, torch.Tensor):
+            if isinstance(weights, torch.Tensor) and self.static is not None and self.static.graphs:
+                copy_into_parameters(weights.to(self.device), self.model)  # the graphs read them there
+            elif isinstance(weights, torch.Tensor):
                 torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
             else:
-                self.model.load_state_dict(weights, strict=True)
-        if self.static is not None:
-            self.static.clear()
+                self.model.load_state_dict(weights, strict=True)  # in place
         self.weight_version = version
 
     # ----- running -------------------------------------------------------------------------
@@ -370,7 +383,10 @@ class Engine:
             self.model, [(row.tokens, row.prefix) for row in rows], self.pad_token_id, self.mask_kind
         )
         n_new = len(self._running) + sum(len(row.seqs) for row in rows)
-        self.slots.reserve(n_new, max(len(row.tokens) for row in rows) + 1)
+        # fixed shapes: room for every joiner's whole response now, so the capacity (a graph's
+        # span) stays put while they decode
+        room = (seq.reserve if self.static else len(row.tokens) + 1 for row in rows for seq in row.seqs)
+        self.slots.reserve(n_new, max(room))
         joined: list[_Seq] = []
         row_of: list[int] = []
         for r, row in enumerate(rows):

@@ -5,8 +5,10 @@ the step, which launched about 975 kernels. A CUDA graph launches a whole forwar
 replays fixed shapes over fixed memory. So a step's batch is padded up to a bucket (a power of
 two, at most the engine's slots) with rows that feed token 0 at position 0 of free slots, and
 its span is the slot cache's whole capacity (the mask hides what no row has reached). A graph
-per (bucket, capacity) is captured the first time that shape runs, and all are dropped when the
-cache's buffers or the weights are replaced (their addresses are baked into the graph).
+per (bucket, capacity) is captured the first time that shape runs; the engine reserves each
+sequence's whole response at admission, so the capacity holds through a step, and copies new
+weights into the parameters' storage, so graphs outlive a step. Graphs of older cache buffers
+are dropped (their addresses are baked into a graph).
 
 On a CPU the same padded steps run eagerly (`graphs=False`), so that tests show that padding
 and the wider span change no token; capture itself needs a GPU.
@@ -54,10 +56,6 @@ class StaticDecode:
         """Graphs held now."""
         return len(self._captured)
 
-    def clear(self) -> None:
-        """Drop every graph: the weights they read were replaced."""
-        self._captured.clear()
-
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
         """Logits [B, V] of one decode step of `tokens` [B] at `positions` [B] (all < `span`)."""
         batch = tokens.shape[0]
@@ -100,7 +98,7 @@ class StaticDecode:
         except RuntimeError as err:  # an op the capture refuses: keep generating, eagerly
             log.warning("cuda_graphs: capture failed (%s); decoding without graphs", err)
             self.graphs = False
-            self.clear()
+            self._captured.clear()
             return logits
         self._captured = {k: g for k, g in self._captured.items() if k[2] == shape[2]}
         self._captured[shape] = _Graph(graph, static_tokens, static_positions, out)
