@@ -46,8 +46,9 @@ def decode_breakdown(model_path: str, device: str, new_tokens: int, prompts: int
     """Where an engine's decode step goes on `device`, in the run's dtype: the whole step (forward,
     sampling and bookkeeping) of `prompts` x `group` sequences of `new_tokens`, under each of
     `variants` (run in that order, then the reverse, so the machine's drift falls on all alike;
-    means), against one bare decode forward and one bare sampling call of the same batch (ms,
-    medians)."""
+    means), each engine generating the same batch twice: `first_step_ms` meets every shape for the
+    first time (a CUDA graph's capture, an attention plan), `step_ms` again. Against one bare
+    decode forward and one bare sampling call of the same batch (ms, medians)."""
     cfg = resolve_device(
         load_config(preset="default", overrides=(f"model.path={model_path}", f"runtime.device={device}"))
     )
@@ -61,24 +62,32 @@ def decode_breakdown(model_path: str, device: str, new_tokens: int, prompts: int
     batch = prompts * group
     kinds = variants(device)
     runs: dict[str, list] = {name: [] for name in kinds}
+    graphs = 0
     for name in [*kinds, *reversed(kinds)]:
         engine = Engine(
             model, eos_token_ids=[-1], pad_token_id=tokenizer.pad_token_id, max_running=batch, **kinds[name]
         )
         engine.generate(requests[:1], replace(params, max_new_tokens=4), 0)  # kernels, allocator
-        before = replace(engine.stats)
-        start = time.perf_counter()
-        results = engine.generate(requests, params, 1)
-        stats = engine.stats.minus(before)
-        runs[name].append(
-            (time.perf_counter() - start, stats.decode_seconds / max(1, stats.decode_steps), results)
-        )
-    out: dict = {"batch": batch}
-    for name, pair in runs.items():
+        passes = []
+        for _ in range(2):  # a run's first step meets each shape first; later steps meet it again
+            before = replace(engine.stats)
+            start = time.perf_counter()
+            results = engine.generate(requests, params, 1)
+            stats = engine.stats.minus(before)
+            passes.append(
+                (time.perf_counter() - start, stats.decode_seconds / max(1, stats.decode_steps), results)
+            )
+        runs[name].append(passes)
+        if engine.static is not None and engine.static.graphs:  # else eager: none, or a capture failed
+            graphs = engine.static.captured
+    out: dict = {"batch": batch, "captured": graphs}
+    for name, pairs in runs.items():
+        first, again = [p[0] for p in pairs], [p[1] for p in pairs]
         out[name] = {
-            "wall_s": statistics.fmean(r[0] for r in pair),
-            "step_ms": 1000 * statistics.fmean(r[1] for r in pair),
-            "tokens": [[r.response_ids for r in results] for _, _, results in pair],
+            "first_step_ms": 1000 * statistics.fmean(r[1] for r in first),
+            "wall_s": statistics.fmean(r[0] for r in again),
+            "step_ms": 1000 * statistics.fmean(r[1] for r in again),
+            "tokens": [[r.response_ids for r in run[2]] for p in pairs for run in p],
         }
     bare = measure_profile(
         model, batches=[batch], contexts=[200 + new_tokens // 2], prefill_tokens=[], repeats=5
@@ -110,9 +119,16 @@ def main() -> int:
     print(f"{d['batch']} sequences x {args.new_tokens} new tokens on {args.device}")
     for name, kwargs in variants(args.device).items():
         r = d[name]
-        print(f"decode step, {name:8s} {kwargs}: {r['step_ms']:8.1f} ms ({r['wall_s']:.2f} s in all)")
+        print(
+            f"decode step, {name:8s} {kwargs}: {r['step_ms']:8.1f} ms ({r['wall_s']:.2f} s in all; "
+            f"{r['first_step_ms']:.1f} ms the first time)"
+        )
         print(f"  {name} / exact: {r['step_ms'] / d['exact']['step_ms']:.3f}")
     print(f"bare decode forward {d['forward_ms']:.1f} ms, bare sampling call {d['sample_ms']:.1f} ms")
+    if "graphs" in d:
+        print(
+            f"CUDA graphs held by the last graphs engine: {d['graphs']} (0: eager; a failed capture is logged)"
+        )
     same, n = identical(d)
     print(f"sequences identical in every run to the exact span's: {same}/{n}")
     return 0 if same == n else 1

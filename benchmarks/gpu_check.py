@@ -269,7 +269,8 @@ def main() -> int:
         r = d[name]
         print(
             f"engine on {args.device}, {name} {kwargs}: {d['batch']} sequences x 160 tokens in "
-            f"{r['wall_s']:.2f} s, a decode step {r['step_ms']:.1f} ms",
+            f"{r['wall_s']:.2f} s, a decode step {r['step_ms']:.1f} ms ({r['first_step_ms']:.1f} ms the "
+            "first time)",
             flush=True,
         )
     if d:
@@ -279,6 +280,10 @@ def main() -> int:
             f"{d['sample_ms']:.1f} ms; sequences identical in every engine run: {same}/{n}",
             flush=True,
         )
+        if "graphs" in variants(args.device):
+            print(
+                f"CUDA graphs held by the graphs engine: {d['captured']} (0: it decoded eagerly)", flush=True
+            )
 
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the peak below is the training run's
