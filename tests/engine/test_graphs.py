@@ -61,6 +61,72 @@ def test_fixed_shapes_reserve_each_whole_response_at_admission(model, static):
     assert (engine.slots.version == buffers) is static
 
 
+class Replaying:
+    """`cuda_capture`'s stand-in on a CPU: a replay reruns the captured forward into the buffer
+    the capture returned, reading whatever its static inputs, the cache and the weights hold then,
+    as a CUDA graph's replay does."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.captures, self.replays = fail, 0, 0
+
+    def __call__(self, forward):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captures += 1
+        out = forward()
+
+        def replay() -> None:
+            self.replays += 1
+            out.copy_(forward())
+
+        return out.clone(), replay, out
+
+
+def test_replayed_decode_steps_draw_the_same_tokens_and_capture_each_shape_once(model):
+    """The engine's graph path (static inputs copied in, padding rows, one capture per shape,
+    replays), with a CPU stand-in for the capture; also after new weights, which land in the
+    parameters' storage and are replayed from there."""
+    model = copy.deepcopy(model)
+    requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts(6))]
+    eager = make_engine(model, max_running=6)
+    engine = make_engine(model, max_running=6, static_decode=True)
+    engine.static.capture = capture = Replaying()
+    before = key(eager.generate(requests, SAMPLED, step=3))
+    assert key(engine.generate(requests, SAMPLED, step=3)) == before
+    shapes = engine.static.captured
+    assert capture.captures == shapes and capture.replays > 2 * shapes
+    vector = torch.nn.utils.parameters_to_vector(model.parameters()).detach() * 1.5
+    where = [p.data_ptr() for p in model.parameters()]
+    engine.set_weights(vector, version=1)
+    assert [p.data_ptr() for p in model.parameters()] == where
+    after = key(engine.generate(requests, SAMPLED, step=3))
+    assert after == key(eager.generate(requests, SAMPLED, step=3)) != before
+    assert capture.captures == shapes  # the same shapes, replayed with the new weights
+
+
+def test_a_shape_captured_on_old_cache_buffers_is_dropped_once_they_grow(model):
+    config = model.config
+    slots = SlotCache(config.num_hidden_layers, config.num_key_value_heads, 16, torch.float32, "cpu")
+    static = StaticDecode(model, slots, attention_mask_kind(model), most=8, capture=Replaying())
+    tokens, positions = torch.tensor([5, 6, 7]), torch.tensor([3, 9, 20])
+    with torch.inference_mode():
+        first = static(tokens, positions, span=21)
+        again = static(tokens, positions, span=21)
+        assert torch.equal(first, again) and static.capture.replays == 1
+        static(tokens, positions, span=300)  # the cache grows: new buffers
+    assert static.captured == 1 and static.capture.captures == 2
+
+
+def test_a_capture_that_fails_leaves_the_engine_decoding_eagerly(model, caplog):
+    requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts(6))]
+    exact = key(make_engine(model, max_running=6).generate(requests, SAMPLED, step=3))
+    engine = make_engine(model, max_running=6, static_decode=True)
+    engine.static.capture = Replaying(fail=True)
+    assert key(engine.generate(requests, SAMPLED, step=3)) == exact
+    assert not engine.static.graphs and engine.static.captured == 0
+    assert "capture failed" in caplog.text
+
+
 def test_cuda_graphs_need_a_model_on_a_cuda_device(model):
     with pytest.raises(ValueError, match="cuda_graphs: the model is on cpu"):
         make_engine(model, cuda_graphs=True)
@@ -119,7 +185,7 @@ def test_the_captured_decode_forward_never_waits_on_the_device(model):
     outside the graph.)"""
     config = model.config
     slots = SlotCache(config.num_hidden_layers, config.num_key_value_heads, 16, torch.float32, "cpu")
-    static = StaticDecode(model, slots, attention_mask_kind(model), most=8, graphs=False)
+    static = StaticDecode(model, slots, attention_mask_kind(model), most=8, capture=None)
     tokens, positions = torch.tensor([5, 6, 7]), torch.tensor([3, 9, 20])
     with torch.inference_mode(), HostSyncs() as syncs:
         logits = static(tokens, positions, span=21)

@@ -23,7 +23,7 @@ from rlhfless.engine.forward import (
     decode_span,
     prefill_forward,
 )
-from rlhfless.engine.graphs import StaticDecode
+from rlhfless.engine.graphs import StaticDecode, cuda_capture
 from rlhfless.engine.kv import PrefixKV, SlotCache, StaleCacheError
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
@@ -125,8 +125,11 @@ class Engine:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.device = param.device
         self.slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs: the model is on {self.device}, expected a CUDA device")
+        capture = cuda_capture if cuda_graphs else None
         self.static = (
-            StaticDecode(model, self.slots, self.mask_kind, max_running, graphs=cuda_graphs)
+            StaticDecode(model, self.slots, self.mask_kind, max_running, capture)
             if static_decode or cuda_graphs
             else None
         )

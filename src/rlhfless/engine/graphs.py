@@ -10,14 +10,18 @@ sequence's whole response at admission, so the capacity holds through a step, an
 weights into the parameters' storage, so graphs outlive a step. Graphs of older cache buffers
 are dropped (their addresses are baked into a graph).
 
-On a CPU the same padded steps run eagerly (`graphs=False`), so that tests show that padding
-and the wider span change no token; capture itself needs a GPU.
+The capture is a function passed in (`cuda_capture` on a GPU), so on a CPU the same padded steps
+run eagerly (no capture), or through a stand-in whose replay reruns the captured forward: the
+tests show there that padding, the wider span, static inputs and replays change no token, and
+that a failed capture falls back to eager steps. The CUDA capture itself needs a GPU.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -33,23 +37,50 @@ def bucket(batch: int, most: int) -> int:
     return max(batch, min(1 << (batch - 1).bit_length(), most))
 
 
+# capture(forward) -> (forward's output now, replay, the buffer each replay writes): `forward` reads
+# only tensors that stay put (static inputs, the cache, the weights), so a replay recomputes it.
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[torch.Tensor, Callable[[], None], torch.Tensor]]
+
+
+def cuda_capture(
+    forward: Callable[[], torch.Tensor],
+) -> tuple[torch.Tensor, Callable[[], None], torch.Tensor]:
+    """`forward` run once on a side stream (the warm-up a capture asks for; its output is this
+    step's), then captured as a CUDA graph."""
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        first = forward()
+    main.wait_stream(side)
+    first.record_stream(main)  # read on the main stream: not to be reused before that
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        out = forward()
+    return first, graph.replay, out
+
+
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor  # [bucket] the inputs the graph reads
+    replay: Callable[[], None]
+    tokens: torch.Tensor  # [bucket] the inputs it reads
     positions: torch.Tensor
     logits: torch.Tensor  # [bucket, V] what it writes
 
 
 class StaticDecode:
-    """The engine's decode forward at bucketed batches over the whole cache capacity; with
-    `graphs`, each shape captured once as a CUDA graph and replayed."""
+    """The engine's decode forward at bucketed batches over the whole cache capacity; with a
+    `capture` (`cuda_capture` on a GPU), each shape captured once and replayed."""
 
-    def __init__(self, model: torch.nn.Module, slots: SlotCache, kind: str, most: int, graphs: bool):
-        if graphs and slots.device.type != "cuda":
-            raise ValueError(f"cuda_graphs: the model is on {slots.device}, expected a CUDA device")
-        self.model, self.slots, self.kind, self.most, self.graphs = model, slots, kind, most, graphs
+    def __init__(
+        self, model: torch.nn.Module, slots: SlotCache, kind: str, most: int, capture: Capture | None
+    ):
+        self.model, self.slots, self.kind, self.most, self.capture = model, slots, kind, most, capture
         self._captured: dict[tuple[int, int, int], _Graph] = {}
+
+    @property
+    def graphs(self) -> bool:
+        """Whether steps are captured and replayed (False also after a capture failed)."""
+        return self.capture is not None
 
     @property
     def captured(self) -> int:
@@ -66,7 +97,7 @@ class StaticDecode:
             tokens = torch.cat((tokens, tokens.new_zeros(pad)))
             positions = torch.cat((positions, positions.new_zeros(pad)))
         width = self.slots.capacity
-        if not self.graphs:
+        if self.capture is None:
             return decode_forward(self.model, self.slots, tokens, positions, self.kind, width)[:batch]
         shape = (size, width, self.slots.version)
         graph = self._captured.get(shape)
@@ -74,32 +105,24 @@ class StaticDecode:
             return self._capture(shape, tokens, positions)[:batch]
         graph.tokens.copy_(tokens)
         graph.positions.copy_(positions)
-        graph.graph.replay()
+        graph.replay()
         return graph.logits[:batch].clone()
 
     def _capture(self, shape: tuple[int, int, int], tokens: torch.Tensor, positions: torch.Tensor):
-        """This step's logits, computed eagerly on a side stream (the warm-up capture asks for,
-        writing this step's keys and values), then the same forward captured for later steps. A
-        capture that fails leaves the engine eager from then on."""
-        width, device = shape[1], self.slots.device
-        main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            logits = decode_forward(self.model, self.slots, tokens, positions, self.kind, width)
-        main.wait_stream(side)
-        logits.record_stream(main)  # read on the main stream: not to be reused before that
+        """This step's logits, from the forward that is captured for later steps of this shape (it
+        writes this step's keys and values, as any would). A capture that fails leaves the engine
+        eager from then on."""
         static_tokens, static_positions = tokens.clone(), positions.clone()
-        graph = torch.cuda.CUDAGraph()
+        forward = partial(
+            decode_forward, self.model, self.slots, static_tokens, static_positions, self.kind, shape[1]
+        )
         try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = decode_forward(
-                    self.model, self.slots, static_tokens, static_positions, self.kind, width
-                )
+            logits, replay, out = self.capture(forward)
         except RuntimeError as err:  # an op the capture refuses: keep generating, eagerly
             log.warning("cuda_graphs: capture failed (%s); decoding without graphs", err)
-            self.graphs = False
+            self.capture = None
             self._captured.clear()
-            return logits
+            return forward()
         self._captured = {k: g for k, g in self._captured.items() if k[2] == shape[2]}
-        self._captured[shape] = _Graph(graph, static_tokens, static_positions, out)
+        self._captured[shape] = _Graph(replay, static_tokens, static_positions, out)
         return logits
