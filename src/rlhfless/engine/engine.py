@@ -388,7 +388,11 @@ class Engine:
         n_new = len(self._running) + sum(len(row.seqs) for row in rows)
         # fixed shapes: room for every joiner's whole response now, so the capacity (a graph's
         # span) stays put while they decode
-        room = (seq.reserve if self.static else len(row.tokens) + 1 for row in rows for seq in row.seqs)
+        room = (
+            seq.reserve if self.static is not None else len(row.tokens) + 1
+            for row in rows
+            for seq in row.seqs
+        )
         self.slots.reserve(n_new, max(room))
         joined: list[_Seq] = []
         row_of: list[int] = []
