@@ -1,6 +1,5 @@
 """The learning phase's width."""
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,7 +9,6 @@ from rlhfless.planner.learning import (
     generation_left_s,
     learn_ahead_fits,
     learner_width,
-    measured_rank_start,
     rank_start_estimate,
     start_ranks_ahead,
     start_ranks_now,
@@ -122,29 +120,6 @@ def test_a_rank_start_is_the_longest_of_the_last_three_and_before_any_a_function
     assert rank_start_estimate([9.0, 5.0, 6.0, 5.5], 4.6) == 6.0  # the last three, not the first
     assert rank_start_estimate([], 4.6) == 4.6  # the first phase: a function's cold start
     assert rank_start_estimate([], 0.0) is None  # nothing known: ranks start as learning begins
-
-
-def test_a_measured_rank_start_counts_its_weights_take_whether_or_not_the_phase_waited_for_it():
-    """Requested at 0, started at 4 s, its take of the published weights done at 5.5 s. Learning
-    needs both, so the next step expects 5.5 s plus the join: when the phase opened at 8 s (the
-    take long done) as when it opened at 4.1 s and waited. Counting only the start when the
-    phase opened late made the next step request its ranks too late, alternately."""
-    assert measured_rank_start(0.0, 4.0, 5.5, joining=8.0, joined=8.05) == pytest.approx(5.55)
-    assert measured_rank_start(0.0, 4.0, 5.5, joining=4.1, joined=5.6) == pytest.approx(5.6)
-    assert measured_rank_start(0.0, 4.0, None, joining=8.0, joined=8.05) == pytest.approx(4.05)
-    assert measured_rank_start(0.0, 4.0, 3.0, joining=8.0, joined=8.05) == pytest.approx(4.05)
-
-
-@given(
-    ready=st.floats(0.1, 20),
-    take=st.floats(0, 5),
-    joining=st.floats(0, 30),
-    join=st.floats(0, 2),
-)
-def test_a_measured_rank_start_is_never_less_than_its_start_and_take(ready, take, joining, join):
-    usable = ready + take
-    joined = max(joining, usable) + join
-    assert measured_rank_start(0.0, ready, usable, joining, joined) == pytest.approx(usable + join)
 
 
 def test_ranks_start_ahead_once_the_waiting_groups_keep_the_first_busy_to_generations_end():

@@ -123,18 +123,6 @@ def generation_left_s(actors: Sequence[ActorProgress], token_s: Mapping[int, flo
     return left
 
 
-def measured_rank_start(
-    requested: float, ready: float, taken: float | None, joining: float, joined: float
-) -> float:
-    """One phase's rank start, request to joined, as `rank_start_estimate` takes it: the rank's
-    start (`ready`), then its take of the step's published weights (finished at `taken`, None
-    without one), which learning waits for as much as for the start, then the join after the
-    later of those and the phase's opening (`joining`). A take that ended before the phase opened
-    still counts: the next step, started that much later, would wait for it."""
-    usable = ready if taken is None else max(ready, taken)
-    return usable - requested + joined - max(joining, usable)
-
-
 def rank_start_estimate(measured: Sequence[float], cold_start_s: float) -> float | None:
     """A rank's start (request to joined) as the next phase should expect it: the longest of the
     last three measured. Before any, a function's cold start as the step's plan prices it (the

@@ -41,12 +41,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
-from rlhfless.planner.learning import (
-    LearningHistory,
-    learner_width,
-    measured_rank_start,
-    rank_start_estimate,
-)
+from rlhfless.planner.learning import LearningHistory, learner_width, rank_start_estimate
 from rlhfless.runtime.ahead import LearnsAhead, StepAhead
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
@@ -143,7 +138,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
                 continue
             call, sent = self.weighed[rank]
             try:
-                seconds, nbytes, _ = ray.get(call)
+                seconds, nbytes = ray.get(call)
             except (*LOST, RayTaskError):
                 continue
             same = inv.node == self.functions.driver
@@ -296,23 +291,12 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         sent = ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
         self.phase["learner/weights_sent"] = float(sent[0])
         if self.group is not None:  # the elastic ranks' start, which `prestart` times
-            start = measured_rank_start(
-                extra[0].requested, max(h.ready for h in hellos), self._taken(), joining, time.time()
-            )
-            self.rank_starts = [*self.rank_starts[-2:], start]
+            ready = max(hello.ready for hello in hellos)
+            self.rank_starts = [
+                *self.rank_starts[-2:],
+                ready - extra[0].requested + time.time() - max(joining, ready),
+            ]
         return width
-
-    def _taken(self) -> float | None:
-        """When the last of the joined ranks' takes of the published weights ended (done by now:
-        a rank's join queues behind its take); None without one."""
-        ends = []
-        for rank in self.ranks[1:]:
-            if rank in self.weighed:
-                try:
-                    ends.append(ray.get(self.weighed[rank][0])[2])
-                except (*LOST, RayTaskError):
-                    continue
-        return max(ends, default=None)
 
     def _placed(self, extra: list[Invocation]) -> bool:
         """Whether Ray placed the elastic ranks' group within `runtime.place_timeout_s` of their
