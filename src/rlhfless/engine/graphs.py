@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -101,12 +102,18 @@ class StaticDecode:
             return decode_forward(self.model, self.slots, tokens, positions, self.kind, width)[:batch]
         shape = (size, width, self.slots.version)
         graph = self._captured.get(shape)
-        if graph is None:
-            return self._capture(shape, tokens, positions)[:batch]
-        graph.tokens.copy_(tokens)
-        graph.positions.copy_(positions)
-        graph.replay()
-        return graph.logits[:batch].clone()
+        with self._on_device():  # a graph is captured and replayed on its device's current stream
+            if graph is None:
+                return self._capture(shape, tokens, positions)[:batch]
+            graph.tokens.copy_(tokens)
+            graph.positions.copy_(positions)
+            graph.replay()
+            return graph.logits[:batch].clone()
+
+    def _on_device(self) -> AbstractContextManager:
+        """The cache's GPU as the current device (the learner's engine sits on the last GPU, where
+        another may be current); nothing on a CPU."""
+        return torch.cuda.device(self.slots.device) if self.slots.device.type == "cuda" else nullcontext()
 
     def _capture(self, shape: tuple[int, int, int], tokens: torch.Tensor, positions: torch.Tensor):
         """This step's logits, from the forward that is captured for later steps of this shape (it
