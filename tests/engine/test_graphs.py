@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlhfless.engine import Engine, Request
-from rlhfless.engine.engine import copy_into_parameters
 from rlhfless.engine.forward import attention_mask_kind
 from rlhfless.engine.graphs import StaticDecode, bucket
 from rlhfless.engine.kv import SlotCache
+from rlhfless.engine.weights import copy_into_parameters
 from tests.engine.engine_support import small_llama
 from tests.engine.test_engine import PAD, SAMPLED, VOCAB, key, make_engine, prompts
 
@@ -156,12 +156,11 @@ def test_new_weights_copied_into_the_parameters_storage_keep_it(model):
     model = copy.deepcopy(model)
     where = [p.data_ptr() for p in model.parameters()]
     vector = torch.nn.utils.parameters_to_vector(model.parameters()).detach() + 1
-    with torch.no_grad():
-        copy_into_parameters(vector, model)
+    copy_into_parameters(model, vector)
     assert [p.data_ptr() for p in model.parameters()] == where
     assert torch.equal(torch.nn.utils.parameters_to_vector(model.parameters()), vector)
     with pytest.raises(ValueError, match="weights: got 3 values"):
-        copy_into_parameters(torch.zeros(3), model)
+        copy_into_parameters(model, torch.zeros(3))
 
 
 class HostSyncs(TorchDispatchMode):

@@ -19,12 +19,14 @@ import torch
 from rlhfless.engine.forward import (
     SPAN_QUANTUM,
     attention_mask_kind,
+    chunks,
     decode_forward,
     decode_span,
     prefill_forward,
 )
 from rlhfless.engine.graphs import StaticDecode, cuda_capture
 from rlhfless.engine.kv import PrefixKV, SlotCache, StaleCacheError
+from rlhfless.engine.prefixes import PrefixTree, prefill_levels
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
     EngineStats,
@@ -33,19 +35,7 @@ from rlhfless.engine.sequences import (
     SequenceResult,
     SequenceState,
 )
-
-
-def copy_into_parameters(vector: torch.Tensor, model: torch.nn.Module) -> None:
-    """A flat weight vector copied into the parameters' own storage, which stays where it is
-    (`vector_to_parameters` would make each parameter a view of `vector` instead)."""
-    params = list(model.parameters())
-    total = sum(param.numel() for param in params)
-    if total != vector.numel():
-        raise ValueError(f"weights: got {vector.numel()} values, expected {total} (the model's parameters)")
-    offset = 0
-    for param in params:
-        param.copy_(vector[offset : offset + param.numel()].view_as(param))
-        offset += param.numel()
+from rlhfless.engine.weights import copy_into_parameters
 
 
 @dataclass(eq=False)
@@ -200,43 +190,20 @@ class Engine:
         if any(len(p) == 0 for p in prefixes):
             raise ValueError("prefixes: got an empty prefix, expected >= 1 token each")
         parents = list(parents) if parents is not None else [-1] * len(prefixes)
-        if len(parents) != len(prefixes):
-            raise ValueError(f"parents: got {len(parents)}, expected one per prefix ({len(prefixes)})")
-        for i, p in enumerate(parents):
-            above = list(prefixes[p]) if 0 <= p < i else None
-            if p != -1 and (
-                above is None or len(above) >= len(prefixes[i]) or list(prefixes[i][: len(above)]) != above
-            ):
-                raise ValueError(f"parents[{i}]: got {p}, expected -1 or an earlier, shorter prefix of it")
-        out: list[PrefixKV | None] = [None] * len(prefixes)
-        levels: dict[int, list[int]] = {}
-        depth: list[int] = []
-        for i, p in enumerate(parents):
-            depth.append(depth[p] + 1 if p >= 0 else 0)
-            levels.setdefault(depth[-1], []).append(i)
+        tree = PrefixTree([list(p) for p in prefixes], parents, {})  # each parent an earlier prefix
         start = time.perf_counter()
         with torch.inference_mode():
-            for level in levels.values():
-                rows = [(i, list(prefixes[i]), out[parents[i]] if parents[i] >= 0 else None) for i in level]
-                # chunked by whole length: each row's forward also holds its parent's KV
-                for chunk in self._chunks(rows, lambda row: len(row[1])):
-                    _, cache, span = prefill_forward(
-                        self.model, [row[1:] for row in chunk], self.pad_token_id, self.mask_kind
-                    )
-                    for r, (i, tokens, above) in enumerate(chunk):
-                        p = len(above) if above is not None else 0
-                        new = len(tokens) - p
-                        keys = [k[r, :, span - new :] for k in cache.new_keys]
-                        values = [v[r, :, span - new :] for v in cache.new_values]
-                        if above is not None:
-                            keys = [torch.cat(kv, dim=1) for kv in zip(above.keys, keys, strict=True)]
-                            values = [torch.cat(kv, dim=1) for kv in zip(above.values, values, strict=True)]
-                        else:
-                            keys, values = [k.clone() for k in keys], [v.clone() for v in values]
-                        out[i] = PrefixKV(tokens, keys, values, self.weight_version)
-                        self.stats.prompt_tokens_computed += new
+            out, computed = prefill_levels(
+                self.model,
+                tree,
+                self.pad_token_id,
+                self.mask_kind,
+                self.prefill_chunk_tokens,
+                self.weight_version,
+            )
+        self.stats.prompt_tokens_computed += computed
         self.stats.prefill_seconds += time.perf_counter() - start
-        return out  # type: ignore[return-value]
+        return out
 
     def set_weights(self, weights: dict[str, torch.Tensor] | torch.Tensor, version: int) -> None:
         """Load new policy weights (a state dict or one flat vector); older caches become stale."""
@@ -244,7 +211,7 @@ class Engine:
             raise RuntimeError("set_weights: sequences are still running; their KV would mix weight versions")
         with torch.no_grad():
             if isinstance(weights, torch.Tensor) and self.static is not None and self.static.graphs:
-                copy_into_parameters(weights.to(self.device), self.model)  # the graphs read them there
+                copy_into_parameters(self.model, weights.to(self.device))  # the graphs read them there
             elif isinstance(weights, torch.Tensor):
                 torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
             else:
@@ -332,20 +299,6 @@ class Engine:
 
     # ----- internals -----------------------------------------------------------------------
 
-    def _chunks(self, rows: list, length: Callable) -> Iterable[list]:
-        """Split rows into forwards of at most `prefill_chunk_tokens` padded tokens (at least one row)."""
-        chunk: list = []
-        longest = 0
-        for row in rows:
-            longest_with = max(longest, length(row))
-            if chunk and longest_with * (len(chunk) + 1) > self.prefill_chunk_tokens:
-                yield chunk
-                chunk, longest_with = [], length(row)
-            chunk.append(row)
-            longest = longest_with
-        if chunk:
-            yield chunk
-
     def _admit(self) -> None:
         free = self.max_running - len(self._running)
         kv_used = sum(s.reserve for s in self._running)
@@ -375,8 +328,10 @@ class Engine:
                 row.prefix = row.prefix.truncated(len(row.tokens) - 1)
             if row.prefix is not None and not len(row.prefix):
                 row.prefix = None
-        for chunk in self._chunks(
-            admitted, lambda row: len(row.tokens) - (len(row.prefix) if row.prefix else 0)
+        for chunk in chunks(
+            admitted,
+            lambda row: len(row.tokens) - (len(row.prefix) if row.prefix else 0),
+            self.prefill_chunk_tokens,
         ):
             self._prefill_rows(chunk)
         self.stats.prefill_seconds += time.perf_counter() - start

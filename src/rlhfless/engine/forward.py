@@ -5,7 +5,7 @@ prefixes are exact for eager and SDPA attention alike; the profiler times these 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -29,6 +29,22 @@ def model_mask(mask: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tenso
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
         ~mask, torch.finfo(dtype).min
     )
+
+
+def chunks(rows: Iterable, length: Callable, tokens: int) -> Iterable[list]:
+    """`rows` in order, split into forwards of at most `tokens` padded tokens (at least one row),
+    each row `length(row)` tokens long."""
+    chunk: list = []
+    longest = 0
+    for row in rows:
+        longest_with = max(longest, length(row))
+        if chunk and longest_with * (len(chunk) + 1) > tokens:
+            yield chunk
+            chunk, longest_with = [], length(row)
+        chunk.append(row)
+        longest = longest_with
+    if chunk:
+        yield chunk
 
 
 def prefill_forward(

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rlhfless.engine.kv import PrefixKV
+from rlhfless.engine.weights import copy_into_parameters
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -94,17 +95,6 @@ def flat_weights(model: torch.nn.Module) -> np.ndarray:
 def load_flat_weights(model: torch.nn.Module, flat: np.ndarray) -> None:
     """Copy a `flat_weights` buffer into `model` (same architecture, same parameter order)."""
     copy_into_parameters(model, from_numpy(flat, next(model.parameters()).dtype))
-
-
-def copy_into_parameters(model: torch.nn.Module, flat: torch.Tensor) -> None:
-    """`flat` copied into `model`'s own parameter storage, in `parameters()` order. Unlike
-    `vector_to_parameters` the parameters never become views of `flat` (a read-only object-store
-    buffer, or one storage that tied weights and safetensors would then share)."""
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
 
 
 @dataclass(frozen=True)
