@@ -127,7 +127,7 @@ def main() -> int:
     print(f"bare decode forward {d['forward_ms']:.1f} ms, bare sampling call {d['sample_ms']:.1f} ms")
     if "graphs" in d:
         print(
-            f"CUDA graphs held by the last graphs engine: {d['graphs']} (0: eager; a failed capture is logged)"
+            f"CUDA graphs held by the last graphs engine: {d['captured']} (0: eager; a failed capture is logged)"
         )
     same, n = identical(d)
     print(f"sequences identical in every run to the exact span's: {same}/{n}")

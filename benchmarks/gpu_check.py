@@ -18,6 +18,7 @@ Its rewards are all but zero (random text), so the check measures time and cost,
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -69,6 +70,15 @@ RUNS = {
 POLICIES = ("verl", "rlhfless")
 
 
+def runs(device: str) -> dict[str, tuple[str, ...]]:
+    """The GRPO runs compared, by label: each policy, and on a GPU rlhfless again with its decode
+    steps replayed as CUDA graphs (`generation.cuda_graphs`)."""
+    out = {p: (f"scheduler.policy={p}",) for p in POLICIES}
+    if device == "cuda":
+        out["rlhfless+graphs"] = ("scheduler.policy=rlhfless", "generation.cuda_graphs=true")
+    return out
+
+
 def synthetic_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer with `vocab` entries: the 256 bytes, then strings of byte symbols
     (decodable, never produced by tokenizing: there are no merges), then the special tokens."""
@@ -115,17 +125,33 @@ def build_model_dir(name: str, root: Path) -> Path:
     return target
 
 
-def grpo_steps(policy: str, model_dir: Path, preset: str, extra: tuple[str, ...], args, out: Path) -> dict:
-    """`rlhfless train` under one policy on the Ray executor: step times and costs."""
+def run_name(label: str) -> str:
+    """A run's directory under the check's output."""
+    return label.replace("+", "_")
+
+
+def same_samples(a: Path, b: Path) -> tuple[int, int]:
+    """(samples of run `b` token-identical to run `a`'s, samples of `a`), over every step's rollouts."""
+
+    def tokens(run: Path) -> dict:
+        steps = sorted((run / "rollouts").glob("step_*.jsonl"))
+        records = ((f.stem, json.loads(line)) for f in steps for line in f.read_text().splitlines() if line)
+        return {(step, r["uid"], r["sample"]): r["response"] for step, r in records}
+
+    ta, tb = tokens(a), tokens(b)
+    return sum(tb.get(k) == v for k, v in ta.items()), len(ta)
+
+
+def grpo_steps(label: str, model_dir: Path, preset: str, extra: tuple[str, ...], args, out: Path) -> dict:
+    """`rlhfless train` on the Ray executor with the `extra` overrides: step times and costs."""
     cfg = load_config(
         preset=preset,
         overrides=(
             f"model.path={model_dir}",
             "runtime.executor=ray",
             f"runtime.device={args.device}",
-            f"scheduler.policy={policy}",
             f"trainer.steps={args.steps}",
-            f"output_dir={out / policy}",
+            f"output_dir={out / run_name(label)}",
             "trainer.save_every=0",
             "trainer.report=false",
             "trainer.progress=false",
@@ -138,7 +164,7 @@ def grpo_steps(policy: str, model_dir: Path, preset: str, extra: tuple[str, ...]
     history = train(cfg).history
     for h in history:
         print(
-            f"{policy} step {h['step']}: {h['time/step']:.2f} s (generation {h['time/generation']:.2f}, "
+            f"{label} step {h['step']}: {h['time/step']:.2f} s (generation {h['time/generation']:.2f}, "
             f"learning {h['time/learning']:.2f}), ${h['cost/step']:.5f}",
             flush=True,
         )
@@ -291,22 +317,31 @@ def main() -> int:
     start_ray(
         resolve_device(load_config(preset=preset, overrides=(f"runtime.device={args.device}",))).runtime
     )
-    results = {p: guarded(f"{p} steps", grpo_steps, p, model_dir, preset, extra, args, out) for p in POLICIES}
+    results = {
+        label: guarded(f"{label} steps", grpo_steps, label, model_dir, preset, (*extra, *more), args, out)
+        for label, more in runs(args.device).items()
+    }
     ray.shutdown()
     if all(results.values()):
-        print(f"\n{'':30s} {'verl':>12s} {'rlhfless':>12s} {'rlhfless/verl':>14s}")
-        for key, label in (
+        labels = list(results)
+        print(f"\n{'':24s}" + "".join(f"{label:>16s}" for label in labels) + f"{'rlhfless/verl':>15s}")
+        for key, name in (
             ("step_s", "step time (s)"),
             ("generation_s", "generation time (s)"),
             ("learning_s", "learning time (s)"),
             ("cost", "cost per step ($)"),
         ):
             a, b = results["verl"][key], results["rlhfless"][key]
-            print(f"{label:30s} {a:12.4g} {b:12.4g} {b / a if a else float('nan'):14.3f}")
+            row = "".join(f"{results[label][key]:16.4g}" for label in labels)
+            print(f"{name:24s}{row}{b / a if a else float('nan'):15.3f}")
         print(f"(means over steps 2..{args.steps}; step 1 pays the cold starts; device {args.device})")
-    for policy, r in results.items():
+        for label in labels[1:]:
+            same, n = same_samples(out / run_name("verl"), out / run_name(label))
+            print(f"{label}: {same}/{n} samples token-identical to verl's", flush=True)
+            results[label]["identical"] = same == n
+    for label, r in results.items():
         if r:
-            print(f"{policy}: {r['steps']} steps in {r['wall_s']:.0f} s, set-up and cold starts included")
+            print(f"{label}: {r['steps']} steps in {r['wall_s']:.0f} s, set-up and cold starts included")
     if args.device == "cuda":
         print(f"driver's peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB", flush=True)
     ok = (
@@ -316,7 +351,7 @@ def main() -> int:
         and d is not None
         and identical(d)[0] == identical(d)[1]
         and identity[1] == identity[0] == identity[2]
-        and all(r and np.isfinite(r["step_s"]) for r in results.values())
+        and all(r and np.isfinite(r["step_s"]) and r.get("identical", True) for r in results.values())
     )
     print("gpu_check:", "ok" if ok else "FAILED (see above)")
     return 0 if ok else 1

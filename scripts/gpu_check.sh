@@ -44,7 +44,7 @@ echo "(a) took $((SECONDS - start)) s"
 
 echo "== (b) GRPO steps under verl and rlhfless, (c) CPU/$DEVICE sample identity"
 start=$SECONDS
-timeout 360 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@" \
+timeout 540 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@" \
     || failed+=("(b, c) gpu_check.py")
 echo "(b, c) took $((SECONDS - start)) s"
 if ((${#failed[@]})); then
