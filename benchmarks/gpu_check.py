@@ -130,16 +130,18 @@ def run_name(label: str) -> str:
     return label.replace("+", "_")
 
 
-def same_samples(a: Path, b: Path) -> tuple[int, int]:
-    """(samples of run `b` token-identical to run `a`'s, samples of `a`), over every step's rollouts."""
+def same_samples(a: Path, b: Path) -> dict[str, tuple[int, int]]:
+    """Per step: (samples of run `b` token-identical to run `a`'s, samples of `a`)."""
 
-    def tokens(run: Path) -> dict:
-        steps = sorted((run / "rollouts").glob("step_*.jsonl"))
-        records = ((f.stem, json.loads(line)) for f in steps for line in f.read_text().splitlines() if line)
-        return {(step, r["uid"], r["sample"]): r["response"] for step, r in records}
+    def tokens(run: Path, step: str) -> dict:
+        lines = (run / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        return {(r["uid"], r["sample"]): r["response"] for r in map(json.loads, filter(None, lines))}
 
-    ta, tb = tokens(a), tokens(b)
-    return sum(tb.get(k) == v for k, v in ta.items()), len(ta)
+    out = {}
+    for f in sorted((a / "rollouts").glob("step_*.jsonl")):
+        ta, tb = tokens(a, f.stem), tokens(b, f.stem) if (b / "rollouts" / f.name).exists() else {}
+        out[f.stem] = (sum(tb.get(k) == v for k, v in ta.items()), len(ta))
+    return out
 
 
 def grpo_steps(label: str, model_dir: Path, preset: str, extra: tuple[str, ...], args, out: Path) -> dict:
@@ -336,8 +338,10 @@ def main() -> int:
             print(f"{name:24s}{row}{b / a if a else float('nan'):15.3f}")
         print(f"(means over steps 2..{args.steps}; step 1 pays the cold starts; device {args.device})")
         for label in labels[1:]:
-            same, n = same_samples(out / run_name("verl"), out / run_name(label))
-            print(f"{label}: {same}/{n} samples token-identical to verl's", flush=True)
+            steps = same_samples(out / run_name("verl"), out / run_name(label))
+            same, n = (sum(column) for column in zip(*steps.values(), strict=True))
+            each = ", ".join(f"{s}/{k}" for s, k in steps.values())
+            print(f"{label}: {same}/{n} samples token-identical to verl's (steps: {each})", flush=True)
             results[label]["identical"] = same == n
     for label, r in results.items():
         if r:

@@ -106,6 +106,28 @@ def test_every_model_its_kv_and_its_updates_live_on_the_chosen_device(device):
     assert not np.array_equal(before, flat_weights(policy))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_two_learners_from_one_state_on_one_batch_learn_the_same_bits(device):
+    """Two runs of one schedule train the same weights, or their next samples differ: PPO with a
+    KL loss, twice from the same weights. (On a GPU the learner's kernels are the deterministic
+    ones, `runtime.precision.deterministic`; racy ones differ in the last bits.)"""
+    cfg = resolve_device(tiny(f"runtime.device={device}", "algorithm.name=ppo", "algorithm.kl_coef=0.1"))
+    tokenizer = load_tokenizer(cfg.model)
+    batch = samples(len(tokenizer))
+    learned = []
+    for _ in range(2):
+        torch.manual_seed(cfg.seed)  # the critic's head is drawn at random
+        policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
+        executor = build_executor(cfg, tokenizer, policy)
+        ref = executor.learner.logprobs(executor.reference, batch)
+        rewards = [torch.full((len(s.response_ids),), s.reward) for s in batch]
+        advantages, _ = executor.critic_update(batch, rewards)
+        executor.learn(batch, advantages, ref)
+        learned.append((flat_weights(policy), flat_weights(executor.critic.model)))
+    assert np.array_equal(learned[0][0], learned[1][0])
+    assert np.array_equal(learned[0][1], learned[1][1])
+
+
 def test_a_decode_function_puts_its_model_and_kv_on_its_device_and_hands_kv_over_on_the_cpu():
     cfg = resolve_device(tiny("runtime.device=cpu"))
     tokenizer = load_tokenizer(cfg.model)

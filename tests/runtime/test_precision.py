@@ -4,6 +4,7 @@ rollout engines' weights and KV in bfloat16, refreshed after every update."""
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from rlhfless.devices import compute_dtype, resolve_device
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.runtime.executor import build_learner
 from rlhfless.runtime.logprobs import SelectedLogSoftmax
+from rlhfless.runtime.precision import deterministic
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import build_executor
 
@@ -115,3 +117,49 @@ def test_rollouts_stay_in_the_weights_dtype_under_a_bfloat16_learner():
     assert executor.engine.model is policy
     assert {p.dtype for p in policy.parameters()} == {torch.float32}
     assert executor.learner.compute_dtype == "bfloat16"
+
+
+def test_a_gpu_learners_passes_run_deterministic_kernels_and_the_setting_is_restored_after(monkeypatch):
+    """Atomic adds (gather's backward) and split attention backwards sum in a racy order on a GPU:
+    two runs of one schedule would learn weights a rounding apart and sample differently next
+    step. The learner's passes on a GPU run torch's deterministic kernels, strictly (under
+    `warn_only` attention's backward stays racy); a CPU's already are, and nothing changes there."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    with deterministic(torch.device("cpu")):
+        assert not torch.are_deterministic_algorithms_enabled()
+    with deterministic(torch.device("cuda")):  # flags only: no GPU is touched
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # what torch asks of cuBLAS
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_every_backward_of_the_learner_and_the_critic_runs_under_the_deterministic_kernels(monkeypatch):
+    """PPO with a KL loss, the GPU's setting on this CPU: the critic's update and the policy's."""
+    from rlhfless.runtime import critic, learner
+
+    modes: list[bool] = []
+    real = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        modes.append(torch.are_deterministic_algorithms_enabled())
+        return real(self, *args, **kwargs)
+
+    def as_on_a_gpu(device):
+        return deterministic(torch.device("cuda"))
+
+    monkeypatch.setattr(torch.Tensor, "backward", backward)
+    monkeypatch.setattr(learner, "deterministic", as_on_a_gpu)
+    monkeypatch.setattr(critic, "deterministic", as_on_a_gpu)
+    cfg = resolve_device(tiny("algorithm.name=ppo", "algorithm.kl_coef=0.1"))
+    tokenizer = load_tokenizer(cfg.model)
+    executor = build_executor(cfg, tokenizer, load_model(cfg.model, len(tokenizer), cfg.seed))
+    samples, _ = batch(len(tokenizer))
+    ref = executor.learner.logprobs(executor.reference, samples)
+    rewards = [torch.zeros(len(s.response_ids)) for s in samples]
+    advantages, _ = executor.critic_update(samples, rewards)
+    critic_passes = len(modes)
+    executor.learn(samples, advantages, ref)
+    assert critic_passes > 0 and len(modes) > critic_passes
+    assert all(modes) and not torch.are_deterministic_algorithms_enabled()

@@ -28,7 +28,7 @@ from rlhfless.config import OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.logprobs import response_logprobs
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack, tokens_run
-from rlhfless.runtime.precision import autocast
+from rlhfless.runtime.precision import autocast, deterministic
 from rlhfless.runtime.samples import Sample
 
 
@@ -270,36 +270,37 @@ class Learner:
         algo = self.algo
         by_tokens = algo.loss_agg == "token-mean"
         sums = dict.fromkeys(SUMS, 0.0)
-        for mb in self._batches(samples, rows):
-            width = mb.mask.shape[1]
-            with autocast(self.model, self.compute_dtype):
-                logp = response_logprobs(self.model, mb, self.temperature)
-            old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
-            adv = stack(advantages, mb.rows, width, self.device)
-            loss, metrics = policy_loss(
-                logp,
-                old_logp,
-                adv,
-                mb.mask,
-                algo.clip_low,
-                algo.clip_high,
-                algo.dual_clip,
-                algo.loss_agg,
-                self.norm_len,
-            )
-            mb_tokens = float(mb.mask.sum())
-            weight = (mb_tokens if by_tokens else len(mb.rows)) / per
-            kl_value = 0.0
-            if ref is not None:
-                kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
-                loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
-                kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
-            (loss * weight).backward()
-            token_share = mb_tokens / tokens
-            sums["loss/policy"] += float(loss.detach()) * weight
-            sums["kl/mean"] += kl_value * token_share
-            sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
-            sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
+        with deterministic(self.device):
+            for mb in self._batches(samples, rows):
+                width = mb.mask.shape[1]
+                with autocast(self.model, self.compute_dtype):
+                    logp = response_logprobs(self.model, mb, self.temperature)
+                old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
+                adv = stack(advantages, mb.rows, width, self.device)
+                loss, metrics = policy_loss(
+                    logp,
+                    old_logp,
+                    adv,
+                    mb.mask,
+                    algo.clip_low,
+                    algo.clip_high,
+                    algo.dual_clip,
+                    algo.loss_agg,
+                    self.norm_len,
+                )
+                mb_tokens = float(mb.mask.sum())
+                weight = (mb_tokens if by_tokens else len(mb.rows)) / per
+                kl_value = 0.0
+                if ref is not None:
+                    kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
+                    loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
+                    kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
+                (loss * weight).backward()
+                token_share = mb_tokens / tokens
+                sums["loss/policy"] += float(loss.detach()) * weight
+                sums["kl/mean"] += kl_value * token_share
+                sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
+                sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
         return sums
 
     def state_dict(self) -> dict:

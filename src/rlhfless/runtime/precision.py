@@ -13,6 +13,8 @@ all of them in float32. A schedule would change samples, which RLHFless promises
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Iterator
 
 import torch
 
@@ -27,3 +29,27 @@ def autocast(model: torch.nn.Module, compute_dtype: str) -> contextlib.AbstractC
     if dtype == param.dtype:
         return contextlib.nullcontext()
     return torch.autocast(param.device.type, dtype=dtype, cache_enabled=False)
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device) -> Iterator[None]:
+    """On a GPU, the learner's passes with deterministic kernels (`torch.use_deterministic_algorithms`):
+    gather's backward adds with atomics, and flash and memory-efficient attention's backward split
+    their sums racily, so two runs of one schedule would learn weights a rounding apart, and the next
+    step's samples would differ (an H200, session 29: over three steps, 68 of 96 samples alike
+    between verl and rlhfless, whose schedules differ in no sample). Not `warn_only`: under it
+    attention's backward stays racy. A CPU's kernels are deterministic already: nothing changes there."""
+    if device.type != "cuda":
+        yield
+        return
+    # torch checks this for cuBLAS; one stream's GEMMs are deterministic under any workspace
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
