@@ -1,10 +1,12 @@
 """The GPU machine check: GRPO steps of a random-weight Qwen2.5-0.5B-shaped model under verl and
-rlhfless on the chosen device, and sample identity between CPU and device decode functions.
+rlhfless on the chosen device (on a GPU also rlhfless without CUDA graphs), every run's samples
+compared with verl's step by step, and sample identity between CPU and device decode functions.
 
 Written on a 2-core CPU machine with no GPU, where the whole path runs with `--model tiny`. Run it
-through `scripts/gpu_check.sh` on a GPU machine: on one lent H200 it took 3-4 minutes (session 27,
-docs/MEASUREMENTS.md). It also times an engine's decode step, with the attention span exact and
-rounded, against a bare forward and a bare sampling call of the same batch (part d, `bench_span`).
+through `scripts/gpu_check.sh` on a GPU machine: on one lent H200 it took about 4 minutes (session
+29, docs/MEASUREMENTS.md). It also times an engine's decode step, with the attention span exact and
+rounded and on a GPU as CUDA graphs, against a bare forward and a bare sampling call of the same
+batch (part d, `bench_span`).
 
     python benchmarks/gpu_check.py --device cuda --model qwen2.5-0.5b --steps 3
     python benchmarks/gpu_check.py --device cpu --model tiny --steps 1     # the path, on a CPU
@@ -71,11 +73,11 @@ POLICIES = ("verl", "rlhfless")
 
 
 def runs(device: str) -> dict[str, tuple[str, ...]]:
-    """The GRPO runs compared, by label: each policy, and on a GPU rlhfless again with its decode
-    steps replayed as CUDA graphs (`generation.cuda_graphs`)."""
+    """The GRPO runs compared, by label: each policy, and on a GPU rlhfless again without CUDA
+    graphs (`generation.cuda_graphs=false`: every decode step's kernels launched one by one)."""
     out = {p: (f"scheduler.policy={p}",) for p in POLICIES}
     if device == "cuda":
-        out["rlhfless+graphs"] = ("scheduler.policy=rlhfless", "generation.cuda_graphs=true")
+        out["rlhfless-eager"] = ("scheduler.policy=rlhfless", "generation.cuda_graphs=false")
     return out
 
 
@@ -127,7 +129,7 @@ def build_model_dir(name: str, root: Path) -> Path:
 
 def run_name(label: str) -> str:
     """A run's directory under the check's output."""
-    return label.replace("+", "_")
+    return label.replace("-", "_")
 
 
 def same_samples(a: Path, b: Path) -> dict[str, tuple[int, int]]:

