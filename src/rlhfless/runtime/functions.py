@@ -21,6 +21,7 @@ import ray
 import torch
 
 from rlhfless.config import ModelConfig
+from rlhfless.data.gym import import_gym
 from rlhfless.engine.engine import Engine
 from rlhfless.engine.sampling import SamplingParams
 from rlhfless.engine.sequences import EngineStats, Request, SequenceResult, SequenceState
@@ -248,6 +249,7 @@ class PrepSetup:
     temperature: float
     pad_token_id: int
     compute_dtype: str
+    gym: bool = False  # the prompts are reasoning-gym's: import its scorers at start
 
 
 class Preparer:
@@ -261,6 +263,8 @@ class Preparer:
     def __init__(self, setup: PrepSetup, device: str) -> None:
         self.setup, self.device = setup, device
         self.reward_fn = build_reward_fn(setup.reward)
+        if setup.gym:
+            import_gym()
 
     def run(
         self, reference: torch.nn.Module | None, prompts: list[StepPrompt], samples: list[Sample]

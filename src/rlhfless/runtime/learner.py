@@ -210,7 +210,10 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             self.ahead = Ahead()
         self.model.train()
-        sums = self._backward(samples, list(range(len(samples))), advantages, None, ref_logprobs, 1.0, 1.0)
+        with deterministic(self.device):
+            sums = self._backward(
+                samples, list(range(len(samples))), advantages, None, ref_logprobs, 1.0, 1.0
+            )
         self.ahead.add({s.key for s in samples}, sums)
         return tokens_run(samples)
 
@@ -245,7 +248,9 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
         share = [i for i in rows if samples[i].key not in ahead]
         mine = self.dp.rows(samples, share)  # weighed by the whole `rows`
-        for key, value in self._backward(samples, mine, advantages, old, ref, per, tokens).items():
+        with deterministic(self.device):
+            learned = self._backward(samples, mine, advantages, old, ref, per, tokens)
+        for key, value in learned.items():
             sums[key] += value
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         sums = self.dp.reduce_sums(sums)
@@ -270,37 +275,36 @@ class Learner:
         algo = self.algo
         by_tokens = algo.loss_agg == "token-mean"
         sums = dict.fromkeys(SUMS, 0.0)
-        with deterministic(self.device):
-            for mb in self._batches(samples, rows):
-                width = mb.mask.shape[1]
-                with autocast(self.model, self.compute_dtype):
-                    logp = response_logprobs(self.model, mb, self.temperature)
-                old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
-                adv = stack(advantages, mb.rows, width, self.device)
-                loss, metrics = policy_loss(
-                    logp,
-                    old_logp,
-                    adv,
-                    mb.mask,
-                    algo.clip_low,
-                    algo.clip_high,
-                    algo.dual_clip,
-                    algo.loss_agg,
-                    self.norm_len,
-                )
-                mb_tokens = float(mb.mask.sum())
-                weight = (mb_tokens if by_tokens else len(mb.rows)) / per
-                kl_value = 0.0
-                if ref is not None:
-                    kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
-                    loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
-                    kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
-                (loss * weight).backward()
-                token_share = mb_tokens / tokens
-                sums["loss/policy"] += float(loss.detach()) * weight
-                sums["kl/mean"] += kl_value * token_share
-                sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
-                sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
+        for mb in self._batches(samples, rows):
+            width = mb.mask.shape[1]
+            with autocast(self.model, self.compute_dtype):
+                logp = response_logprobs(self.model, mb, self.temperature)
+            old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
+            adv = stack(advantages, mb.rows, width, self.device)
+            loss, metrics = policy_loss(
+                logp,
+                old_logp,
+                adv,
+                mb.mask,
+                algo.clip_low,
+                algo.clip_high,
+                algo.dual_clip,
+                algo.loss_agg,
+                self.norm_len,
+            )
+            mb_tokens = float(mb.mask.sum())
+            weight = (mb_tokens if by_tokens else len(mb.rows)) / per
+            kl_value = 0.0
+            if ref is not None:
+                kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
+                loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
+                kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
+            (loss * weight).backward()
+            token_share = mb_tokens / tokens
+            sums["loss/policy"] += float(loss.detach()) * weight
+            sums["kl/mean"] += kl_value * token_share
+            sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
+            sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
         return sums
 
     def state_dict(self) -> dict:

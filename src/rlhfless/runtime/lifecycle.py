@@ -190,7 +190,11 @@ class Functions:
         """What preparing needs, wherever it runs (the prepare function, a decode function's tail)."""
         cfg = self.cfg
         return PrepSetup(
-            cfg.reward, cfg.generation.temperature, self.tokenizer.pad_token_id, cfg.model.compute_dtype
+            cfg.reward,
+            cfg.generation.temperature,
+            self.tokenizer.pad_token_id,
+            cfg.model.compute_dtype,
+            gym=cfg.data.source == "reasoning_gym",
         )
 
     def _create(self, shape: Shape):
