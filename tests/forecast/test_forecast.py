@@ -513,6 +513,47 @@ def test_the_runtime_planner_learns_the_learners_wait_by_n_apart_from_the_rate_a
     assert restored.waits == planner.waits
 
 
+def test_a_learner_ranks_start_is_learned_and_kept_for_a_later_runs_first_phase():
+    """Before any was measured a function's cold start stands in; a rank's (its optimizer, its
+    take of the published weights) was 10 s against a 4.6 s cold start in a session-29 step 1, so
+    that phase waited 6 s. A measured start is what the next run's first phase expects."""
+    cal, base = Calibration(), replace(flat_profile(), cold_start_s=3.0)
+    assert cal.rank_start(base) == 3.0
+    cal.observe_cold_start(4.6)
+    assert cal.rank_start(base) == 4.6
+    cal.observe_rank_start(10.0)
+    cal.observe_rank_start(9.0)
+    assert cal.rank_start(base) == pytest.approx(9.5)
+    again = Calibration()
+    again.load_state_dict(json.loads(json.dumps(cal.state_dict())))
+    assert again == cal
+
+
+def test_the_runtime_planner_prices_and_hands_on_the_rank_start_its_phases_measured():
+    from rlhfless.data.prompts import Prompt
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+    from rlhfless.runtime.samples import Sample, StepPrompt
+
+    base = replace(flat_profile(), cold_start_s=4.0)
+    planner = StepPlanner(SchedulerConfig(), base, ClusterSpec(1, 2), 2, resident_units=1.0)
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
+    plan = planner.plan(prompts, [None] * 4, LengthPredictor())
+    assert plan.rank_start_s == 4.0  # nothing measured: a function's cold start
+    metrics = {"time/step": 40.0, "time/generation": 20.0, "time/learner_start": 0.0}
+    metrics |= {"learner/width": 2.0, "cost/step": 0.01, "time/rank_start": 10.0}
+    planner.observe(plan, samples, metrics)
+    assert planner.billing(0, ClusterSpec(1, 2), base).rank_start_s == 10.0
+    assert planner.plan(prompts, [None] * 4, LengthPredictor()).rank_start_s == 10.0
+    later = StepPlanner(SchedulerConfig(), base, ClusterSpec(1, 2), 2, resident_units=1.0)
+    later.load_state_dict(planner.state_dict())  # what the run memory carries to the next run
+    assert later.plan(prompts, [None] * 4, LengthPredictor()).rank_start_s == 10.0
+    verl = StepPlanner(SchedulerConfig(policy="verl"), base, ClusterSpec(1, 2), 2, resident_units=1.0)
+    assert verl.plan(prompts, [None] * 4, LengthPredictor()).rank_start_s == 0.0  # resident ranks
+
+
 def test_verls_first_phase_waits_its_resident_ranks_start_and_teaches_the_later_phases_nothing():
     from rlhfless.data.prompts import Prompt
     from rlhfless.planner.config import SchedulerConfig

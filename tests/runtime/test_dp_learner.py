@@ -136,6 +136,7 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
 
     assert got["learner/width"] == 2
     assert got["learner/weights_sent"] == (0.0 if prestarted else 1.0)
+    assert got["time/rank_start"] > 0  # request to joined: what the run memory keeps
     assert free_after == 2  # rank 1's slot is free again as soon as the phase is closed
     for a, b in zip(got_raw, raw, strict=True):
         close(a, b)

@@ -35,6 +35,7 @@ class Calibration:
     overhead_s: float | None = None
     cold_start_s: float | None = None
     host_start_s: float | None = None  # the learner's decode function's start from its pre-start
+    rank_start_s: float | None = None  # a learner rank's start, request to joined (its take included)
     steps: int = 0
 
     def profile(self, base: Profile) -> Profile:
@@ -51,6 +52,18 @@ class Calibration:
 
     def observe_host_start(self, seconds: float) -> None:
         self.host_start_s = ewma(self.host_start_s, seconds, ALPHA)
+
+    def observe_rank_start(self, seconds: float) -> None:
+        self.rank_start_s = ewma(self.rank_start_s, seconds, ALPHA)
+
+    def rank_start(self, base: Profile) -> float:
+        """A learner rank's start as the next phase should expect it before this run measured one:
+        what earlier runs measured (kept in the run memory), else a function's cold start. A
+        rank's is longer (its optimizer, its take of the published weights: 4 s of 10 in a
+        session-29 step 1 here), so with the cold start alone a run's first phase waits."""
+        if self.rank_start_s is not None:
+            return self.rank_start_s
+        return base.cold_start_s if self.cold_start_s is None else self.cold_start_s
 
     def host_wait(self, base: Profile, starting_s: float | None) -> float:
         """What a step waits for the decode function on the learner's resources that has been
@@ -88,6 +101,7 @@ class Calibration:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.decode_scale, self.overhead_s = state.get("decode_scale"), state.get("overhead_s")
         self.cold_start_s, self.host_start_s = state.get("cold_start_s"), state.get("host_start_s")
+        self.rank_start_s = state.get("rank_start_s")
         self.steps = int(state.get("steps", 0))
 
 

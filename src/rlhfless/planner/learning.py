@@ -123,15 +123,15 @@ def generation_left_s(actors: Sequence[ActorProgress], token_s: Mapping[int, flo
     return left
 
 
-def rank_start_estimate(measured: Sequence[float], cold_start_s: float) -> float | None:
+def rank_start_estimate(measured: Sequence[float], prior_s: float) -> float | None:
     """A rank's start (request to joined) as the next phase should expect it: the longest of the
-    last three measured. Before any, a function's cold start as the step's plan prices it (the
-    run's, or what earlier runs measured on this machine) stands in: a rank's is longer (its
-    optimizer; joining), so the first phase waits only the difference instead of the whole
-    start. None when neither is known."""
+    last three measured. Before any, the rank start the step's plan priced stands in
+    (`forecast.Calibration.rank_start`: what earlier runs on this machine measured, else a
+    function's cold start, which is shorter, so a first phase then waits the difference instead
+    of the whole start). None when neither is known."""
     if measured:
         return max(measured[-3:])
-    return cold_start_s if cold_start_s > 0 else None
+    return prior_s if prior_s > 0 else None
 
 
 def start_ranks_now(left_s: float | None, rank_start_s: float | None) -> bool:

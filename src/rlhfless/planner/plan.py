@@ -114,6 +114,9 @@ class StepPlan:
     # and every pair of N and width it chose among: {n, width, step_time, step_cost} (none where
     # the executor offers one width).
     learner_width: int = 0
+    # A learner rank's start as this plan priced it (`Billing.rank_start_s`): what the runtime
+    # expects before it has measured one (0: ranks live across steps, or none priced).
+    rank_start_s: float = field(default=0.0, compare=False)
     step_options: list[dict[str, float]] = field(default_factory=list)
     # Each decode actor size's plan (and a split's) where several were weighed (`planner.sizes`)
     shape_options: list[dict[str, Any]] = field(default_factory=list)
@@ -359,6 +362,7 @@ def plan_step(
         verl_actors=int(ns.max()) if caps else 0,
         predicted_mean=gmean if caps else None,
         learner_width=width.width if width else 0,
+        rank_start_s=billing.rank_start_s,
         step_options=width_options(table, billing, tokens),
     )
 

@@ -93,6 +93,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         self.learned: tuple[int, float] | None = None  # the last elastic phase: width, seconds busy
         self.busy_s = 0.0  # the open phase's seconds in calls on its ranks
         self.restart_s = 0.0  # a warm function's cold start at its next use, as the step's plan prices it
+        self.prior_start_s = 0.0  # a rank's start before this run measured one, as the plan priced it
         self.planned_width = 0  # the width the step's plan chose under a budget or deadline (0: none)
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones
@@ -296,6 +297,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
                 *self.rank_starts[-2:],
                 ready - extra[0].requested + time.time() - max(joining, ready),
             ]
+            self.phase["time/rank_start"] = self.rank_starts[-1]  # the run memory keeps it
         return width
 
     def _placed(self, extra: list[Invocation]) -> bool:
@@ -316,7 +318,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
     def rank_start_s(self) -> float | None:
         """The rank start to expect (`planner.learning.rank_start_estimate`): learning that waits
         for a rank costs every slot of the step, a rank started early only its own."""
-        return rank_start_estimate(self.rank_starts, self.restart_s)
+        return rank_start_estimate(self.rank_starts, self.prior_start_s)
 
     def narrow(self, now: float) -> None:
         """Close the learning phase: ranks 1.. leave the group, the elastic ones stopped and

@@ -233,7 +233,7 @@ class StepPlanner:
             generation_shortfall=self.shortfall.factor(),
             learner_wait_s=self.waits.seconds(slots, profile.cold_start_s, resident_start=verl and first),
             # verl's ranks are resident on its held slots: started once, in the run's first phase
-            rank_start_s=0.0 if verl else profile.cold_start_s,
+            rank_start_s=0.0 if verl else self.calibration.rank_start(profile),
             widths=self._width_options(slots, profile),
         )
 
@@ -259,7 +259,7 @@ class StepPlanner:
             if rate is None:
                 return ()
             waits = self.waits.seconds(slots, profile.cold_start_s, width=w) if w > 1 else (0.0,)
-            start = profile.cold_start_s if w > 1 else 0.0
+            start = self.calibration.rank_start(profile) if w > 1 else 0.0
             options.append(LearningWidth(w, w * self.resident_units, rate, waits, start))
         return tuple(options)
 
@@ -321,6 +321,8 @@ class StepPlanner:
         )
         if "time/host_start" in metrics:
             self.calibration.observe_host_start(metrics["time/host_start"])
+        if "time/rank_start" in metrics:
+            self.calibration.observe_rank_start(metrics["time/rank_start"])
         if metrics.get("actors/cold_starts"):
             self.calibration.observe_cold_start(metrics["time/cold_start"] / metrics["actors/cold_starts"])
         tokens = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))

@@ -108,6 +108,7 @@ class RayExecutor:
         )
         view, self.view = self.view or self.functions.cluster(), None
         self.learner.restart_s = plan.profile.cold_start_s if plan.profile else 0.0
+        self.learner.prior_start_s = plan.rank_start_s
         self.learner.planned_width = plan.learner_width
         self.policy.eval()
         with self.learner_inv.busy_while():
