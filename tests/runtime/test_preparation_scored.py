@@ -33,16 +33,16 @@ def test_a_group_is_scored_once_all_its_samples_are_and_comes_in_sample_order():
     ]
 
 
-def test_a_preparer_for_reasoning_gym_prompts_imports_its_scorers_as_it_starts():
+def test_a_prepare_function_for_reasoning_gym_prompts_imports_its_scorers_as_it_starts():
     """The import takes about 0.9 s: paid as the prepare function starts (beside the run's pilot
     and forecast), not in the first step's scoring. A fresh interpreter, as a function's process:
     nothing imported reasoning-gym yet (the config's checks would)."""
     probe = (
         "import sys\n"
         "from rlhfless.rewards import RewardConfig\n"
-        "from rlhfless.runtime.functions import Preparer, PrepSetup\n"
+        "from rlhfless.runtime.functions import PrepareFunction, PrepSetup\n"
         "for gym in (False, True):\n"
-        "    Preparer(PrepSetup(RewardConfig(), 1.0, 0, 'float32', gym=gym), 'cpu')\n"
+        "    PrepareFunction(None, 0, 0, PrepSetup(RewardConfig(), 1.0, 0, 'float32', gym=gym), 1, 'cpu')\n"
         "    print('reasoning_gym' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

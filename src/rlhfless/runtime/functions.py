@@ -249,7 +249,7 @@ class PrepSetup:
     temperature: float
     pad_token_id: int
     compute_dtype: str
-    gym: bool = False  # the prompts are reasoning-gym's: import its scorers at start
+    gym: bool = False  # the prompts are reasoning-gym's: the prepare function imports it as it starts
 
 
 class Preparer:
@@ -263,8 +263,6 @@ class Preparer:
     def __init__(self, setup: PrepSetup, device: str) -> None:
         self.setup, self.device = setup, device
         self.reward_fn = build_reward_fn(setup.reward)
-        if setup.gym:
-            import_gym()
 
     def run(
         self, reference: torch.nn.Module | None, prompts: list[StepPrompt], samples: list[Sample]
@@ -305,6 +303,8 @@ class PrepareFunction:
     ) -> None:
         self.started = function_setup(threads)
         self.preparer = Preparer(setup, device)
+        if setup.gym:  # in its start, not in step 1's scoring (a decode function's tail pays it there)
+            import_gym()
         self.reference = None
         if model_cfg is not None:
             self.reference = load_model(model_cfg, vocab_size, seed, device).requires_grad_(False)
