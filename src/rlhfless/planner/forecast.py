@@ -35,7 +35,7 @@ class Calibration:
     overhead_s: float | None = None
     cold_start_s: float | None = None
     host_start_s: float | None = None  # the learner's decode function's start from its pre-start
-    rank_start_s: float | None = None  # a learner rank's start, request to joined (its take included)
+    rank_start_s: float | None = None  # a learner rank's start, request to joined (`time/rank_start`)
     steps: int = 0
 
     def profile(self, base: Profile) -> Profile:
