@@ -30,7 +30,7 @@ from rlhfless.planner.forecast import Calibration
 from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
-from rlhfless.runtime.planning import CPU_SLOT, cache_key, machine_profile
+from rlhfless.runtime.machine import CPU_SLOT, cache_key, machine_profile
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, scheduler_for
 from rlhfless.sim.step import Simulator

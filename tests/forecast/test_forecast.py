@@ -24,7 +24,7 @@ from rlhfless.planner.plan import PromptSpec, plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.source_lengths import ANSWER_GROUPS
-from rlhfless.runtime.planning import memory_path
+from rlhfless.runtime.machine import memory_path
 from rlhfless.runtime.trainer import train
 
 

@@ -21,7 +21,8 @@ from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.hardware import ModelShape, roofline_profile
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.runtime import decode_round
-from rlhfless.runtime.planning import CPU_SLOT, StepPlanner
+from rlhfless.runtime.machine import CPU_SLOT
+from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.trainer import advantages, build_executor, tokenize_prompts
 
 BASE = (

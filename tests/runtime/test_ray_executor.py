@@ -24,7 +24,8 @@ from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.runtime import ray_executor
 from rlhfless.runtime.executor import build_learner
-from rlhfless.runtime.planning import CPU_SLOT, StepPlanner
+from rlhfless.runtime.machine import CPU_SLOT
+from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.pool import FunctionPool
 from rlhfless.runtime.trainer import advantages, build_executor, tokenize_prompts, train
 

@@ -38,7 +38,8 @@ from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import TARGETS, PlanError
 from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
-from rlhfless.runtime.planning import StepPlanner, cache_key
+from rlhfless.runtime.machine import cache_key
+from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import Sample, StepPrompt
 
 PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it

@@ -1,0 +1,113 @@
+"""What this machine is to the planner: its time table (`runtime.profile`, else measured once and
+cached by model shape, dtype and threads), its actor slots as a cluster, and where the run memory
+(the time model earlier runs learned here) is kept."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from rlhfless.config import Config
+from rlhfless.planner import ClusterSpec, Profile
+from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
+from rlhfless.planner.learning import learner_width
+from rlhfless.runtime_config import RuntimeConfig
+
+# A 2-core CPU slot as an "accelerator" for the derived profile (`runtime.profile=derived`): rough
+# peak figures (AVX2 FP32 on two cores, one DDR channel's share), far from what the engine does.
+CPU_SLOT = GpuSpec(
+    "cpu-slot",
+    bf16_tflops=0.1,
+    memory_gb=24,
+    memory_tbps=0.02,
+    link_gbps=10.0,
+    inter_node_gbps=1.0,
+    price_per_hour=0.1,
+)
+DERIVED = "derived"
+# The measured grid: decode batches up to the engine's running limit, contexts up to the longest
+# prompt + response a default run sees; the planner extrapolates linearly past the last point.
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+CONTEXTS = (1, 128, 256, 512, 1024)
+PREFILL = (16, 64, 256, 1024)
+
+
+def cache_key(model: torch.nn.Module, threads: int) -> str:
+    """What a measured time depends on: the model's config, dtype and device, threads, torch, the
+    machine."""
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    param = next(model.parameters())
+    device = "" if param.device.type == "cpu" else f"|{torch.cuda.get_device_name(param.device)}"
+    raw = f"{config}|{param.dtype}|{threads}|{torch.__version__}|{os.cpu_count()}{device}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int) -> Profile:
+    """This engine's time table on this machine with `threads` torch threads, measured once and
+    cached under `cache_dir/profiles/` (keyed by the model's config, dtype, threads, torch)."""
+    from rlhfless.engine.profiling import measure_profile
+
+    path = Path(cache_dir).expanduser() / "profiles" / f"{cache_key(model, threads)}.json"
+    if path.is_file():
+        try:
+            return Profile.load(path)
+        except (ValueError, OSError, json.JSONDecodeError):
+            pass  # a damaged cache entry is measured again
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = measure_profile(model, batches=BATCHES, contexts=CONTEXTS, prefill_tokens=PREFILL, repeats=2)
+    finally:
+        torch.set_num_threads(before)
+    table["note"] = f"measured on this machine with {threads} thread(s)"
+    profile = Profile.from_dict(table)
+    profile.save(path)
+    return profile
+
+
+def machine_profile(cfg: Config, model: torch.nn.Module) -> Profile:
+    """The table the run names (`runtime.profile`: a file, or `derived` from the model's shape),
+    else this machine's, measured once with a decode function's threads."""
+    path = cfg.runtime.profile
+    if path == DERIVED:
+        return roofline_profile(ModelShape.from_hf_config(model.config.to_dict()), CPU_SLOT)
+    if path:
+        return Profile.load(path)
+    return measured_profile(model, cfg.model.cache_dir, cfg.runtime.threads_per_actor)
+
+
+def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelShape) -> ClusterSpec:
+    """One node with the executor's actor slots; transfers sized by the model's weights and KV."""
+    return ClusterSpec(
+        nodes=1,
+        gpus_per_node=runtime.slots() * gpus_per_actor,
+        model_bytes=shape.weight_bytes,
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+    )
+
+
+def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
+    """Where earlier runs' time model is kept (None: `runtime.calibration_memory=false`): a file per
+    model, thread count, executor, profile, learning width and scheduling policy. The phases after
+    generation are learned as seconds a token at the width they ran on, which does not carry to
+    another: a run at `runtime.learner_width=1` forecast with two ranks' rate came out 14-22%
+    short. A policy's functions share the machine differently (verl's ranks are resident and its
+    decode functions run beside each other), so one policy's waits and scales misled the other's
+    forecasts: verl's was 15.5% long after an rlhfless run."""
+    if not cfg.runtime.calibration_memory:
+        return None
+    key = (
+        f"{cache_key(policy, torch.get_num_threads())}-{cfg.runtime.executor}-"
+        f"{cfg.runtime.profile or 'measured'}-width{learning_width(cfg)}-{cfg.scheduler.policy}"
+    )
+    name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return Path(cfg.model.cache_dir).expanduser() / "profiles" / name
+
+
+def learning_width(cfg: Config) -> int:
+    """Slots the learning phase is expected to hold: the planner's width with every slot free."""
+    return learner_width(cfg.runtime.learner_width, cfg.runtime.slots(), cfg.data.batch_size)
