@@ -1,13 +1,11 @@
 """A learning phase's join with and without the step's published weights taken ahead, alternated.
 
 Drives the data-parallel learner alone (`ElasticLearner`, the default preset's model) on the
-embedded Ray: each round prestarts rank 1 three ways, as a step does during generation: without
-the published weights; with them, the phase opening once its take is done (`SETTLE_S` after the
-rank is ready); and with them, the phase opening as soon as the rank is ready, its take still
-running (the join stops it, and rank 0 sends what it had not taken). Prints each phase's
-`time/learner_start` (the phase's wait for rank 1: with the rank ready, its join), the share of
-the weights joining sent, and the rank's take (seconds, share), then the medians. Alternating
-keeps the machine's drift out of the comparison.
+embedded Ray: each round prestarts rank 1 without, then with, the published weights (as a step
+does during generation), waits until it is ready, opens the phase and closes it. Prints each
+phase's `time/learner_start` (the phase's wait for rank 1: with the rank ready, its join) and
+whether joining sent rank 0's weights, then the medians and their ratio. Alternating keeps the
+machine's drift out of the ratio.
 
     .venv/bin/python benchmarks/bench_join.py [--rounds 4] [--preset default]
 """
@@ -32,27 +30,15 @@ GROUPS = 8  # prompt groups the phase is sized for (the default preset's prompts
 SETTLE_S = 2.0  # after rank 1 is ready: its take of the weights done, as in generation's tail
 
 
-ARMS = (  # name, published weights given ahead, seconds the phase opens after the rank is ready
-    ("sent at join", False, SETTLE_S),
-    ("taken ahead", True, SETTLE_S),
-    ("joined mid-take", True, 0.0),
-)
-
-
-def phase(elastic: ElasticLearner, cfg, weights: ray.ObjectRef | None, settle: float) -> dict[str, float]:
-    """One learning phase on a prestarted rank 1: its `time/learner_start`, weights sent, and its
-    take of the published weights (seconds, bytes)."""
+def phase(elastic: ElasticLearner, cfg, weights: ray.ObjectRef | None) -> dict[str, float]:
+    """One learning phase on a prestarted rank 1: its `time/learner_start` and weights sent."""
     meter = Meter(cfg.scheduler.pricing)
     meter.begin_step(time.time())
     elastic.prestart(meter, 0, GROUPS, time.time(), weights)
     ray.get(elastic.ranks[1].hello.remote())
-    time.sleep(settle)
+    time.sleep(SETTLE_S)
     elastic.widen(meter, GROUPS, [], time.time())
     got = dict(elastic.phase)
-    takes = [t for t in meter.transfers if t.source == "learner"]
-    got["take_s"] = sum(t.seconds for t in takes)
-    got["take_bytes"] = sum(t.bytes for t in takes)
-    got["send_s"] = sum(t.seconds for t in meter.transfers if t.source == "learner-0")
     elastic.narrow(time.time())
     meter.close_step(time.time())
     return got
@@ -69,30 +55,27 @@ def main() -> None:
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
     functions = Functions(cfg, tokenizer, False, False, ray.get_runtime_context().get_node_id())
     elastic = ElasticLearner(cfg, policy, tokenizer, functions)
-    flat = flat_weights(policy)
-    published = ray.put(flat)
-    waits: dict[str, list[float]] = {name: [] for name, _, _ in ARMS}
+    published = ray.put(flat_weights(policy))
+    waits: dict[bool, list[float]] = {False: [], True: []}
     try:
         ray.get(elastic.rank0.hello.remote())
         for k in range(args.rounds):
-            for name, ahead, settle in ARMS:
-                got = phase(elastic, cfg, published if ahead else None, settle)
+            for taken in (False, True):
+                got = phase(elastic, cfg, published if taken else None)
                 if got["learner/width"] != 2:
                     raise SystemExit(f"round {k}: the phase got width {got['learner/width']:.0f}, not 2")
-                waits[name].append(got["time/learner_start"])
+                waits[taken].append(got["time/learner_start"])
                 print(
-                    f"round {k} {name:15s} wait {got['time/learner_start']:.3f} s,"
-                    f" weights sent at join {got['learner/weights_sent']:.2f},"
-                    f" in {got['send_s']:.3f} s; take {got['take_s']:.3f} s of"
-                    f" {got['take_bytes'] / flat.nbytes:.2f} of them",
+                    f"round {k} weights taken ahead: {str(taken):5s} wait {got['time/learner_start']:.3f} s,"
+                    f" weights sent at join: {got['learner/weights_sent']:.0f}",
                     flush=True,
                 )
     finally:
         elastic.close()
         functions.close()
         ray.shutdown()
-    medians = {name: statistics.median(w) for name, w in waits.items()}
-    print("median wait: " + ", ".join(f"{name} {m:.3f} s" for name, m in medians.items()))
+    before, after = statistics.median(waits[False]), statistics.median(waits[True])
+    print(f"median wait: sent at join {before:.3f} s, taken ahead {after:.3f} s ({after / before:.3f}x)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ new weights land where the graphs read them, and the forward holds no op a captu
 from __future__ import annotations
 
 import copy
-import threading
 from dataclasses import replace
 
 import pytest
@@ -13,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlhfless.engine import Engine, Request, weights
+from rlhfless.engine import Engine, Request
 from rlhfless.engine.forward import attention_mask_kind
 from rlhfless.engine.graphs import StaticDecode, bucket
 from rlhfless.engine.kv import SlotCache
@@ -162,40 +161,6 @@ def test_new_weights_copied_into_the_parameters_storage_keep_it(model):
     assert torch.equal(torch.nn.utils.parameters_to_vector(model.parameters()), vector)
     with pytest.raises(ValueError, match="weights: got 3 values"):
         copy_into_parameters(model, torch.zeros(3))
-
-
-class StopAfter(threading.Event):
-    """A stop signal set once it has been looked at `looks` times (a join arriving mid-copy)."""
-
-    def __init__(self, looks: int) -> None:
-        super().__init__()
-        self.looks = looks
-
-    def is_set(self) -> bool:
-        self.looks -= 1
-        return self.looks < 0
-
-
-def test_a_stopped_copy_keeps_whole_parameters_in_order_and_says_how_many(model, monkeypatch):
-    """The learner's take of the published weights stops when a join sets `stop`: the parameters
-    before the one it stopped in are the new ones, the rest past it as they were."""
-    monkeypatch.setattr(weights, "CHUNK", 64)  # several looks inside a parameter
-    model = copy.deepcopy(model)
-    before = [p.detach().clone() for p in model.parameters()]
-    sizes = [p.numel() for p in before]
-    vector = torch.nn.utils.parameters_to_vector(model.parameters()).detach() + 1
-    looks = sum(-(-n // 64) for n in sizes[:3]) + 2  # stops inside the fourth parameter
-    assert sizes[3] > 2 * 64
-    assert copy_into_parameters(model, vector, StopAfter(looks)) == 3
-    offset = 0
-    for i, (p, was) in enumerate(zip(model.parameters(), before, strict=True)):
-        if i < 3:
-            assert torch.equal(p.detach().reshape(-1), vector[offset : offset + sizes[i]])
-        elif i > 3:
-            assert torch.equal(p.detach(), was)
-        offset += sizes[i]
-    assert copy_into_parameters(model, vector, threading.Event()) == len(sizes)  # never set: all
-    assert torch.equal(torch.nn.utils.parameters_to_vector(model.parameters()), vector)
 
 
 class HostSyncs(TorchDispatchMode):

@@ -8,7 +8,6 @@ import copy
 import json
 import shutil
 import time
-from unittest import mock
 
 import numpy as np
 import psutil
@@ -20,16 +19,15 @@ from safetensors.torch import load_file
 from rlhfless.config import load_config
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.pricing import charge
-from rlhfless.runtime import dp_learner, learner_rank
 from rlhfless.runtime.billing import Meter
 from rlhfless.runtime.data_parallel import split_rows
 from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.executor import build_critic, build_learner
-from rlhfless.runtime.learner_rank import WEIGHTS, LearnerRank, rank_env
+from rlhfless.runtime.learner_rank import rank_env
 from rlhfless.runtime.lifecycle import Functions
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import token_rewards, train, whiten_tokens
-from rlhfless.runtime.transfer import flat_weights, load_flat_weights
+from rlhfless.runtime.transfer import flat_weights
 
 pytestmark = pytest.mark.usefixtures("local_ray")  # tests/runtime/conftest.py
 
@@ -291,76 +289,6 @@ def test_a_rank_given_the_published_weights_joins_with_them_and_none_are_sent():
     )
     assert all(np.array_equal(w, published) for w in joined)
     assert not np.array_equal(published, flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)))
-
-
-def stalling_take() -> type[LearnerRank]:
-    """A rank whose take of the published weights copies its first half of the parameters, then
-    stalls (as a fresh process's first read of the object store does) until a join stops it.
-    Made here, not at module level: Ray's workers cannot import a test module, so the class
-    travels by value."""
-
-    class StallingTake(LearnerRank):
-        @ray.method(concurrency_group=WEIGHTS)
-        def take_weights(self, flat):
-            began = [p.detach().clone() for p in self.policy.parameters()]
-
-            def stalls(model, flat, stop):
-                params = list(model.parameters())
-                half = len(params) // 2
-                load_flat_weights(model, flat)
-                for p, was in zip(params[half:], began[half:], strict=True):  # only half held
-                    p.data.copy_(was)
-                stop.wait(STALL_S)
-                return half
-
-            with mock.patch.object(learner_rank, "load_flat_weights", stalls):
-                super().take_weights(flat)
-
-    return StallingTake
-
-
-STALL_S = 60.0
-
-
-def test_a_join_stops_a_take_still_running_and_rank_0_sends_the_rest(monkeypatch):
-    """A rank still taking the published weights when the phase opens: the join stops the take
-    instead of waiting for it, and rank 0 sends the parameters not taken; the rank joins holding
-    exactly the published weights, and both moves are the step's transfers."""
-    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=0"))
-    tokenizer = load_tokenizer(cfg.model)
-    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
-    with torch.no_grad():
-        for p in policy.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
-    published = flat_weights(policy)
-    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
-    meter = Meter(cfg.scheduler.pricing)
-    meter.begin_step(time.time())
-    try:
-        ref = ray.put(published)
-        ray.get(elastic.rank0.take_weights.remote(ref))  # as the driver's policy is rank 0's
-        monkeypatch.setattr(dp_learner, "LearnerRank", stalling_take())  # rank 1, not rank 0
-        elastic.prestart(meter, 0, 4, time.time(), ref)
-        elastic.widen(meter, 4, [], time.time())
-        joined = [
-            ray.get(rank.__ray_call__.remote(lambda r: flat_weights(r.policy))) for rank in elastic.ranks
-        ]
-        phase, moves = dict(elastic.phase), list(meter.transfers)
-        elastic.narrow(time.time())
-    finally:
-        elastic.close()
-
-    assert all(np.array_equal(w, published) for w in joined)
-    assert phase["learner/width"] == 2 and 0.0 < phase["learner/weights_sent"] < 1.0
-    take, sent = moves
-    assert (take.source, take.target, sent.source, sent.target) == (
-        "learner",
-        "learner-1",
-        "learner-0",
-        "learner-1",
-    )
-    assert take.bytes + sent.bytes == published.nbytes  # the half taken, the rest sent
-    assert take.seconds < STALL_S / 2  # stopped by the join, not waited for
 
 
 def test_the_phase_takes_the_width_a_budget_or_deadline_chose_in_the_steps_plan():

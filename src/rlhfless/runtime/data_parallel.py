@@ -134,19 +134,16 @@ def broadcast_tensors(tensors: list[Tensor], src: int = 0) -> None:
             _unflatten(flat, bucket)
 
 
-def least(value: int, device: torch.device | str = "cpu") -> int:
-    """The least of every rank's `value` in the default process group (one small reduce)."""
-    held = torch.tensor([value], dtype=torch.int64, device=device)
+def everyone(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """Whether `flag` holds on every rank of the default process group (one small reduce)."""
+    held = torch.tensor([int(flag)], device=device)
     dist.all_reduce(held, op=dist.ReduceOp.MIN)
-    return int(held.item())
+    return bool(held.item())
 
 
-def broadcast_params(module: torch.nn.Module, src: int = 0, start: int = 0) -> int:
-    """`src`'s parameters from the `start`-th on (in `parameters()` order) into every rank's
-    `module`; the values sent."""
-    params = [p.data for p in list(module.parameters())[start:]]
-    broadcast_tensors(params, src)
-    return sum(p.numel() for p in params)
+def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
+    """`src`'s parameters into every rank's `module`."""
+    broadcast_tensors([p.data for p in module.parameters()], src)
 
 
 def broadcast_state(state: dict | None, src: int = 0, device: torch.device | str = "cpu") -> dict:

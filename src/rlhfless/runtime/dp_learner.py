@@ -45,7 +45,7 @@ from rlhfless.planner.learning import LearningHistory, learner_width, rank_start
 from rlhfless.runtime.ahead import LearnsAhead, StepAhead
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.executor import LearnerSide
-from rlhfless.runtime.learner_rank import WEIGHTS, Joined, LearnerRank, rank_env
+from rlhfless.runtime.learner_rank import LearnerRank, rank_env
 from rlhfless.runtime.lifecycle import LOST, Functions, any_lost, gpu_of
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.rank_link import RankLink
@@ -101,16 +101,13 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         self.hosts: list[Invocation] = []  # the open phase's held functions its ranks share
         self.link: RankLink | None = None  # the driver's line to rank 0, for weights and state
         self.step_ahead = StepAhead()  # this step's groups learned ahead (`ahead`)
-        self.weighed: dict = {}  # the phase's ranks given the step's published weights: their take
-        params = list(policy.parameters())
-        self.weight_values = sum(p.numel() for p in params)
-        self.value_bytes = params[0].element_size()
+        self.weighed: dict = {}  # the phase's ranks given the step's published weights: (call, sent)
         self.token_s: float | None = None  # rank-seconds a learned token took, the last phase
         self.phase_tokens = 0  # the open phase's tokens (each group's prompt once)
 
     def _create(self, device: str, **options):
         return (
-            ray.remote(concurrency_groups={WEIGHTS: 1})(LearnerRank)
+            ray.remote(LearnerRank)
             .options(max_restarts=0, runtime_env=rank_env(self.cfg.runtime.learner_mmap_threshold), **options)
             .remote(*self.rank_args, device)
         )
@@ -130,25 +127,23 @@ class ElasticLearner(LearnsAhead, LearnerSide):
                     self._weigh(rank, weights)
 
     def _weigh(self, rank, weights: ray.ObjectRef) -> None:
-        """The step's published weights to `rank`, once (taken beside its other calls, until it
-        joins)."""
+        """The step's published weights to `rank`, once (queued behind its start)."""
         if rank not in self.weighed:
-            self.weighed[rank] = rank.take_weights.remote(weights)
+            self.weighed[rank] = (rank.take_weights.remote(weights), time.time())
 
-    def _record_weights(self, meter: Meter, joined: list[Joined]) -> None:
-        """How each rank got the step's weights, as the step's transfers: what it took of the
-        published ones before joining (the object store), and what rank 0 sent it then."""
-        for inv, got in zip(self.invocations[1:], joined[1:], strict=True):
+    def _record_weights(self, meter: Meter) -> None:
+        """Each joined rank's take of the published weights, as one of the step's transfers (a
+        take that failed left the rank without them: joining sent rank 0's instead)."""
+        for rank, inv in zip(self.ranks[1:], self.invocations[1:], strict=True):
+            if rank not in self.weighed:
+                continue
+            call, sent = self.weighed[rank]
+            try:
+                seconds, nbytes = ray.get(call)
+            except (*LOST, RayTaskError):
+                continue
             same = inv.node == self.functions.driver
-            if got.take_bytes:
-                meter.transfer(
-                    Transfer("weights", "learner", inv.name, got.take_bytes, got.take_s, same, got.take_start)
-                )
-            if got.sent_values:
-                nbytes = got.sent_values * self.value_bytes
-                meter.transfer(
-                    Transfer("weights", "learner-0", inv.name, nbytes, got.send_s, same, time.time())
-                )
+            meter.transfer(Transfer("weights", "learner", inv.name, nbytes, seconds, same, sent))
 
     def widen(self, meter: Meter, groups: int, hosts: list[Host], now: float) -> None:
         """Open the learning phase (once a step) on the planner's width: rank 0 and, under verl, the
@@ -174,8 +169,10 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         )
         self.invocations.insert(0, meter.open(rank0))
         self.phase = {"faults/learner": 0.0, "learner/weights_sent": 0.0}
-        width = self._join(meter) if len(self.ranks) > 1 else 1
+        width = self._join() if len(self.ranks) > 1 else 1
         self.phase |= {"learner/width": float(width), "time/learner_start": time.time() - now}
+        if width > 1:
+            self._record_weights(meter)
 
     def _width(self, held_slots: int, groups: int, exposed: bool) -> int:
         """The planner's width for ranks requested now: during generation's tail (their start
@@ -272,7 +269,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         for lease in [lease for lease in self.resident if lease not in held]:
             ray.kill(self.resident.pop(lease).handle)
 
-    def _join(self, meter: Meter) -> int:
+    def _join(self) -> int:
         """Ranks 1.. placed and started, joined with rank 0; the width got (1 when Ray could not
         place them in `runtime.place_timeout_s`: their slots were taken)."""
         extra = self.invocations[1:]
@@ -292,9 +289,8 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         joining = time.time()
         address, port = ray.get(self.rank0.address.remote())
         width = len(self.ranks)
-        joined = ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
-        self.phase["learner/weights_sent"] = joined[0].sent_values / self.weight_values
-        self._record_weights(meter, joined)
+        sent = ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
+        self.phase["learner/weights_sent"] = float(sent[0])
         if self.group is not None:  # the elastic ranks' start, which `prestart` times
             ready = max(hello.ready for hello in hellos)
             self.rank_starts = [

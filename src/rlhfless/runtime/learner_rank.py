@@ -3,9 +3,7 @@ optimizer, in a Ray function of its own; `dp_learner.ElasticLearner` starts, joi
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -17,26 +15,11 @@ import torch.distributed as dist
 from rlhfless.config import Config
 from rlhfless.models import load_model
 from rlhfless.runtime import rank_link
-from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state, least
+from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_params, broadcast_state, everyone
 from rlhfless.runtime.executor import LearnerReplica
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.transfer import load_flat_weights, split_state
-
-WEIGHTS = "weights"  # the concurrency group of `take_weights`: a join runs beside it, and stops it
-
-
-@dataclass(frozen=True)
-class Joined:
-    """What joining the phase's group moved to this rank: its take of the step's published weights
-    before it (seconds, bytes, when it began), and the values rank 0 sent (those some rank had not
-    taken: all, or none, or the rest of a take the join stopped) and their seconds."""
-
-    take_s: float
-    take_bytes: int
-    take_start: float
-    sent_values: int
-    send_s: float
 
 
 class LearnerRank(LearnerReplica):
@@ -53,11 +36,7 @@ class LearnerRank(LearnerReplica):
             torch.cuda.set_device(self.device)  # NCCL's collectives of objects use the current GPU
         super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
-        self.taken = 0  # parameters of the step's published weights held, in order (`take_weights`)
-        self.took = (0.0, 0, 0.0)  # the take's seconds, bytes, and when it began
-        self.stop_take = threading.Event()  # set by `join`: a take stops, or never begins
-        self.taking = threading.Lock()  # held while a take copies
-        self.take_over = threading.Event()  # the take has ended (whole, stopped or failed)
+        self.published = False  # holds the step's published weights (`take_weights`), unjoined
         self.ready = time.time()
 
     def hello(self) -> Started:
@@ -67,54 +46,38 @@ class LearnerRank(LearnerReplica):
         """Where the phase's process group meets: this node, a port free now."""
         return ray.util.get_node_ip_address(), rank_link.free_port()
 
-    def join(self, address: str, port: int, rank: int, width: int) -> Joined:
+    def join(self, address: str, port: int, rank: int, width: int) -> bool:
         """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
         schedule, not its optimizer states (only rank 0 steps). Rank 0's weights are the step's
-        published ones, which the other ranks may have taken during generation (`take_weights`):
-        a take still running stops once the group has formed, and rank 0 sends only the
-        parameters that some rank has not taken (a broadcast is far faster than a fresh process's
-        first read of the object store)."""
+        published ones, so when every other rank took those already (`take_weights`, during
+        generation) none is sent. Whether they were sent."""
         url = f"tcp://{address}:{port}"
         dist.init_process_group(
             backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
         )
-        self.stop_take.set()
-        with self.taking:
-            held = len(list(self.policy.parameters())) if rank == 0 else self.taken
-        self.taken = 0  # the phase's update changes rank 0's weights, not these
-        start = time.perf_counter()
-        sent = broadcast_params(self.policy, start=least(held, self.device))
-        send_s = time.perf_counter() - start if sent else 0.0
+        send = not everyone(rank == 0 or self.published, self.device)
+        self.published = False  # the phase's update changes rank 0's weights, not these
+        if send:
+            broadcast_params(self.policy)
         state = broadcast_state(self.phase_state() if rank == 0 else None, device=self.device)
         if rank:
             self.load_phase_state(state)
         self._use(DataParallel(rank, width, self.device))
-        took, self.took = self.took, (0.0, 0, 0.0)
-        return Joined(*took, sent, send_s)
+        return send
 
-    @ray.method(concurrency_group=WEIGHTS)
-    def take_weights(self, flat: np.ndarray) -> None:
+    def take_weights(self, flat: np.ndarray) -> tuple[float, int]:
         """The step's published weights (the decode functions' buffer, which rank 0's equal), taken
-        while generation runs: to learn ahead with, and so that joining sends fewer. In a thread
-        of its own, so that a join need not wait for it (`join` stops it)."""
-        try:
-            with self.taking:
-                if self.stop_take.is_set():
-                    return
-                began, start = time.time(), time.perf_counter()
-                self.taken = load_flat_weights(self.policy, flat, self.stop_take)
-                values = sum(p.numel() for p in list(self.policy.parameters())[: self.taken])
-                self.took = (time.perf_counter() - start, values * flat.itemsize, began)
-        finally:
-            self.take_over.set()
+        while generation runs: to learn ahead with, and so that joining sends none. The seconds
+        it took and the bytes (the step's transfers record them)."""
+        start = time.perf_counter()
+        load_flat_weights(self.policy, flat)
+        self.published = True
+        return time.perf_counter() - start, int(flat.nbytes)
 
     def ahead(
         self, samples: list[Sample], advantages: list[torch.Tensor], ref: list[torch.Tensor] | None
     ) -> tuple[float, float]:
         """`learn_ahead`, timed: when it began and ended (it is billed busy)."""
-        self.take_over.wait(self.timeout.total_seconds())
-        if self.taken < len(list(self.policy.parameters())):
-            raise RuntimeError("ahead: the step's published weights were not taken whole")
         begin = time.time()
         self.learn_ahead(samples, advantages, ref)
         return begin, time.time()
@@ -128,8 +91,6 @@ class LearnerRank(LearnerReplica):
         """Back to width 1: the phase's group is gone."""
         dist.destroy_process_group()
         self._use(DataParallel())
-        self.stop_take.clear()
-        self.take_over.clear()
 
     def _use(self, dp: DataParallel) -> None:
         self.learner.dp = dp

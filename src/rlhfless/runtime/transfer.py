@@ -8,7 +8,6 @@ travels as int16 bits). Prefix KV caches of a step travel the same way: one put,
 
 from __future__ import annotations
 
-import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -93,10 +92,9 @@ def flat_weights(model: torch.nn.Module) -> np.ndarray:
         return to_numpy(torch.nn.utils.parameters_to_vector(model.parameters()))
 
 
-def load_flat_weights(model: torch.nn.Module, flat: np.ndarray, stop: threading.Event | None = None) -> int:
-    """Copy a `flat_weights` buffer into `model` (same architecture, same parameter order); the
-    parameters copied whole, in order (`copy_into_parameters`: all, unless `stop` was set)."""
-    return copy_into_parameters(model, from_numpy(flat, next(model.parameters()).dtype), stop)
+def load_flat_weights(model: torch.nn.Module, flat: np.ndarray) -> None:
+    """Copy a `flat_weights` buffer into `model` (same architecture, same parameter order)."""
+    copy_into_parameters(model, from_numpy(flat, next(model.parameters()).dtype))
 
 
 @dataclass(frozen=True)
