@@ -1,9 +1,8 @@
 """Live cut-and-migrate decisions, called by the runtime while decode actors run.
 
 Per-actor cut (RLHFless): an actor whose finished share reached tau is cut. Given the actors' time
-table (`profile`, or each actor's own where their sizes differ: `ActorProgress.profile`), a
-straggler moves only where it gains (`_gain_moves`): to the running actor on which it finishes
-soonest, counting the resume (`resume_s`) and that actor's slower steps with it,
+table (`profile`), a straggler moves only where it gains (`_gain_moves`): to the running actor on
+which it finishes soonest, counting the resume (`resume_s`) and that actor's slower steps with it,
 and only when that is sooner than staying and does not push the receiver's end past the step's
 predicted end. Ends are predicted as the batch drains (`_drain_s`), not at the batch held: held,
 every busy actor looks as late as the step and receivers were loaded until they set its end. A
@@ -42,7 +41,6 @@ class ActorProgress:
     remaining: Mapping[str, float]  # unfinished sequence id -> remaining predicted tokens
     context: float = 0.0  # mean context of its running sequences (tokens), for the step time
     migrated: frozenset[str] = frozenset()  # of `remaining`, the sequences that moved here already
-    profile: Profile | None = None  # its own time table where actors differ in size (None: the step's)
 
 
 def remaining_tokens(predicted: Any, generated: Any, cap: float | None = None) -> Any:
@@ -137,10 +135,9 @@ def _gain_moves(
     tokens = {a: float(sum(p.remaining.values())) for a, p in actors.items()}
     stall = dict.fromkeys(actors, 0.0)  # resumes a receiver may wait for (re-prefilled migrants)
     free = {t.actor: t.free_slots for t in targets}
-    table = {a: p.profile or profile for a, p in actors.items()}
 
     def step_s(a: int, extra: int) -> float:
-        return float(table[a].decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
+        return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
 
     lines: dict[tuple[int, int], tuple[float, float]] = {}  # (actor, batch) -> `_line`, read once
 
@@ -148,7 +145,7 @@ def _gain_moves(
         """`_drain_s` of actor `a` with `work` more tokens in one more sequence."""
         k = batch[a] + (work > 0)
         if (a, k) not in lines:
-            lines[a, k] = _line(table[a], k, actors[a].context)
+            lines[a, k] = _line(profile, k, actors[a].context)
         alpha, beta = lines[a, k]
         return stall[a] + alpha * max(longest[a], work) + beta * (tokens[a] + work)
 
@@ -209,10 +206,9 @@ def _gather_moves(
     arrivals = dict.fromkeys(actors, 0.0)  # the longest migrant each receiver got, tokens
     committed = dict(arrivals)  # ... in the moves decided so far (a failed trial is undone)
     free = {t.actor: t.free_slots for t in targets}
-    table = {a: p.profile or profile for a, p in actors.items()}
 
     def step_s(a: int, extra: int = 0) -> float:
-        return float(table[a].decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
+        return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
 
     def end_s(a: int, extra: int, work: float = 0.0) -> float:
         s = step_s(a, extra)

@@ -1,8 +1,5 @@
 """The generation phase of one simulated step: the planner's plan executed on the modelled cluster.
 
-A plan split between two actor sizes (`StepPlan.pools`) runs as one generation: each actor decodes
-at its own size's time table, and a straggler may migrate to an actor of the other size (the
-migration rule weighs each actor's own table: a larger actor decodes each token faster).
 The prefill actor (on the learner's GPUs) computes the deduplicated prefixes; each decode actor
 waits for its cold start, the new weights (not on the run's first step: its start loaded them) and
 its prefix KV (the actor on the learner's GPUs needs neither), prefills what is left of its
@@ -25,7 +22,6 @@ from rlhfless.planner import admission
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.migration import ActorProgress, decide, remaining_tokens
 from rlhfless.planner.plan import StepPlan
-from rlhfless.planner.profile import Profile
 from rlhfless.sim.execution import Schedule, Siblings, schedule, slot_cap
 from rlhfless.sim.stage import Stage
 from rlhfless.sim.workload import StepPrompts
@@ -61,7 +57,6 @@ class ActorRun:
     """One decode actor's life in this step; `sched` holds only what is unfinished since `since`."""
 
     gpus: int
-    profile: Profile  # its size's time table
     node: int
     colocated: bool
     requested: float
@@ -111,60 +106,45 @@ class Generation:
         # tau and three more halfway to all.
         self.checks = 1  # set below, once the actors' waves are known
         self.migrations = 0
+        profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
         prefix = plan.prefix_tokens(prompts.uids, plen)  # KV each prompt receives (tree or paper)
+        self.prefill_s = float(profile.prefill_seconds(plan.prefill["tokens"])) if dedup else 0.0
         index = {u: i for i, u in enumerate(prompts.uids)}
+        cluster = stage.cluster
         self.runs: list[ActorRun] = []
-        for part in plan.pools or [plan]:
-            profile = stage.at_shape(part.actors[0].gpus).profile
-            # Each part's prefixes, prefilled on the learner's GPUs at the part's size.
-            prefill_s = float(profile.prefill_seconds(part.prefill["tokens"])) if dedup else 0.0
-            for actor in part.actors:
-                p = np.fromiter((index[u] for u in actor.uids), dtype=np.int64, count=len(actor.uids))
-                self.runs.append(self._start(actor, p, profile, prefill_s, prefix, serverful, weights_loaded))
+        for actor in plan.actors:
+            p = np.fromiter((index[u] for u in actor.uids), dtype=np.int64, count=len(actor.uids))
+            seqs = (p[:, None] * g + np.arange(g)).ravel()
+            colocated = bool(actor.gpu_ids) and actor.gpu_ids[0] == 0
+            near = actor.node == 0  # the learner's node
+            if serverful:
+                requested = ready = 0.0
+            elif colocated:
+                requested, ready = 0.0, self.prefill_s
+            else:
+                # The plan is known before learning ends, so the container starts during learning
+                # (billed from its request); weights stream as soon as learning ends (t = 0).
+                weights = 0.0
+                if not weights_loaded:
+                    weights = float(cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
+                kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
+                kv = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
+                ready = max(weights, kv)
+                requested = -stage.cold_start_s
+            t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
+            sib = None
+            if plan.features.get("probe_admission"):  # the plan's order, one sample a prompt first
+                seqs = seqs[admission.initial_order(np.arange(seqs.size, 0, -1.0), seqs // g, True)]
+                sib = Siblings(seqs // g, self.predicted[seqs], np.zeros(seqs.size))
+            context, remaining = self.prompt_len[seqs], self.true[seqs]
+            cap = slot_cap(profile, context, remaining)
+            sched = schedule(profile, t0, seqs, context, remaining, cap, siblings=sib)
+            slots = min(cap, seqs.size)
+            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
         waves = any(r.sched.ids.size > r.slots for r in self.runs)
         gathers = config.migration == "gather" or (config.migration == "auto" and not waves)
         self.checks = 4 if gathers else 1
-
-    def _start(
-        self,
-        actor,
-        p: np.ndarray,
-        profile: Profile,
-        prefill_s: float,
-        prefix: np.ndarray,
-        serverful: bool,
-        weights_loaded: bool,
-    ) -> ActorRun:
-        """One decode actor's start and first schedule: its prompts `p` (indices in the step)."""
-        stage, plan, g = self.stage, self.plan, self.group_size
-        seqs = (p[:, None] * g + np.arange(g)).ravel()
-        colocated = bool(actor.gpu_ids) and actor.gpu_ids[0] == 0
-        near = actor.node == 0  # the learner's node
-        if serverful:
-            requested = ready = 0.0
-        elif colocated:
-            requested, ready = 0.0, prefill_s
-        else:
-            # The plan is known before learning ends, so the container starts during learning
-            # (billed from its request); weights stream as soon as learning ends (t = 0).
-            weights = 0.0
-            if not weights_loaded:
-                weights = float(stage.cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
-            kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
-            kv = prefill_s + float(stage.cluster.transfer_seconds(kv_bytes, near, actor.gpus))
-            ready = max(weights, kv)
-            requested = -stage.cold_start_s
-        t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
-        sib = None
-        if plan.features.get("probe_admission"):  # the plan's order, one sample a prompt first
-            seqs = seqs[admission.initial_order(np.arange(seqs.size, 0, -1.0), seqs // g, True)]
-            sib = Siblings(seqs // g, self.predicted[seqs], np.zeros(seqs.size))
-        context, remaining = self.prompt_len[seqs], self.true[seqs]
-        cap = slot_cap(profile, context, remaining)
-        sched = schedule(profile, t0, seqs, context, remaining, cap, siblings=sib)
-        slots = min(cap, seqs.size)
-        return ActorRun(actor.gpus, profile, actor.node, colocated, requested, ready, slots, sched)
 
     def run(self) -> None:
         mode = self.plan.cut
@@ -172,17 +152,13 @@ class Generation:
         while mode in ("actor", "global"):
             if mode == "actor":
                 t = self._next_actor_cut()
-                drains, drained = self._next_drain()
-                if drains < t:
-                    self._drain(drained, drains)
-                    continue
             else:
                 t = math.inf if fired_global else self._global_cut()
                 fired_global = True
             if not math.isfinite(t):
                 break
             progress = self._progress(t)
-            moves = decide(progress, self.config, self.runs[0].profile, self._resume_estimate(progress))
+            moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress))
             if mode == "actor":
                 for run in self.runs:
                     if run.cut_checks < self.checks and self._cut_time(run) <= t + 1e-12:
@@ -193,26 +169,6 @@ class Generation:
             if not math.isfinite(run.released):
                 run.released = run.sched.end_time
             self.finish[run.sched.ids] = run.sched.finish
-
-    def _next_drain(self) -> tuple[float, int]:
-        """(when, which): the next actor to finish its last sequence while others still decode."""
-        ends = [(r.sched.end_time, i) for i, r in enumerate(self.runs) if self._alive(r)]
-        if len(ends) < 2:
-            return math.inf, -1
-        ends.sort()
-        return ends[0] if ends[0][0] < ends[-1][0] else (math.inf, -1)
-
-    def _drain(self, i: int, t: float) -> None:
-        """Actor i finished its last sequence at t: stragglers the rule sends it move (it decodes
-        them at its drained, small batch), else it is released."""
-        progress = self._progress(t)
-        moves = decide(progress, self.config, self.runs[0].profile, self._resume_estimate(progress))
-        moves = [m for m in moves if m.target == i]
-        if moves:
-            self._apply(moves, t)
-        else:
-            self.runs[i].released = t
-            self.finish[self.runs[i].sched.ids] = self.runs[i].sched.finish
 
     def _alive(self, run: ActorRun) -> bool:
         return not math.isfinite(run.released) and run.sched.ids.size > 0
@@ -262,23 +218,22 @@ class Generation:
             moved = frozenset(map(str, idx[self.moved[idx]].tolist()))
             remaining = _Remaining(idx, work)
             out.append(
-                ActorProgress(
-                    i, run.total - idx.size, run.total, free, True, remaining, context, moved, run.profile
-                )
+                ActorProgress(i, run.total - idx.size, run.total, free, True, remaining, context, moved)
             )
         return out
 
     def _resume_estimate(self, progress: list[ActorProgress]) -> float:
         """What the planner is told a migrant waits: its KV sent across nodes or re-prefilled,
-        whichever is sooner, at the running sequences' mean context (on an actor of the first
-        part's size)."""
+        whichever is sooner, at the running sequences' mean context."""
         contexts = [p.context for p in progress if p.remaining]
         if not contexts:
             return 0.0
         tokens = float(np.mean(contexts))
-        st, profile = self.stage, self.runs[0].profile
-        send = float(st.cluster.transfer_seconds(st.model.kv_bytes_per_token * tokens, False, profile.gpus))
-        return min(send, float(profile.prefill_seconds(tokens)))
+        st = self.stage
+        send = float(
+            st.cluster.transfer_seconds(st.model.kv_bytes_per_token * tokens, False, st.profile.gpus)
+        )
+        return min(send, float(st.profile.prefill_seconds(tokens)))
 
     def _apply(self, moves: list, t: float) -> None:
         leaving: dict[int, list[int]] = {}
@@ -316,7 +271,7 @@ class Generation:
         same_node = all(self.runs[s].node == run.node for s in sources)
         kv_bytes = self.stage.model.kv_bytes_per_token * tokens
         transfer = float(self.stage.cluster.transfer_seconds(kv_bytes, same_node, run.gpus))
-        prefill = float(run.profile.prefill_seconds(tokens))
+        prefill = float(self.stage.profile.prefill_seconds(tokens))
         return (0.0, transfer) if transfer <= prefill else (prefill, 0.0)
 
     def _freeze(self, i: int, t: float) -> tuple[np.ndarray, np.ndarray]:
@@ -343,7 +298,7 @@ class Generation:
     ) -> None:
         """Actor i's new schedule from t: its running sequences, then migrants, then its queue."""
         run = self.runs[i]
-        profile = run.profile
+        profile = self.stage.profile
         running, waiting = (ids[~np.isin(ids, out)] for ids in held)
         ids = np.concatenate([running, incoming, waiting])
         run.migrated_out += int(out.size)

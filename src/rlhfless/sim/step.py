@@ -181,14 +181,19 @@ class Simulator:
     def execute(
         self, step: int, prompts: StepPrompts, plan: StepPlan, weights_loaded: bool = False
     ) -> StepResult:
-        gen = Generation(self.stage, self.config, prompts, plan, self.serverful, weights_loaded)
-        gen.run()
-        st, runs = self.stage, gen.runs
-        true = gen.true
+        gens = []  # one generation per part of a plan split between sizes, no migration between
+        for part in plan.pools or [plan]:
+            st = self.stage.at_shape(part.actors[0].gpus)  # the decode actors' size, as planned
+            mine = prompts.subset(part.predicted_length) if plan.pools else prompts
+            gens.append(Generation(st, self.config, mine, part, self.serverful, weights_loaded))
+            gens[-1].run()
+        st = self.stage
+        runs = [r for gen in gens for r in gen.runs]
+        true = np.concatenate([gen.true for gen in gens])
         generation = max(r.released for r in runs)
-        tokens = float(true.sum() + gen.prompt_len.sum())
+        tokens = float(true.sum() + sum(gen.prompt_len.sum() for gen in gens))
         preparation, learning = st.phase_seconds(tokens)
-        overlap = self.overlap(gen, generation, preparation, tokens)
+        overlap = self.overlap(gens, generation, preparation, tokens)
         preparation = overlap.left_gpu_s / st.total_gpus
         total = generation + preparation + learning
         if self.serverful:
@@ -218,7 +223,7 @@ class Simulator:
             cost_generation=cost_generation,
             n_actors=len(runs),
             actor_gpus=float(np.mean([r.gpus for r in runs])),
-            migrations=gen.migrations,
+            migrations=sum(gen.migrations for gen in gens),
             prefill_tokens=int(plan.prefill["tokens_computed"]),
             prefill_unique=int(plan.prefill["tokens_unique"]),
             prefill_tree_ratio=float(plan.prefill["tree_ratio"]),
@@ -253,21 +258,26 @@ class Simulator:
             preparation_overlapped=overlap.done_gpu_s / st.total_gpus,
         )
 
-    def overlap(self, gen: Generation, generation: float, preparation: float, tokens: float) -> Overlap:
-        """The preparation that runs during the generation tail (none unless the plan overlaps it)."""
+    def overlap(
+        self, gens: list[Generation], generation: float, preparation: float, tokens: float
+    ) -> Overlap:
+        """The preparation that runs during the generation tail (none unless the plan overlaps it);
+        `gens`: the generation of each part of the plan."""
         st = self.stage
         work = preparation * st.total_gpus
-        if not gen.plan.features.get("overlap_preparation") or self.serverful:
+        if not gens[0].plan.features.get("overlap_preparation") or self.serverful:
             return Overlap(0.0, work, 0.0)
-        g = gen.group_size
-        per_group = (gen.true + gen.prompt_len).reshape(-1, g).sum(axis=1) * (work / tokens)
-        finish = gen.finish.reshape(-1, g).max(axis=1)
+        g = gens[0].group_size
+        per_sequence = np.concatenate([gen.true + gen.prompt_len for gen in gens])
+        per_group = per_sequence.reshape(-1, g).sum(axis=1) * (work / tokens)
+        finish = np.concatenate([gen.finish for gen in gens]).reshape(-1, g).max(axis=1)
         # Each released actor's GPUs take the reference weights first; GPUs no actor held too.
+        runs = [r for gen in gens for r in gen.runs]
         free = []
-        for r in gen.runs:
+        for r in runs:
             load = float(st.cluster.transfer_seconds(st.model.weight_bytes, r.node == 0, r.gpus))
             free.append(FreeGpus(r.released + load, float(r.gpus), load))
-        unused = st.total_gpus - sum(r.gpus for r in gen.runs)
+        unused = st.total_gpus - sum(r.gpus for r in runs)
         if unused > 0:
             load = float(st.cluster.transfer_seconds(st.model.weight_bytes, True, st.profile.gpus))
             free.append(FreeGpus(load, float(unused), load))
