@@ -291,6 +291,29 @@ def test_a_rank_given_the_published_weights_joins_with_them_and_none_are_sent():
     assert not np.array_equal(published, flat_weights(load_model(cfg.model, len(tokenizer), cfg.seed)))
 
 
+def test_rank_0_has_its_optimizer_states_before_the_first_update():
+    """Rank 0, the rank that steps, makes AdamW's states (zero, step 0) as the run starts
+    (`learner.prime`), so that step 1's update does not pay for them."""
+    cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "algorithm.name=ppo"))
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed)
+    elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
+    try:
+        states = ray.get(
+            elastic.rank0.__ray_call__.remote(
+                lambda r: [
+                    [float(s["step"]) for s in opt.state.values()]
+                    for opt in (r.learner.optimizer, r.critic.optimizer)
+                ]
+            )
+        )
+    finally:
+        elastic.close()
+    params = sum(1 for p in policy.parameters() if p.requires_grad)
+    assert states[0] == [0.0] * params  # the policy's
+    assert states[1] and set(states[1]) == {0.0}  # PPO's critic's
+
+
 def test_the_phase_takes_the_width_a_budget_or_deadline_chose_in_the_steps_plan():
     """Both slots are free (the phase's own choice: two ranks), but the step's plan chose one
     rank under its budget: no rank starts, none is billed."""

@@ -259,3 +259,51 @@ def test_the_lm_heads_recomputing_backward_equals_autograds(temperature, with_bi
     assert torch.equal(got, want)
     for a, b in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_a_primed_optimizer_learns_bit_for_bit_as_a_fresh_one(model, weight_decay):
+    """`prime` makes AdamW's state before the first update (a step at learning rate 0 on zero
+    gradients, its step count set back): no parameter moves, and two updates from there equal a
+    fresh optimizer's to the bit, moments, step counts and learning rates included."""
+    samples = make_samples(8)
+    adv = [torch.full((len(s.response_ids),), (-1.0) ** i * (i + 1)) for i, s in enumerate(samples)]
+    algo, optim = AlgorithmConfig(), OptimConfig(lr=1e-3, grad_clip=1.0, weight_decay=weight_decay)
+    learners = []
+    for primed in (False, True):
+        learner = Learner(copy.deepcopy(model), algo, optim, 4, 10_000, 1.0, pad_id=0, seed=0, norm_len=16)
+        if primed:
+            before = [p.detach().clone() for p in learner.model.parameters()]
+            learner_module.prime(learner.optimizer)
+            assert all(torch.equal(p, b) for p, b in zip(learner.model.parameters(), before, strict=True))
+            assert all(p.grad is None for p in learner.model.parameters())
+            state = learner.optimizer.state_dict()["state"]
+            assert len(state) == len(before) and all(float(s["step"]) == 0 for s in state.values())
+        for _ in range(2):
+            learner.learn(samples, adv, None)
+        learners.append(learner)
+    fresh, primed = learners
+    for a, b in zip(fresh.model.parameters(), primed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    want, got = fresh.optimizer.state_dict(), primed.optimizer.state_dict()
+    assert want["param_groups"] == got["param_groups"]
+    for key, moments in want["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(value, got["state"][key][name]), (key, name)
+
+
+def test_priming_leaves_an_optimizer_with_state_as_it_is(model):
+    """A resumed run's optimizer has its state: priming it changes nothing."""
+    learner = Learner(
+        model, AlgorithmConfig(), OptimConfig(lr=1e-3), 4, 10_000, 1.0, pad_id=0, seed=0, norm_len=16
+    )
+    samples = make_samples(4)
+    learner.learn(samples, [torch.ones(len(s.response_ids)) for s in samples], None)
+    state = copy.deepcopy(learner.optimizer.state_dict())
+    learner_module.prime(learner.optimizer)
+    after = learner.optimizer.state_dict()
+    assert all(
+        torch.equal(value, after["state"][key][name])
+        for key, moments in state["state"].items()
+        for name, value in moments.items()
+    )

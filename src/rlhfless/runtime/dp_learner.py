@@ -85,6 +85,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         # On the learner's slot, which the driver holds: on its GPU, the policy's own.
         device = str(next(policy.parameters()).device)
         self.rank0 = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
+        self.rank0.prime.remote()  # its optimizer states made while the run starts, not in step 1
         self.ranks = [self.rank0]
         self.invocations: list[Invocation] = []  # the open phase's, one per rank
         self.group = None  # the open (or prestarted) phase's placement group

@@ -18,7 +18,7 @@ from rlhfless.engine import Engine, SamplingParams, rollout
 from rlhfless.planner import ClusterSpec, StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.critic import Critic, ValueModel
-from rlhfless.runtime.learner import Learner
+from rlhfless.runtime.learner import Learner, prime
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical
 
@@ -180,6 +180,13 @@ class LearnerReplica:
         self.learner.load_state_dict(state["learner"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
+
+    def prime(self) -> None:
+        """The optimizers' states allocated now (`learner.prime`), before the first update: for
+        the replica that steps (the in-process learner, rank 0), while the run starts."""
+        prime(self.learner.optimizer)
+        if self.critic is not None:
+            prime(self.critic.optimizer)
 
     def phase_state(self) -> dict:
         """What a rank joining for one learning phase needs besides the policy's weights: where
