@@ -183,7 +183,8 @@ class LearnerReplica:
 
     def prime(self) -> None:
         """The optimizers' states allocated now (`learner.prime`), before the first update: for
-        the replica that steps (the in-process learner, rank 0), while the run starts."""
+        rank 0, the replica that steps, while the run starts (the in-process learner has nothing
+        running beside it to hide this behind)."""
         prime(self.learner.optimizer)
         if self.critic is not None:
             prime(self.critic.optimizer)
