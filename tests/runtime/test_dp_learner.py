@@ -293,12 +293,14 @@ def test_a_rank_given_the_published_weights_joins_with_them_and_none_are_sent():
 
 def test_rank_0_has_its_optimizer_states_before_the_first_update():
     """Rank 0, the rank that steps, makes AdamW's states (zero, step 0) as the run starts
-    (`learner.prime`), so that step 1's update does not pay for them."""
+    (`learner.prime`, from the executor's `warm_up`), so that step 1's update does not pay for
+    them."""
     cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "algorithm.name=ppo"))
     tokenizer = load_tokenizer(cfg.model)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed)
     elastic = ElasticLearner(cfg, policy, tokenizer, Functions(cfg, tokenizer, False, False, driver_node()))
     try:
+        elastic.prime()
         states = ray.get(
             elastic.rank0.__ray_call__.remote(
                 lambda r: [

@@ -156,9 +156,11 @@ def verl_run():
 
 
 def warmed_up(executor) -> None:
-    """`warm_up`, waited out: its functions have started before step 1 asks for them."""
+    """`warm_up`, waited out: its functions have started before step 1 asks for them, and rank 0
+    holds its optimizer states (`learner.prime`)."""
     executor.warm_up()
     ray.get([lease.hello for lease in executor.functions.pool.idle])
+    assert ray.get(executor.learner.rank0.__ray_call__.remote(lambda r: len(r.learner.optimizer.state)))
 
 
 @pytest.fixture(scope="module")

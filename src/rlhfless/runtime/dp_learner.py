@@ -85,7 +85,6 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         # On the learner's slot, which the driver holds: on its GPU, the policy's own.
         device = str(next(policy.parameters()).device)
         self.rank0 = self._create(device, num_cpus=0, num_gpus=0, scheduling_strategy=colocated)
-        self.rank0.prime.remote()  # its optimizer states made while the run starts, not in step 1
         self.ranks = [self.rank0]
         self.invocations: list[Invocation] = []  # the open phase's, one per rank
         self.group = None  # the open (or prestarted) phase's placement group
@@ -112,6 +111,11 @@ class ElasticLearner(LearnsAhead, LearnerSide):
             .options(max_restarts=0, runtime_env=rank_env(self.cfg.runtime.learner_mmap_threshold), **options)
             .remote(*self.rank_args, device)
         )
+
+    def prime(self) -> None:
+        """Rank 0, the rank that steps, makes its optimizer states now (`learner.prime`): while
+        the run's pilot and forecast run, not in step 1's update."""
+        self.rank0.prime.remote()
 
     def prestart(
         self, meter: Meter, held_slots: int, groups: int, now: float, weights: ray.ObjectRef | None = None

@@ -334,9 +334,11 @@ class RayExecutor:
         """Start the decode function colocated with the learner (every plan's slot 0, which the
         planner takes to be warm) and the prepare function (every step scores there): they hold
         no resources of their own, so their starts overlap the run's pilot and forecast for free,
-        where step 1 waited for each in turn (7-14 s apiece on a 2-core machine)."""
+        where step 1 waited for each in turn (7-14 s apiece on a 2-core machine). And rank 0
+        makes its optimizer states (`ElasticLearner.prime`)."""
         for function in ("decode", "prepare"):
             self.functions.prestart(function)
+        self.learner.prime()
 
     def warm_functions(self) -> int:
         """Warm decode functions in the pool with resources of their own: the next plan's N of
