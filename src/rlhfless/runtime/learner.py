@@ -81,7 +81,7 @@ def adamw(params: list[torch.nn.Parameter], lr: float, optim: OptimConfig) -> to
     )
 
 
-def prime(optimizer: torch.optim.Optimizer) -> None:
+def prime(optimizer: torch.optim.AdamW) -> None:
     """Allocate `optimizer`'s state now, exactly as its first step would (zero moments, step 0),
     so that the first update does not pay for it: memory never touched before is slow to touch
     on some machines (on this VM AdamW's first step over the default model, which makes 1.08 GB of
