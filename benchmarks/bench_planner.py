@@ -24,8 +24,9 @@ from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, deduplicate
 from rlhfless.planner.hardware import ModelShape, roofline_profile
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.step_plan import PromptSpec
 
 GOAL_MS = 50.0
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from rlhfless.config import load_config
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.forecast import Calibration
-from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
+from rlhfless.planner.step_plan import StepPlan
 from rlhfless.runtime.machine import CPU_SLOT, cache_key, machine_profile
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, scheduler_for

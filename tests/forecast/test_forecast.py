@@ -20,10 +20,11 @@ from rlhfless.planner.forecast import (
     relative_error,
     replay_times,
 )
-from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.source_lengths import ANSWER_GROUPS
+from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.runtime.machine import memory_path
 from rlhfless.runtime.trainer import train
 

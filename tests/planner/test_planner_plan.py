@@ -11,10 +11,11 @@ from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.forecast import versus_verl
-from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.scaling import ActorEstimates, Billing, candidate_table, choose
+from rlhfless.planner.step_plan import PromptSpec, StepPlan
 
 PROFILE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)
 

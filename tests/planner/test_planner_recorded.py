@@ -18,10 +18,11 @@ import pytest
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.hardware import ModelShape, roofline_profile
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing
+from rlhfless.planner.step_plan import PromptSpec
 
 RECORDED = Path(__file__).parent / "data" / "recorded_plans.json"
 

@@ -11,12 +11,13 @@ from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.scaling import Billing, PlanError
 from rlhfless.planner.sizes import plan_shapes
+from rlhfless.planner.step_plan import PromptSpec
 
 # One GPU a step, or two GPUs that decode each step faster and hold as many sequences.
 ONE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.plan import PromptSpec, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import PRICE_SHEETS, Pricing, charge, keep_warm
 from rlhfless.planner.scaling import Billing, LearningWidth, PlanError, choose
+from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import run_policy

@@ -180,10 +180,10 @@ def run(args: argparse.Namespace) -> int:
     from rlhfless.config import ConfigError, load_config
     from rlhfless.planner.hardware import GpuSpec, ModelShape, decode_sizes, roofline_profile
     from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.planner.plan import PromptSpec
     from rlhfless.planner.predictor import LengthPredictor
     from rlhfless.planner.profile import Profile
     from rlhfless.planner.sizes import plan_shapes
+    from rlhfless.planner.step_plan import PromptSpec
 
     try:
         if args.config:  # a missing, empty, huge or non-UTF-8 file is named before YAML sees it

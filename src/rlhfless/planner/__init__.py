@@ -3,10 +3,11 @@
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.migration import ActorProgress, Migration, decide
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.prediction_quality import prediction_quality
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.step_plan import PromptSpec, StepPlan
 
 __all__ = [
     "ActorProgress",

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.plan import StepPlan
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.smoothing import ewma
+from rlhfless.planner.step_plan import StepPlan
 from rlhfless.planner.timemodel import RangeModel, Workload
 from rlhfless.planner.verl_time import even_split_seconds, verl_workload
 

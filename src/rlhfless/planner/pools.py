@@ -21,10 +21,10 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, StepPlan
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing, PlanError, target_of
+from rlhfless.planner.step_plan import PromptSpec, StepPlan
 from rlhfless.planner.timemodel import Workload
 
 SHARES = (0.005, 0.01, 0.02, 0.05)  # of the step's prompts, longest predicted first

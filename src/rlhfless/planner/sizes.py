@@ -14,11 +14,12 @@ import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import PromptSpec, StepPlan, plan_step
+from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing, CandidateTable, PlanError, choose, normalised
+from rlhfless.planner.step_plan import PromptSpec, StepPlan
 
 
 def plan_shapes(

@@ -25,7 +25,7 @@ from rlhfless.engine.sequences import SequenceResult
 from rlhfless.faults import DecodeFault
 from rlhfless.planner.learning import generation_left_s
 from rlhfless.planner.migration import ActorProgress, decide, remaining_tokens
-from rlhfless.planner.plan import StepPlan
+from rlhfless.planner.step_plan import StepPlan
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.functions import LiveSequence, Report, Work
 from rlhfless.runtime.lifecycle import LOST, Functions

@@ -35,7 +35,7 @@ from rlhfless.devices import resolve_device
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.learning import learn_ahead_fits, start_ranks_ahead, start_ranks_now
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import StepPlan
+from rlhfless.planner.step_plan import StepPlan
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.decode_round import DecodeRound

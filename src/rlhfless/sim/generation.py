@@ -21,7 +21,7 @@ import numpy as np
 from rlhfless.planner import admission
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.migration import ActorProgress, decide, remaining_tokens
-from rlhfless.planner.plan import StepPlan
+from rlhfless.planner.step_plan import StepPlan
 from rlhfless.sim.execution import Schedule, Siblings, schedule, slot_cap
 from rlhfless.sim.stage import Stage
 from rlhfless.sim.workload import StepPrompts

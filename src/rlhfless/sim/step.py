@@ -20,12 +20,12 @@ from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
 from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
-from rlhfless.planner.plan import PromptSpec, StepPlan
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing
 from rlhfless.planner.sizes import plan_shapes
+from rlhfless.planner.step_plan import PromptSpec, StepPlan
 from rlhfless.sim.execution import schedule, slot_cap
 from rlhfless.sim.generation import Generation
 from rlhfless.sim.overlap import FreeGpus, Overlap, overlap_preparation
