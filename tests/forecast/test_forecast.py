@@ -436,21 +436,27 @@ def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_
     assert learned["decode_scale"] == pytest.approx(first[-1]["calibration/decode_scale"])
     forgetful = train_tiny(tmp_path, "b", "runtime.calibration_memory=false")
     remembering = train_tiny(tmp_path, "c")
-    # Its first step's plan already used the scale the earlier runs learned: one more EWMA update.
+    # Its plans use the scale the earlier runs learned, which its first step leaves as it was.
     assert remembering[0]["calibration/decode_scale"] != forgetful[0]["calibration/decode_scale"]
 
 
-def test_a_runs_first_learning_phase_teaches_the_rate_only_where_no_earlier_run_has(tmp_path):
-    """A first phase pays once for its ranks' start and first touches: a rate measured on earlier
-    runs' steps is kept through it; one primed on a synthetic batch alone learns from it."""
+def test_a_runs_first_step_teaches_the_time_model_only_where_no_earlier_run_has(tmp_path):
+    """A first step pays once for first touches (and its learning phase for its ranks' start):
+    what earlier runs' steps taught is kept through it; a run with nothing learned yet (the
+    learning rate primed on a synthetic batch alone) learns from it."""
     fresh = train_tiny(tmp_path, "fresh")
     primed = json.loads((tmp_path / "fresh" / "forecast.json").read_text())["learning_seconds_per_token"]
     assert fresh[0]["calibration/after_s_per_token"] != pytest.approx(primed)
+    assert fresh[0]["calibration/decode_scale"] != 1.0  # nothing learned before: step 1 teaches it
     [memory] = (tmp_path / "cache" / "profiles").glob("calibration-*.json")
-    remembered = json.loads(memory.read_text())["phases"]["per_token_s"]
+    remembered = json.loads(memory.read_text())
     later = train_tiny(tmp_path, "later")
-    assert later[0]["calibration/after_s_per_token"] == pytest.approx(remembered)
-    assert later[1]["calibration/after_s_per_token"] != pytest.approx(remembered)
+    for key, learned in (
+        ("after_s_per_token", remembered["phases"]["per_token_s"]),
+        ("decode_scale", remembered["calibration"]["decode_scale"]),
+    ):
+        assert later[0][f"calibration/{key}"] == pytest.approx(learned), key
+        assert later[1][f"calibration/{key}"] != pytest.approx(learned), key
 
 
 def test_earlier_runs_time_model_is_kept_per_learning_width_and_policy(tmp_path):

@@ -213,13 +213,17 @@ class StepPlanner:
         busy, total = replay_times(plan, lengths, prompt_tokens, self.profile, self.scheduler.segments)
         prefill = float(self.profile.prefill_seconds(plan.prefill.get("tokens", 0)))
         measured_busy = metrics.get("time/prefill", 0.0) + metrics.get("time/decode", 0.0)
-        self.calibration.observe(
-            measured_busy,
-            float(busy.sum()) + prefill,
-            metrics["time/generation"],
-            float(total.max()) + prefill,
-            metrics.get("time/decode_cold_start", 0.0),
-        )
+        # A run's first generation runs on functions whose memory is touched for the first time
+        # (its prefill took 32.6 s against 12-14 s later in a verl run here), so, like its first
+        # learning phase below, it teaches the time model only where no earlier step has.
+        if self.observed or not self.calibration.steps:
+            self.calibration.observe(
+                measured_busy,
+                float(busy.sum()) + prefill,
+                metrics["time/generation"],
+                float(total.max()) + prefill,
+                metrics.get("time/decode_cold_start", 0.0),
+            )
         if "time/host_start" in metrics:
             self.calibration.observe_host_start(metrics["time/host_start"])
         if "time/rank_start" in metrics:
