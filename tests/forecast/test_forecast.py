@@ -520,6 +520,34 @@ def test_the_runtime_planner_learns_the_learners_wait_by_n_apart_from_the_rate_a
     assert restored.waits == planner.waits
 
 
+def test_a_fresh_runs_first_step_teaches_the_time_model_only_until_the_next_step_replaces_it():
+    """With nothing learned before, step 1's figures (first touches: a verl step 1 prefilled in
+    32.6 s against 12-14 s later) stand in for one step; step 2's replace them, then steps blend."""
+    from rlhfless.data.prompts import Prompt
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+    from rlhfless.runtime.samples import Sample, StepPrompt
+
+    planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
+    tokens = 8 * (3 + 5)
+    scales, rates = [], []
+    for busy, after in ((9.0, 30.0), (3.0, 20.0), (6.0, 10.0)):
+        plan = planner.plan(prompts, [None] * 4, LengthPredictor())
+        metrics = {"time/step": 20.0 + after, "time/generation": 20.0, "time/decode": busy}
+        planner.observe(plan, samples, metrics)
+        scales.append(planner.calibration.decode_scale)
+        rates.append(planner.phases.per_token_s)
+    assert scales[1] == pytest.approx(scales[0] / 3)  # replaced: 3 s of busy against 9 s
+    assert scales[2] == pytest.approx((scales[1] + 2 * scales[1]) / 2)  # then an EWMA
+    assert rates == pytest.approx([30.0 / tokens, 20.0 / tokens, 15.0 / tokens])
+    restored = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2)
+    restored.load_state_dict(planner.state_dict())
+    assert restored.calibration == planner.calibration and restored.phases == planner.phases
+
+
 def test_a_learner_ranks_start_is_learned_and_kept_for_a_later_runs_first_phase():
     """Before any was measured a function's cold start stands in; a rank's (its optimizer, its
     take of the published weights) was 10 s against a 4.6 s cold start in a session-29 step 1, so

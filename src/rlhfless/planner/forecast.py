@@ -37,6 +37,7 @@ class Calibration:
     host_start_s: float | None = None  # the learner's decode function's start from its pre-start
     rank_start_s: float | None = None  # a learner rank's start, request to joined (`time/rank_start`)
     steps: int = 0
+    provisional: bool = False  # learned from a run's first step alone: the next step replaces it
 
     def profile(self, base: Profile) -> Profile:
         """`base` with its prefill and decode times scaled by what the run measured, and the
@@ -89,11 +90,13 @@ class Calibration:
         of a decode function in the step, taken to delay the slowest actor. A plan prices cold
         starts apart (`cold_start_s`), and a function started once stays warm, so it is no
         overhead: counted in, a run's first step taught the warm steps after it to wait a start."""
+        alpha = 1.0 if self.provisional else ALPHA
         if model_busy_s > 0 and measured_busy_s > 0:
-            self.decode_scale = ewma(self.decode_scale, measured_busy_s / model_busy_s, ALPHA)
+            self.decode_scale = ewma(self.decode_scale, measured_busy_s / model_busy_s, alpha)
         k = self.decode_scale or 1.0
-        self.overhead_s = ewma(self.overhead_s, max(0.0, measured_s - cold_s - k * model_s), ALPHA)
+        self.overhead_s = ewma(self.overhead_s, max(0.0, measured_s - cold_s - k * model_s), alpha)
         self.steps += 1
+        self.provisional = False
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +106,7 @@ class Calibration:
         self.cold_start_s, self.host_start_s = state.get("cold_start_s"), state.get("host_start_s")
         self.rank_start_s = state.get("rank_start_s")
         self.steps = int(state.get("steps", 0))
+        self.provisional = bool(state.get("provisional", False))
 
 
 @dataclass
@@ -113,13 +117,16 @@ class PhaseModel:
     per_token_s: float | None = None
     steps: int = 0
     by_width: dict[int, float] = field(default_factory=dict)
+    provisional: bool = False  # learned from a run's first phase alone: the next phase replaces it
 
     def observe(self, tokens: float, seconds: float, width: int | None = None) -> None:
         if tokens > 0:
-            self.per_token_s = ewma(self.per_token_s, seconds / tokens, ALPHA)
+            alpha = 1.0 if self.provisional else ALPHA
+            self.per_token_s = ewma(self.per_token_s, seconds / tokens, alpha)
             if width:
-                self.by_width[width] = ewma(self.by_width.get(width), seconds / tokens, ALPHA)
+                self.by_width[width] = ewma(self.by_width.get(width), seconds / tokens, alpha)
             self.steps += 1
+            self.provisional = False
 
     def at_width(self, width: int, usual: int) -> float | None:
         """The rate at `width`: as measured there; else the nearest measured width's (`per_token_s`
@@ -137,11 +144,17 @@ class PhaseModel:
 
     def state_dict(self) -> dict[str, Any]:
         by_width = {str(w): r for w, r in self.by_width.items()}
-        return {"per_token_s": self.per_token_s, "steps": self.steps, "by_width": by_width}
+        return {
+            "per_token_s": self.per_token_s,
+            "steps": self.steps,
+            "by_width": by_width,
+            "provisional": self.provisional,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.per_token_s, self.steps = state.get("per_token_s"), int(state.get("steps", 0))
         self.by_width = {int(w): float(r) for w, r in state.get("by_width", {}).items()}
+        self.provisional = bool(state.get("provisional", False))
 
 
 @dataclass

@@ -215,8 +215,10 @@ class StepPlanner:
         measured_busy = metrics.get("time/prefill", 0.0) + metrics.get("time/decode", 0.0)
         # A run's first generation runs on functions whose memory is touched for the first time
         # (its prefill took 32.6 s against 12-14 s later in a verl run here), so, like its first
-        # learning phase below, it teaches the time model only where no earlier step has.
-        if self.observed or not self.calibration.steps:
+        # learning phase below, it teaches the time model only where no earlier step has, and
+        # there only until the next step, whose figures replace its own.
+        first = not self.observed
+        if not first or not self.calibration.steps:
             self.calibration.observe(
                 measured_busy,
                 float(busy.sum()) + prefill,
@@ -224,6 +226,7 @@ class StepPlanner:
                 float(total.max()) + prefill,
                 metrics.get("time/decode_cold_start", 0.0),
             )
+            self.calibration.provisional = first
         if "time/host_start" in metrics:
             self.calibration.observe_host_start(metrics["time/host_start"])
         if "time/rank_start" in metrics:
@@ -233,7 +236,8 @@ class StepPlanner:
         tokens = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         # A run's first phase pays once for what later ones do not (its ranks' start, exposed
         # before any was measured; first touches), so it teaches the rate only where no step of
-        # an earlier run (or of the checkpoint resumed) has: else it is left out.
+        # an earlier run (or of the checkpoint resumed) has, and there until the next phase's
+        # rate replaces it: else it is left out.
         wait = metrics.get("time/learner_start", 0.0)  # apart from the rate: it depends on N
         width = int(metrics.get("learner/width", 1))
         if "time/learner_start" in metrics:
@@ -241,9 +245,10 @@ class StepPlanner:
                 self.waits.observe_resident_start(width, wait)
             elif width > 1 or self.widths == 1:  # one rank of several widths: no figure for the others
                 self.waits.observe(plan.n_actors, width, wait)
-        if self.observed or not self.phases.steps:
+        if not first or not self.phases.steps:
             after = metrics["time/step"] - metrics["time/generation"] - wait
             self.phases.observe(tokens, after, width if self.widths > 1 else None)
+            self.phases.provisional = first
         self.observed += 1
         if self.memory is not None:
             state = {
