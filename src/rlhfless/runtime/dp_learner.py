@@ -114,7 +114,8 @@ class ElasticLearner(LearnsAhead, LearnerSide):
 
     def prime(self) -> None:
         """Rank 0, the rank that steps, makes its optimizer states now (`learner.prime`): while
-        the run's pilot and forecast run, not in step 1's update."""
+        the run's pilot and forecast run, not in step 1's update. Not awaited: rank 0 runs its
+        calls in order, so step 1's first call on it starts once this is done."""
         self.rank0.prime.remote()
 
     def prestart(
