@@ -47,6 +47,26 @@ def test_kv_cap_queues_sequences_and_costs_time():
     assert capped == pytest.approx(4.0)  # two at a time: 8 * 100 tokens / 2 per step
 
 
+def test_a_few_queued_sequences_among_spread_lengths_start_early_and_end_with_the_longest():
+    # Ten sequences of 100..1000 tokens, slots for 8 (KV memory at their mean final length): the
+    # 200- and 100-token ones start when the 300 and the 400 end and are done by step 500, so the
+    # actor takes its longest sequence's 1000 steps (plus the steps the early 10-wide batch needs).
+    lengths = np.arange(100.0, 1001.0, 100.0)
+    profile = make_profile(step_ms=10, max_kv_tokens=8 * (10 + 550))
+    got = decode_time(workload(lengths), profile, segments=10)
+    assert 10.0 <= got <= 10.0 * 1.05
+
+
+def test_a_second_wave_of_alike_sequences_adds_steps_at_their_own_batch():
+    # Five of 100 tokens, three slots, step = 10 ms + 1 ms per sequence: three run 100 steps at
+    # batch 3, then two run 100 steps at batch 2 (2.5 s). The model runs the tokens at the full
+    # batch (500 / 3 steps) and adds the missing steps at their fixed part.
+    profile = make_profile(step_ms=10, per_seq_ms=1, max_kv_tokens=3 * 110)
+    got = decode_time(workload([100.0] * 5), profile)
+    assert got == pytest.approx(500 / 3 * 0.013 + (200 - 500 / 3) * 0.011)
+    assert got == pytest.approx(2.5, rel=0.02)
+
+
 def test_ranges_are_timed_independently():
     w = workload([50, 100, 400, 800])
     model = RangeModel(w, np.arange(4), make_profile(step_ms=10), 8)

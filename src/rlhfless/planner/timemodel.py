@@ -65,6 +65,23 @@ def _prefix(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _longest_at(
+    running: np.ndarray, tokens: np.ndarray, j: np.ndarray, start: np.ndarray, width: np.ndarray
+) -> np.ndarray:
+    """Per row, the length of its j-th longest sequence. `running`: how many sequences still run
+    at each segment's start (non-increasing); `tokens`: the tokens generated in each segment. In
+    the segment where the count falls past j, the sequences that end there are taken to end
+    together, where the segment's tokens say (exact when their lengths are alike)."""
+    rows = np.arange(running.shape[0])
+    last = running.shape[1] - 1
+    at = np.maximum((running >= j[:, None]).sum(axis=1) - 1, 0)
+    now = running[rows, at]
+    after = np.where(at < last, running[rows, np.minimum(at + 1, last)], 0.0)
+    w = width[at]
+    part = (tokens[rows, at] - after * w) / np.maximum(now - after, 1e-12)
+    return start[at] + np.clip(part, 0.0, w)
+
+
 def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
     """Per segment (rows) and length (columns): the part of [start, start + width) it covers."""
     out = np.subtract(lengths, start[:, None])
@@ -87,17 +104,23 @@ class RangeModel:
             self.edges = np.array([0.0, 1.0])
         start, width = self.edges[:-1], np.diff(self.edges)
         overlap = _clipped(longest, start, width)
+        running = (longest > start[:, None]).astype(float)
         if g > 1:
             more = _clipped(rest, start, width)
             more *= g - 1
             overlap += more
-        self._fill(order, overlap, longest, longest + (g - 1) * rest)
+            running += (g - 1) * (rest > start[:, None])
+        self._fill(order, overlap, running, longest, longest + (g - 1) * rest)
 
-    def _fill(self, order: np.ndarray, overlap: np.ndarray, longest: np.ndarray, work: np.ndarray) -> None:
-        """Prefix sums in `order`, given its prompts' segment tokens, longest and decode tokens."""
+    def _fill(
+        self, order: np.ndarray, overlap: np.ndarray, running: np.ndarray, longest: np.ndarray, work: np.ndarray
+    ) -> None:
+        """Prefix sums in `order`, given its prompts' segment tokens, sequences still running at
+        each segment's start, longest and decode tokens."""
         w = self.workload
-        self.order, self._overlap = order, overlap
+        self.order, self._overlap, self._running_rows = order, overlap, running
         self._tokens = _prefix(overlap.T)
+        self._running = _prefix(running.T)
         self._work = _prefix(work)
         self._context = _prefix(w.prompt_tokens[order].astype(float))
         self._prefill = _prefix(w.decode_prefill[order].astype(float))
@@ -119,7 +142,7 @@ class RangeModel:
             self.edges,
         )
         work = np.diff(self._work)[rows]
-        other._fill(order, self._overlap[:, rows], self._longest[rows], work)
+        other._fill(order, self._overlap[:, rows], self._running_rows[:, rows], self._longest[rows], work)
         return other
 
     @staticmethod
@@ -178,19 +201,24 @@ class RangeModel:
         adds nothing. Operations run in place, in the order that fixes every rounding.
 
         Sequences are not preempted, so with more sequences than slots the K+1-th longest starts
-        only when one of the K longest ends: the last ends no sooner than p_K + p_K+1 steps
-        (p_j the j-th longest: a segment's tokens over j is about the part of it p_j covers).
-        A share of the slots misses that when the lengths are alike (a second wave of them then
-        runs almost alone): those steps are added at the batch of the queued sequences."""
+        only when one of the K longest ends: the last ends no sooner than p_K + p_K+1 steps (p_j
+        the j-th longest, read from how many sequences still run at each segment's start). A
+        share of the slots misses those steps where p_K is long (lengths alike: a second wave
+        runs almost alone). Their tokens are already counted at the full batch, so each missing
+        step adds only its fixed part, the one-sequence step time. Where lengths are spread,
+        p_K is short: the queued sequences start early and add nothing."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
         tokens = self._tokens[ends, :reached]
         tokens -= self._tokens[starts, :reached]
         if share != 1.0:
             tokens *= share
-        # Only a range of about as many slots' worth of tokens as its longest sequence can end
-        # later than a share of its slots says: p_K + p_K+1 <= 2 min(longest, tokens / K).
-        fill = share * self._work_of(starts, ends) / (cap * np.maximum(longest, 1e-9))
-        waves = np.flatnonzero((seqs > cap) & (fill > 0.5) & (fill < 2.0))
+        waves = np.flatnonzero(seqs > cap)
+        if waves.size:
+            running = self._running[ends[waves], :reached] - self._running[starts[waves], :reached]
+            running *= share
+            k = cap[waves]
+            mine = tokens[waves]
+            paired = _longest_at(running, mine, k, start, width) + _longest_at(running, mine, k + 1, start, width)
         steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
@@ -198,9 +226,6 @@ class RangeModel:
         np.divide(tokens, batch, out=batch)
         np.minimum(batch, cap[:, None], out=batch)
         np.divide(tokens, cap[:, None], out=tokens)
-        if waves.size:  # p_K, and p_K+1 >= p_K K / (K + 1)
-            k = cap[waves]
-            paired = np.minimum(tokens[waves], width).sum(axis=1) * (2 * k + 1) / (k + 1)
         np.maximum(steps, tokens, out=steps)
         context = np.minimum(steps, width)
         context *= 0.5
@@ -208,8 +233,7 @@ class RangeModel:
         late = np.zeros(starts.size)
         if waves.size:
             extra = np.maximum(paired - steps[waves].sum(axis=1), 0.0)
-            queued = np.clip(seqs[waves] - cap[waves], 1.0, cap[waves])
-            late[waves] = extra * self.profile.decode_step_seconds(queued, mean_prompt[waves] + 0.5 * paired)
+            late[waves] = extra * self.profile.decode_step_seconds(1.0, mean_prompt[waves] + 0.5 * paired)
         return steps, self.profile.decode_step_seconds(batch, context), late
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
