@@ -113,7 +113,12 @@ class RangeModel:
         self._fill(order, overlap, running, longest, longest + (g - 1) * rest)
 
     def _fill(
-        self, order: np.ndarray, overlap: np.ndarray, running: np.ndarray, longest: np.ndarray, work: np.ndarray
+        self,
+        order: np.ndarray,
+        overlap: np.ndarray,
+        running: np.ndarray,
+        longest: np.ndarray,
+        work: np.ndarray,
     ) -> None:
         """Prefix sums in `order`, given its prompts' segment tokens, sequences still running at
         each segment's start, longest and decode tokens."""
@@ -218,7 +223,9 @@ class RangeModel:
             running *= share
             k = cap[waves]
             mine = tokens[waves]
-            paired = _longest_at(running, mine, k, start, width) + _longest_at(running, mine, k + 1, start, width)
+            paired = _longest_at(running, mine, k, start, width) + _longest_at(
+                running, mine, k + 1, start, width
+            )
         steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
