@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlhfless.sim import experiments
+from rlhfless.sim import experiments, generation
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import VARIANTS, make_stage, run_policy
 
@@ -56,6 +56,19 @@ def test_without_a_cut_nothing_migrates_and_with_one_stragglers_move(cfg):
     assert sum(r.migrations for r in no_cut) == 0 < sum(r.migrations for r in cut)
     for r in cut:
         assert all(a["released"] >= a["ready"] >= a["requested"] for a in r.actors)
+
+
+@pytest.mark.parametrize("migration", ["gain", "gather"])
+def test_the_planner_is_asked_again_after_each_actors_first_cut_in_every_migration_mode(
+    cfg, migration, monkeypatch
+):
+    """The runtime asks the planner at every progress report; the simulator asks at each actor's
+    tau and at three later points, so that stragglers left after the first look can still move
+    (gain) or a later look can empty an actor (gather)."""
+    asked, decide = [], generation.decide
+    monkeypatch.setattr(generation, "decide", lambda progress, *a: asked.append(1) or decide(progress, *a))
+    (step,) = run_policy(cfg, {**VARIANTS["+assignment"], "migration": migration}, 1)
+    assert len(asked) > len(step.actors) > 1
 
 
 def test_serverful_verl_pays_every_gpu_for_the_whole_step(cfg):

@@ -26,6 +26,11 @@ from rlhfless.sim.execution import Schedule, Siblings, schedule, slot_cap
 from rlhfless.sim.stage import Stage
 from rlhfless.sim.workload import StepPrompts
 
+# The runtime asks the planner at every progress report; here each actor's cut points stand in for
+# those: tau and three more, each halfway from the last to all (a later look sees the stragglers
+# that are left, and may make a gather possible).
+CHECKS = 4
+
 
 class _Remaining(Mapping[str, float]):
     """Unfinished sequences of one actor -> remaining predicted tokens, backed by arrays.
@@ -101,10 +106,6 @@ class Generation:
         self.gen_before = np.zeros(self.true.size)
         self.moved = np.zeros(self.true.size, dtype=bool)  # migrated once: never again
         self.finish = np.full(self.true.size, np.nan)  # when each sequence finished (s)
-        # The runtime asks the planner at every progress report; here each actor's cut points
-        # stand in for those: tau only, or (gathering, which a later look may make possible)
-        # tau and three more halfway to all.
-        self.checks = 1  # set below, once the actors' waves are known
         self.migrations = 0
         profile = stage.profile
         dedup = bool(plan.features.get("dedup_prefill"))
@@ -142,9 +143,6 @@ class Generation:
             sched = schedule(profile, t0, seqs, context, remaining, cap, siblings=sib)
             slots = min(cap, seqs.size)
             self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
-        waves = any(r.sched.ids.size > r.slots for r in self.runs)
-        gathers = config.migration == "gather" or (config.migration == "auto" and not waves)
-        self.checks = 4 if gathers else 1
 
     def run(self) -> None:
         mode = self.plan.cut
@@ -161,7 +159,7 @@ class Generation:
             moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress))
             if mode == "actor":
                 for run in self.runs:
-                    if run.cut_checks < self.checks and self._cut_time(run) <= t + 1e-12:
+                    if run.cut_checks < CHECKS and self._cut_time(run) <= t + 1e-12:
                         run.cut_checks += 1
             if moves:
                 self._apply(moves, t)
@@ -190,7 +188,7 @@ class Generation:
         )
 
     def _next_actor_cut(self) -> float:
-        times = [self._cut_time(r) for r in self.runs if self._alive(r) and r.cut_checks < self.checks]
+        times = [self._cut_time(r) for r in self.runs if self._alive(r) and r.cut_checks < CHECKS]
         return min(times, default=math.inf)
 
     def _global_cut(self) -> float:
