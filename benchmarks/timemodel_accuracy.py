@@ -2,7 +2,7 @@
 
 For each scenario of `bench_floor.py` and the paper-sim presets, one step's true group max and mean
 are the predictions (the model's own representation: each prompt one sequence of its group max and
-G - 1 alike ones keeping the group mean), and random contiguous ranges of the sorted order, from
+G - 1 alike ones keeping the group mean), and random contiguous ranges of the sorted order and of the planner's default order (backfill), from
 0.3 to 3 times an actor's slots, are timed twice: by `planner.timemodel.RangeModel` and by
 `sim.execution.schedule` (continuous batching, event by event, longest first). It prints the
 model's decode-time error against the executor per scenario. Run it at two commits to compare
@@ -18,7 +18,8 @@ import argparse
 import numpy as np
 from bench_floor import SCENARIOS, scenario_tree
 
-from rlhfless.planner.assignment import sorted_order
+from rlhfless.planner.assignment import backfill_order, sorted_order
+from rlhfless.planner.balance import backfill_threshold
 from rlhfless.planner.timemodel import RangeModel, Workload
 from rlhfless.sim.config import SimConfig, build
 from rlhfless.sim.execution import schedule, slot_cap
@@ -26,9 +27,12 @@ from rlhfless.sim.presets import preset
 from rlhfless.sim.runner import make_stage, make_workload
 
 
-def errors(cfg: SimConfig, ranges: int, rng: np.random.Generator) -> np.ndarray:
-    """Model time over executor time, less 1, for `ranges` random ranges of one step."""
-    profile = make_stage(cfg).profile
+def errors(cfg: SimConfig, ranges: int, rng: np.random.Generator, backfill: bool) -> np.ndarray:
+    """Model time over executor time, less 1, for `ranges` random ranges of one step, of the
+    sorted order or (`backfill`) of the order the planner assigns by default, its prompts short
+    enough to run in waves spread (`planner.balance`, for as many actors as the cluster holds)."""
+    stage = make_stage(cfg)
+    profile = stage.profile
     step = make_workload(cfg).step(1)
     g = step.lengths.shape[1]
     gmax, gmean = step.lengths.max(1).astype(float), step.lengths.mean(1)
@@ -36,6 +40,10 @@ def errors(cfg: SimConfig, ranges: int, rng: np.random.Generator) -> np.ndarray:
     workload = Workload(gmax, gmean, prompt, prompt * 0, prompt * 0, g)
     order = sorted_order(gmax, gmean)
     model = RangeModel(workload, order, profile, 16)
+    if backfill:
+        actors = stage.cluster.max_actors(profile.gpus)
+        order = backfill_order(order, gmax, backfill_threshold(workload, model, actors, 1, profile))
+        model = model.reordered(order)
     rest = workload.rest_length
     slots = float(profile.concurrency(prompt.mean() + gmean.mean()))
     out = []
@@ -63,14 +71,22 @@ def main() -> None:
     cases = {name: build(scenario_tree(spec, 2)) for name, spec in SCENARIOS.items()}
     paper = dict(preset("paper-sim"))
     cases |= {f"paper-sim {d}": build(paper[f"grpo-llama-2-70b-{d}"]) for d in ("gsm8k", "gpqa", "lcb")}
-    print(f"{'scenario (simulated)':28s} {'mean':>7s} {'mean |e|':>9s} {'max |e|':>8s}")
-    every = []
+    print(f"{'scenario (simulated)':28s} {'order':9s} {'mean':>7s} {'mean |e|':>9s} {'max |e|':>8s}")
+    every: dict[str, list[np.ndarray]] = {"sorted": [], "backfill": []}
     for name, cfg in cases.items():
-        e = errors(cfg, args.ranges, rng)
-        every.append(e)
-        print(f"{name:28s} {100 * e.mean():+6.1f}% {100 * abs(e).mean():8.1f}% {100 * abs(e).max():7.1f}%")
-    e = np.concatenate(every)
-    print(f"{'all':28s} {100 * e.mean():+6.1f}% {100 * abs(e).mean():8.1f}% {100 * abs(e).max():7.1f}%")
+        for kind, errs in every.items():
+            e = errors(cfg, args.ranges, rng, kind == "backfill")
+            errs.append(e)
+            print(
+                f"{name:28s} {kind:9s} {100 * e.mean():+6.1f}% {100 * abs(e).mean():8.1f}% "
+                f"{100 * abs(e).max():7.1f}%"
+            )
+    for kind, errs in every.items():
+        e = np.concatenate(errs)
+        print(
+            f"{'all':28s} {kind:9s} {100 * e.mean():+6.1f}% {100 * abs(e).mean():8.1f}% "
+            f"{100 * abs(e).max():7.1f}%"
+        )
     print(f"(simulated; decode time of the time model over the executor's, {args.ranges} ranges each)")
 
 

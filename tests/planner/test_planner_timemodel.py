@@ -57,6 +57,16 @@ def test_a_few_queued_sequences_among_spread_lengths_start_early_and_end_with_th
     assert 10.0 <= got <= 10.0 * 1.05
 
 
+def test_the_longest_sequence_runs_beside_the_waves_of_short_ones():
+    # One of 1,000 tokens and 36 of 100 on three slots (flat 10 ms steps): the long one starts
+    # first and the short ones pass through the other two slots, then the third: 1,600 steps when
+    # longest first takes the first free slot, not 1,000 after the 3,600 / 3 of the waves.
+    lengths = np.r_[1000.0, np.full(36, 100.0)]
+    profile = make_profile(step_ms=10, max_kv_tokens=405)  # 3 slots at the mean final length, 134
+    got = decode_time(workload(lengths), profile)
+    assert got == pytest.approx(16.0, rel=0.05)
+
+
 def test_a_second_wave_of_alike_sequences_adds_steps_at_their_own_batch():
     # Five of 100 tokens, three slots, step = 10 ms + 1 ms per sequence: three run 100 steps at
     # batch 3, then two run 100 steps at batch 2 (2.5 s). The model runs the tokens at the full

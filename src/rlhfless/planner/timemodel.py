@@ -205,13 +205,16 @@ class RangeModel:
         A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
         adds nothing. Operations run in place, in the order that fixes every rounding.
 
-        Sequences are not preempted, so with more sequences than slots the K+1-th longest starts
-        only when one of the K longest ends: the last ends no sooner than p_K + p_K+1 steps (p_j
-        the j-th longest, read from how many sequences still run at each segment's start). A
-        share of the slots misses those steps where p_K is long (lengths alike: a second wave
-        runs almost alone). Their tokens are already counted at the full batch, so each missing
-        step adds only its fixed part, the one-sequence step time. Where lengths are spread,
-        p_K is short: the queued sequences start early and add nothing."""
+        Over the cap the segments miscount an actor's steps both ways. Sequences are not
+        preempted, so the K+1-th longest starts only when one of the K longest ends: the last
+        ends no sooner than p_K + p_K+1 steps (p_j the j-th longest, read from how many sequences
+        still run at each segment's start), which a share of the slots misses where p_K is long
+        (lengths alike: a second wave runs almost alone). And the longest sequences start first,
+        so their last steps run beside the queued ones, where the segments count them after all
+        the waves. Longest first onto the first free slot, the actor takes about the most of
+        p_K + p_K+1, its longest sequence and its tokens over K steps; the steps the segments
+        counted beyond (or short of) that are taken off (or added) at their fixed part, the
+        one-sequence step time, since every token is already counted at its batch."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
         tokens = self._tokens[ends, :reached]
         tokens -= self._tokens[starts, :reached]
@@ -226,6 +229,7 @@ class RangeModel:
             paired = _longest_at(running, mine, k, start, width) + _longest_at(
                 running, mine, k + 1, start, width
             )
+            least = np.maximum(np.maximum(paired, longest[waves]), mine.sum(axis=1) / k)
         steps = np.subtract(longest[:, None], start)
         np.maximum(steps, 0.0, out=steps)
         np.minimum(steps, width, out=steps)
@@ -239,8 +243,8 @@ class RangeModel:
         context += mean_prompt[:, None] + start
         late = np.zeros(starts.size)
         if waves.size:
-            extra = np.maximum(paired - steps[waves].sum(axis=1), 0.0)
-            late[waves] = extra * self.profile.decode_step_seconds(1.0, mean_prompt[waves] + 0.5 * paired)
+            extra = least - steps[waves].sum(axis=1)
+            late[waves] = extra * self.profile.decode_step_seconds(1.0, mean_prompt[waves] + 0.5 * least)
         return steps, self.profile.decode_step_seconds(batch, context), late
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
