@@ -199,7 +199,7 @@ class RangeModel:
         share: float = 1.0,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Decode steps and seconds per step of each range in the first `reached` segments, and
-        the seconds a second wave adds.
+        the seconds its waves add or take off (below).
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
         A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
