@@ -123,7 +123,7 @@ class RangeModel:
         """Prefix sums in `order`, given its prompts' segment tokens, sequences still running at
         each segment's start, longest and decode tokens."""
         w = self.workload
-        self.order, self._overlap, self._running_rows = order, overlap, running
+        self.order, self._overlap = order, overlap
         self._tokens = _prefix(overlap.T)
         self._running = _prefix(running.T)
         self._work = _prefix(work)
@@ -147,7 +147,8 @@ class RangeModel:
             self.edges,
         )
         work = np.diff(self._work)[rows]
-        other._fill(order, self._overlap[:, rows], self._running_rows[:, rows], self._longest[rows], work)
+        running = np.diff(self._running, axis=0)[rows].T  # whole counts: their sums are exact
+        other._fill(order, self._overlap[:, rows], running, self._longest[rows], work)
         return other
 
     @staticmethod
