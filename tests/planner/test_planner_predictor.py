@@ -52,6 +52,17 @@ def test_oracle_is_told_the_coming_lengths():
     assert [v[0] for v in p.predict(["a"])] == [500.0, 300.0]
 
 
+def test_expected_mode_is_told_each_prompts_expected_group_max_and_mean():
+    p = LengthPredictor(mode="expected")
+    p.update("a", [10])
+    p.reveal_expected("a", 420.5, 300.25)
+    uids, sources = ["a", "new"], ["math", "poem"]
+    assert [v[0] for v in p.predict(uids, None, sources)] == [420.5, 300.25]
+    assert p.guessed(uids, None, sources).tolist() == [False, True]
+    p.update_many(["a"], [[100, 200]])  # observed: what it was told no longer holds
+    assert [v[0] for v in p.predict(["a"])] == [200.0, 150.0]
+
+
 def test_noisy_mode_is_deterministic_but_not_exact():
     p = LengthPredictor(mode="noisy", noise=0.5, seed=3)
     uids = [f"u{i}" for i in range(50)]

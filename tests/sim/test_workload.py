@@ -11,7 +11,7 @@ from rlhfless.planner.profile import Profile
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, make_workload, scheduler_for
 from rlhfless.sim.step import Simulator, pilot_seconds
-from rlhfless.sim.workload import SyntheticWorkload, TraceWorkload
+from rlhfless.sim.workload import SyntheticWorkload, TraceWorkload, expected_lengths
 
 
 def one_node(
@@ -113,6 +113,31 @@ def test_trace_uses_recorded_prompt_ids_and_survives_unicode_line_separators(tmp
     step = TraceWorkload(tmp_path).step(0)
     assert [t.tolist() for t in step.prompt_tokens] == [[5, 6, 7], [5, 8]]
     assert step.lengths.tolist() == [[4], [2]]
+
+
+def test_expected_lengths_are_the_mean_of_many_draws_of_the_same_distribution():
+    rng = np.random.default_rng(0)
+    centre = np.log([50.0, 300.0, 1800.0])
+    draws = np.clip(np.exp(centre[:, None, None] + 0.3 * rng.normal(size=(3, 40000, 4))), 1, 2048)
+    got = expected_lengths(centre, 0.3, 4, 2048)
+    np.testing.assert_allclose(got[:, 0], draws.max(axis=2).mean(axis=1), rtol=0.01)
+    np.testing.assert_allclose(got[:, 1], draws.mean(axis=(1, 2)), rtol=0.01)
+    assert got[2, 0] < 2048  # the cap clips draws, not the expectation's centre
+    np.testing.assert_allclose(expected_lengths(centre, 0.0, 4, 2048), np.exp(centre)[:, None].repeat(2, 1))
+    np.testing.assert_allclose(*expected_lengths(centre, 0.3, 1, 2048).T)  # one sample: max is mean
+
+
+def test_the_expected_predictor_plans_each_prompt_at_its_expected_group_max():
+    cfg = one_node("gsm8k", 32, 1024)
+    stage, workload = make_stage(cfg), make_workload(cfg)
+    sim = Simulator(stage, scheduler_for(cfg, {"predictor": "expected"}), LengthPredictor(mode="expected"))
+    prompts = workload.step(0)
+    plan = sim.plan(prompts)
+    got = [plan.predicted_length[u] for u in prompts.uids]
+    np.testing.assert_allclose(got, prompts.expected[:, 0])
+    assert not np.allclose(got, prompts.lengths.max(axis=1))  # not the samples themselves
+    with pytest.raises(ValueError, match="scheduler.predictor"):
+        build({"workload": {"trace": "runs/x"}, "scheduler": {"predictor": "expected"}})
 
 
 def test_the_simulators_plans_predict_no_response_past_the_workloads_cap():

@@ -9,7 +9,7 @@ from rlhfless.planner import pilot
 from rlhfless.planner.pricing import Pricing
 
 POLICIES = ("rlhfless", "verl", "rlhfuse")
-PREDICTORS = ("ewma", "oracle", "noisy")
+PREDICTORS = ("ewma", "oracle", "expected", "noisy")
 METHODS = ("contiguous", "lpt")
 MIGRATIONS = ("auto", "gain", "gather", "paper")
 NORMALISATIONS = ("relative", "range")
@@ -221,7 +221,11 @@ class SchedulerConfig:
         },
     )
     predictor: str = field(
-        default="ewma", metadata={"help": "length predictor: ewma, oracle (told true lengths) or noisy"}
+        default="ewma",
+        metadata={
+            "help": "length predictor: ewma, oracle (told the true lengths), expected (told each "
+            "prompt's expected group max and mean: a synthetic workload's, simulator only) or noisy"
+        },
     )
     noise: float = field(
         default=0.5, metadata={"help": "noisy predictor: sigma of the log-normal factor on each prediction"}

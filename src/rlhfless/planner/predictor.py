@@ -7,9 +7,12 @@ With G samples per prompt the planner needs the group's max (when the group fini
 
 A prompt never seen is estimated from its data source's groups (`planner.source_lengths`).
 
-Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `noisy` (EWMA
-times a deterministic log-normal factor, for sensitivity studies: the same state and uids always
-give the same predictions).
+Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `expected` (told
+each coming prompt's expected group max and mean via `reveal_expected`: what its length
+distribution says, not what its samples will be, so the best any predictor can do that cannot
+foresee sampling; the simulator knows it for its synthetic workloads); `noisy` (EWMA times a
+deterministic log-normal factor, for sensitivity studies: the same state and uids always give the
+same predictions).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from rlhfless.files import write_atomic
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.source_lengths import SourceLengths
 
-MODES = ("ewma", "oracle", "noisy")
+MODES = ("ewma", "oracle", "expected", "noisy")
+TOLD = ("oracle", "expected")  # modes whose predictions are told, not learned
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -178,6 +182,10 @@ class LengthPredictor:
         """Oracle mode: the lengths the coming step will really produce for `uid`."""
         self._truth[uid] = (float(max(true_lengths)), float(np.mean(true_lengths)))
 
+    def reveal_expected(self, uid: str, group_max: float, group_mean: float) -> None:
+        """Expected mode: the coming step's expected group max and mean for `uid`."""
+        self._truth[uid] = (float(group_max), float(group_mean))
+
     def predict(
         self,
         uids: Sequence[str],
@@ -196,7 +204,7 @@ class LengthPredictor:
             fallback_max, fallback_mean, _ = self.sources.estimate(uids, answer_tokens, sources)
             gmax = np.where(seen, gmax, fallback_max)
             gmean = np.where(seen, gmean, fallback_mean)
-        if self.mode == "oracle" and self._truth:
+        if self.mode in TOLD and self._truth:
             for i, uid in enumerate(uids):
                 truth = self._truth.get(uid)
                 if truth is not None:
@@ -217,7 +225,7 @@ class LengthPredictor:
         factor of it."""
         rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         unseen = rows < 0
-        if self.mode == "oracle":
+        if self.mode in TOLD:
             unseen &= np.array([u not in self._truth for u in uids], dtype=bool)
         if not unseen.any():
             return unseen

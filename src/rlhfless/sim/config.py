@@ -203,6 +203,12 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata={"help": "the planner"})
 
     def __post_init__(self) -> None:
+        check(
+            not (self.scheduler.predictor == "expected" and self.workload.trace),
+            "scheduler.predictor",
+            "expected",
+            "ewma, oracle or noisy with workload.trace (a trace holds samples, not their distribution)",
+        )
         per_actor = self.model.tp
         check(
             self.cluster.gpus_per_node % per_actor == 0,

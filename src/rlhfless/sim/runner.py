@@ -41,6 +41,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rlhfless": {"policy": "rlhfless"},  # +scaling: everything on
     "rlhfuse": {"policy": "rlhfuse"},
     "oracle": {"policy": "rlhfless", "predictor": "oracle"},
+    "expected": {"policy": "rlhfless", "predictor": "expected"},  # lengths' distribution, not samples
 }
 
 

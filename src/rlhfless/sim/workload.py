@@ -49,6 +49,7 @@ class StepPrompts:
     prompt_tokens: list[np.ndarray]
     answer_tokens: np.ndarray  # per prompt, 0 when unknown
     lengths: np.ndarray  # (prompts, samples) true response tokens, capped
+    expected: np.ndarray | None = None  # (prompts, 2): expected group max and mean (None: unknown)
 
     @property
     def prompt_lengths(self) -> np.ndarray:
@@ -63,6 +64,7 @@ class StepPrompts:
             [self.prompt_tokens[i] for i in rows],
             self.answer_tokens[rows],
             self.lengths[rows],
+            None if self.expected is None else self.expected[rows],
         )
 
 
@@ -121,15 +123,28 @@ class SyntheticWorkload:
         idx = order[k * self.prompts_per_step : (k + 1) * self.prompts_per_step]
         drift = np.log1p(self.shape.drift_per_100_steps * step / 100)
         rng = np.random.default_rng((self.seed, 3, step))
-        log_len = self.base[idx, None] + self._epoch_log[idx, None] + drift
-        log_len = log_len + rng.normal(0, self.shape.sample_noise, (len(idx), self.samples))
+        centre = self.base[idx] + self._epoch_log[idx] + drift
+        log_len = centre[:, None] + rng.normal(0, self.shape.sample_noise, (len(idx), self.samples))
         lengths = np.clip(np.exp(log_len).round(), 1, self.max_response).astype(np.int64)
         return StepPrompts(
             uids=[self.uids[i] for i in idx],
             prompt_tokens=[self.tokens[i] for i in idx],
             answer_tokens=self.answer[idx],
             lengths=lengths,
+            expected=expected_lengths(centre, self.shape.sample_noise, self.samples, self.max_response),
         )
+
+
+def expected_lengths(centre: np.ndarray, sigma: float, samples: int, cap: float) -> np.ndarray:
+    """(prompts, 2): the expected max and mean of `samples` lengths exp(centre + sigma z), z
+    standard normal, clipped to [1, cap], over a fine grid of z (the max of iid draws has CDF F^n)."""
+    z = np.linspace(-8.0, 8.0, 641)
+    density = np.exp(-0.5 * z * z)
+    cdf = np.cumsum(density) / density.sum()
+    one = np.diff(cdf, prepend=0.0)
+    most = np.diff(cdf**samples, prepend=0.0)
+    lengths = np.clip(np.exp(centre[:, None] + sigma * z), 1.0, cap)
+    return np.stack((lengths @ most, lengths @ one), axis=1)
 
 
 def _word_tokens(text: str) -> np.ndarray:
