@@ -134,7 +134,10 @@ def test_the_expected_predictor_plans_each_prompt_at_its_expected_group_max():
     prompts = workload.step(0)
     plan = sim.plan(prompts)
     got = [plan.predicted_length[u] for u in prompts.uids]
-    np.testing.assert_allclose(got, prompts.expected[:, 0])
+    np.testing.assert_allclose(got, prompts.law.expected(4)[:, 0])
+    np.testing.assert_allclose(
+        prompts.subset(prompts.uids[3:5]).law.expected(4), prompts.law.expected(4)[3:5]
+    )
     assert not np.allclose(got, prompts.lengths.max(axis=1))  # not the samples themselves
     with pytest.raises(ValueError, match="scheduler.predictor"):
         build({"workload": {"trace": "runs/x"}, "scheduler": {"predictor": "expected"}})

@@ -124,12 +124,13 @@ class Simulator:
             for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
                 self.predictor.reveal(uid, lengths)
         if self.config.predictor == "expected":
-            if prompts.expected is None:
+            if prompts.law is None:
                 raise ValueError(
                     "scheduler.predictor: got 'expected', expected prompts with their length "
                     "distribution (a synthetic workload's; a trace holds only samples)"
                 )
-            for uid, (gmax, gmean) in zip(prompts.uids, prompts.expected.tolist(), strict=True):
+            expected = prompts.law.expected(prompts.lengths.shape[1]).tolist()
+            for uid, (gmax, gmean) in zip(prompts.uids, expected, strict=True):
                 self.predictor.reveal_expected(uid, gmax, gmean)
         g = prompts.lengths.shape[1]
         return plan_shapes(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,20 @@ DATASETS: dict[str, DatasetShape] = {
 SYSTEM_PROMPT_TOKENS = 48  # chat template + system prompt shared by every prompt
 
 
+@dataclass(frozen=True)
+class LengthLaw:
+    """How a step's response lengths were drawn: exp(centre + sigma z) per sample, z standard
+    normal, clipped to [1, cap]; `centre` per prompt."""
+
+    centre: np.ndarray
+    sigma: float
+    cap: float
+
+    def expected(self, samples: int) -> np.ndarray:
+        """(prompts, 2): each prompt's expected group max and mean (`expected_lengths`)."""
+        return expected_lengths(self.centre, self.sigma, samples, self.cap)
+
+
 @dataclass
 class StepPrompts:
     """One step's prompts: ids, token ids, answer hints and the true lengths of all samples."""
@@ -49,7 +63,7 @@ class StepPrompts:
     prompt_tokens: list[np.ndarray]
     answer_tokens: np.ndarray  # per prompt, 0 when unknown
     lengths: np.ndarray  # (prompts, samples) true response tokens, capped
-    expected: np.ndarray | None = None  # (prompts, 2): expected group max and mean (None: unknown)
+    law: LengthLaw | None = None  # what the lengths were drawn from (None: unknown, e.g. a trace)
 
     @property
     def prompt_lengths(self) -> np.ndarray:
@@ -64,7 +78,7 @@ class StepPrompts:
             [self.prompt_tokens[i] for i in rows],
             self.answer_tokens[rows],
             self.lengths[rows],
-            None if self.expected is None else self.expected[rows],
+            None if self.law is None else replace(self.law, centre=self.law.centre[rows]),
         )
 
 
@@ -131,7 +145,7 @@ class SyntheticWorkload:
             prompt_tokens=[self.tokens[i] for i in idx],
             answer_tokens=self.answer[idx],
             lengths=lengths,
-            expected=expected_lengths(centre, self.shape.sample_noise, self.samples, self.max_response),
+            law=LengthLaw(centre, self.shape.sample_noise, self.max_response),
         )
 
 
