@@ -80,6 +80,27 @@ def test_decode_lookup_matches_a_row_then_column_reference(batches, contexts, se
     np.testing.assert_allclose(p.decode_step_seconds(b, c) * 1e3, expected, rtol=1e-9, atol=1e-9)
 
 
+@settings(max_examples=120, deadline=None)
+@given(
+    batches=st.lists(st.integers(1, 300), min_size=1, max_size=5, unique=True),
+    contexts=st.lists(st.integers(1, 5000), min_size=1, max_size=5, unique=True),
+    seed=st.integers(0, 2**16),
+    b=st.one_of(st.integers(-2, 700), st.floats(-2, 700)),
+    c=st.floats(-10, 9000),
+)
+def test_one_step_lookup_is_the_vectorised_lookups_float_exactly(batches, contexts, seed, b, c):
+    ms = np.random.default_rng(seed).uniform(1, 50, (len(batches), len(contexts)))
+    points = [
+        {"batch": bb, "context": cc, "ms": float(ms[i, j])}
+        for i, bb in enumerate(sorted(batches))
+        for j, cc in enumerate(sorted(contexts))
+    ]
+    p = Profile.from_dict(
+        {"prefill": [{"tokens": 1, "ms": 1.0}], "decode": points, "gpus": 1, "max_kv_tokens": 9}
+    )
+    assert p.step_seconds(b, c) == float(p.decode_step_seconds(b, c))
+
+
 def test_json_round_trip(tmp_path):
     p = replace(small_profile(), max_batch=64, prefill_chunk=512)
     path = tmp_path / "profile.json"

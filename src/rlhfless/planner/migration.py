@@ -100,14 +100,14 @@ def _move(sources: Sequence[ActorProgress], targets: Sequence[ActorProgress]) ->
 
 def _finish(profile: Profile, tokens: float, batch: int, context: float) -> float:
     """Predicted seconds to decode `tokens` more at `batch` running sequences (batch held)."""
-    return tokens * float(profile.decode_step_seconds(max(batch, 1), context))
+    return tokens * profile.step_seconds(max(batch, 1), context)
 
 
 def _line(profile: Profile, batch: int, context: float) -> tuple[float, float]:
     """(alpha, beta) of a decode step alpha + beta * batch, read from the profile between batch 1
     and `batch`."""
-    one = float(profile.decode_step_seconds(1, context))
-    full = float(profile.decode_step_seconds(max(batch, 2), context))
+    one = profile.step_seconds(1, context)
+    full = profile.step_seconds(max(batch, 2), context)
     beta = max(full - one, 0.0) / (max(batch, 2) - 1)
     return one - beta, beta
 
@@ -137,7 +137,7 @@ def _gain_moves(
     free = {t.actor: t.free_slots for t in targets}
 
     def step_s(a: int, extra: int) -> float:
-        return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
+        return profile.step_seconds(max(batch[a] + extra, 1), actors[a].context)
 
     lines: dict[tuple[int, int], tuple[float, float]] = {}  # (actor, batch) -> `_line`, read once
 
@@ -208,7 +208,7 @@ def _gather_moves(
     free = {t.actor: t.free_slots for t in targets}
 
     def step_s(a: int, extra: int = 0) -> float:
-        return float(profile.decode_step_seconds(max(batch[a] + extra, 1), actors[a].context))
+        return profile.step_seconds(max(batch[a] + extra, 1), actors[a].context)
 
     def end_s(a: int, extra: int, work: float = 0.0) -> float:
         s = step_s(a, extra)
