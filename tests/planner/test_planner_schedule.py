@@ -197,6 +197,31 @@ def test_a_straggler_moves_to_a_drained_actor_not_a_busy_one():
     assert {m.sequence for m in moves} <= set(cut.remaining)
 
 
+def _cut_source(stragglers: int, work: float) -> ActorProgress:
+    return ActorProgress(0, 90, 100, 0, True, {f"s{k}": work for k in range(stragglers)})
+
+
+def test_between_equally_fast_targets_the_first_listed_takes_the_straggler():
+    # Steps of 10 ms + 1 ms a sequence: the cut actor's ten stragglers step at 20 ms, either
+    # receiver at 12 ms with one more. Each move slows its receiver, so they alternate.
+    profile = make_profile(step_ms=10, per_seq_ms=1)
+    a, b = (ActorProgress(i, 0, 1, 5, True, {f"own{i}": 20.0}) for i in (1, 2))
+    config = SchedulerConfig(tau=0.7)
+    first = [m.target for m in decide([_cut_source(10, 100.0), a, b], config, profile)]
+    swapped = [m.target for m in decide([_cut_source(10, 100.0), b, a], config, profile)]
+    assert first[:4] == [1, 2, 1, 2] and swapped[:4] == [2, 1, 2, 1]
+
+
+def test_the_fastest_receiver_is_passed_over_where_it_would_end_after_the_step():
+    # Actor 1 steps fastest with one more sequence but holds the step's longest: any migrant
+    # would end the step later. Actor 2, slower, takes them.
+    profile = make_profile(step_ms=10, per_seq_ms=1)
+    longest = ActorProgress(1, 0, 1, 5, True, {"long": 1000.0})
+    short = ActorProgress(2, 0, 3, 5, True, {f"own{k}": 5.0 for k in range(3)})
+    moves = decide([_cut_source(10, 50.0), longest, short], SchedulerConfig(tau=0.7), profile)
+    assert moves and {m.target for m in moves} == {2}
+
+
 def test_the_floor_is_the_larger_bound_and_the_work_floor_is_priced():
     from rlhfless.planner.floor import generation_floor
     from rlhfless.planner.pricing import Pricing

@@ -162,16 +162,30 @@ def _gain_moves(
         ),
         key=lambda c: (-c[0], c[1], c[2]),
     )
+    position = {a: i for i, a in enumerate(free)}
+
+    def open_targets() -> list[tuple[float, int, int]]:
+        """Targets with room whose step its migrants can bear, fastest first (then in order)."""
+        return sorted(
+            (there[a], position[a], a) for a, room in free.items() if room > 0 and there[a] <= slowest[a]
+        )
+
+    ranked = open_targets()  # changes only with a move
     moves = []
     for work, source, _, name in candidates:
-        best, best_at = None, work * here[source]
-        for a, room in free.items():
+        # The target where it finishes soonest, the first in order among equals, that keeps the
+        # step's end: along `ranked` the finish never falls, so the scan stops once it passes.
+        best, best_at, best_pos = None, work * here[source], len(position)
+        for th, pos, a in ranked:
             if a == source:
                 continue
-            at = resume_s + work * there[a]
-            fits = room > 0 and there[a] <= slowest[a]
-            if fits and at < best_at and resume_s + drain(a, work) <= step_end:
-                best, best_at = a, at
+            at = resume_s + work * th
+            if at > best_at or (at == best_at and best is None):
+                break
+            if at == best_at and pos > best_pos:
+                continue
+            if resume_s + drain(a, work) <= step_end:
+                best, best_at, best_pos = a, at, pos
         if best is None:
             continue
         moves.append(Migration(name, source, best))
@@ -185,6 +199,7 @@ def _gain_moves(
         longest[best] = max(longest[best], work)
         here[source] = step_s(source, 0)
         there[best] = step_s(best, 1)
+        ranked = open_targets()
     return moves
 
 
