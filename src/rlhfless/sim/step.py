@@ -120,6 +120,7 @@ class Simulator:
                 prompts.uids, prompts.prompt_tokens, prompts.answer_tokens, strict=True
             )
         ]
+        g = prompts.lengths.shape[1]
         if self.config.predictor == "oracle":
             for uid, lengths in zip(prompts.uids, prompts.lengths.tolist(), strict=True):
                 self.predictor.reveal(uid, lengths)
@@ -129,10 +130,8 @@ class Simulator:
                     "scheduler.predictor: got 'expected', expected prompts with their length "
                     "distribution (a synthetic workload's; a trace holds only samples)"
                 )
-            expected = prompts.law.expected(prompts.lengths.shape[1]).tolist()
-            for uid, (gmax, gmean) in zip(prompts.uids, expected, strict=True):
+            for uid, (gmax, gmean) in zip(prompts.uids, prompts.law.expected(g).tolist(), strict=True):
                 self.predictor.reveal_expected(uid, gmax, gmean)
-        g = prompts.lengths.shape[1]
         return plan_shapes(
             specs,
             self.predictor,
