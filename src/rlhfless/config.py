@@ -24,6 +24,7 @@ from rlhfless.data import DataConfig
 from rlhfless.files import write_atomic
 from rlhfless.inputs import InputError, read_mapping
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.predictor import TOLD
 from rlhfless.rewards import RewardConfig
 from rlhfless.runtime_config import RuntimeConfig
 from rlhfless.typed import typed
@@ -230,6 +231,14 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        check(
+            self.scheduler.predictor not in TOLD,
+            "scheduler.predictor",
+            self.scheduler.predictor,
+            "ewma or noisy in a run (oracle and expected are told lengths that only the simulator knows)",
+        )
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:

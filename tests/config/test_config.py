@@ -72,6 +72,13 @@ def test_section_checks_of_other_rooms_use_the_same_form():
         load_config(preset="tiny", overrides=("scheduler.tau=1.5",))
 
 
+def test_a_run_refuses_the_predictors_only_the_simulator_can_tell():
+    for told in ("oracle", "expected"):
+        with pytest.raises(ConfigError, match=rf"scheduler.predictor: got '{told}', expected ewma or noisy"):
+            load_config(preset="tiny", overrides=(f"scheduler.predictor={told}",))
+    assert load_config(preset="tiny", overrides=("scheduler.predictor=noisy",)).scheduler.predictor == "noisy"
+
+
 def test_a_data_file_is_never_ignored_silently():
     with pytest.raises(
         ConfigError, match=r"data.path: got 'rows.jsonl' with source='reasoning_gym', expected source=file"
