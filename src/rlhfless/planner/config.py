@@ -223,8 +223,9 @@ class SchedulerConfig:
     predictor: str = field(
         default="ewma",
         metadata={
-            "help": "length predictor: ewma, oracle (told the true lengths), expected (told each "
-            "prompt's expected group max and mean: a synthetic workload's, simulator only) or noisy"
+            "help": "length predictor: ewma, noisy (ewma times a log-normal factor), or, in the "
+            "simulator only, oracle (told the true lengths) or expected (told each prompt's expected "
+            "group max and mean: a synthetic workload's)"
         },
     )
     noise: float = field(
