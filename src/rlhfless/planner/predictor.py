@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 
 from rlhfless.files import write_atomic
-from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.config import PREDICTORS, SchedulerConfig
 from rlhfless.planner.source_lengths import SourceLengths
 
-MODES = ("ewma", "oracle", "expected", "noisy")
 TOLD = ("oracle", "expected")  # modes whose predictions are told, not learned
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -64,8 +63,8 @@ class LengthPredictor:
         noise: float = 0.5,
         seed: int = 0,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode: got {mode!r}, expected one of {', '.join(MODES)}")
+        if mode not in PREDICTORS:
+            raise ValueError(f"mode: got {mode!r}, expected one of {', '.join(PREDICTORS)}")
         if window < 1:
             raise ValueError(f"window: got {window}, expected an integer >= 1")
         self.window = window
