@@ -103,3 +103,21 @@ def test_plans_capped_at_verls_time_generate_no_slower_over_the_run(name):
         for policy in ("verl", "rlhfless")
     )
     assert sum(s.generation for s in ours) <= sum(s.generation for s in verl)
+
+
+def test_an_actor_that_drained_is_released_and_no_receiver_at_a_later_cut(cfg, monkeypatch):
+    """As in the runtime, where a decode function that finished all its sequences is released at
+    once: the simulator offers no migrant to an actor that drained before the cut, which would
+    bill it for waiting idle from its drain until then."""
+    looks = []
+    progress = generation.Generation._progress
+
+    def spy(self, t):
+        out = progress(self, t)
+        looks.extend((run.sched.end_time <= t, p.running) for run, p in zip(self.runs, out, strict=True))
+        return out
+
+    monkeypatch.setattr(generation.Generation, "_progress", spy)
+    run_policy(cfg, VARIANTS["rlhfless"], 2)
+    assert any(drained for drained, _ in looks)  # some actor had drained by a later cut
+    assert not any(drained and running for drained, running in looks)

@@ -203,7 +203,7 @@ class Generation:
         out = []
         for i, run in enumerate(self.runs):
             s = run.sched
-            if not self._alive(run):
+            if not self._alive(run) or s.end_time <= t:  # drained: released, as the runtime does
                 out.append(ActorProgress(i, run.total, run.total, 0, False, {}))
                 continue
             step = s.step_at(t)
