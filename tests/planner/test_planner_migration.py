@@ -12,6 +12,7 @@ from rlhfless.planner.migration import (
     decide_migrations,
     remaining_tokens,
 )
+from tests.planner.planner_support import make_profile
 
 
 @st.composite
@@ -103,3 +104,34 @@ def test_a_sequence_has_its_predicted_rest_left_or_once_it_outlived_that_the_res
 def test_remaining_tokens_broadcasts_as_the_simulator_calls_it():
     left = remaining_tokens(np.array([100.0, 100.0, 100.0]), np.array([40.0, 100.0, 150.0]), 160)
     assert left.tolist() == [60.0, 60.0, 10.0]
+
+
+def test_an_outlived_sequence_runs_on_as_far_as_last_steps_overrunning_samples_did():
+    # Last step's samples ran to 0.5x, 1.2x, 1.5x and 3x their group's planned max. A sequence
+    # predicted 100 that has generated 130 is past 0.5x and 1.2x: it ends at the mean of 150 and
+    # 300 (the 300 capped at 200). One past every ratio still runs to the cap.
+    overrun = [0.5, 1.2, 1.5, 3.0]
+    assert remaining_tokens(100.0, 130.0, 200, overrun) == (150 + 200) / 2 - 130
+    assert remaining_tokens(100.0, 310.0, 400, overrun) == 400 - 310
+    assert remaining_tokens(100.0, 40.0, 200, overrun) == 60.0  # not outlived: as predicted
+    left = remaining_tokens(np.array([100.0, 100.0]), np.array([130.0, 40.0]), 200, overrun)
+    assert left.tolist() == [45.0, 60.0]
+
+
+def _cost_case(lam, slots=0):
+    """A cut actor whose ten equal stragglers end the step; each move shortens it a little (one
+    less sequence a step) while its receiver, until now near done, decodes 100 steps more."""
+    profile = make_profile(step_ms=10, per_seq_ms=1)
+    source = ActorProgress(0, 90, 100, 0, True, {f"s{k}": 100.0 for k in range(10)}, slots=slots)
+    receivers = [ActorProgress(i, 0, 1, 5, True, {f"own{i}": 20.0}) for i in (1, 2)]
+    return decide([source, *receivers], SchedulerConfig(tau=0.7, lam=lam), profile)
+
+
+def test_a_move_is_made_only_where_it_is_worth_it_by_lam_as_the_plan_weighs_n():
+    assert _cost_case(lam=1.0)  # time alone: every move that ends the step sooner
+    assert _cost_case(lam=0.7) == []  # 5% sooner for a third more actor-seconds: not worth it
+
+
+def test_a_source_that_still_queues_sequences_is_not_weighed():
+    # Decoding 4 at a time, its ten stragglers take three waves, which a one-batch drain leaves out.
+    assert _cost_case(lam=0.7, slots=4)

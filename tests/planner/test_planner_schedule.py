@@ -189,10 +189,10 @@ def _carry_out(progress: list[ActorProgress], moves) -> list[ActorProgress]:
 
 def test_a_straggler_moves_to_a_drained_actor_not_a_busy_one():
     profile = roofline_profile("qwen2.5-7b", "l40s", 1)
-    busy = ActorProgress(0, 10, 400, 50, True, {f"b{k}": 900.0 for k in range(390)}, 800.0)
+    busy = ActorProgress(0, 10, 400, 50, True, {f"b{k}": 100.0 for k in range(390)}, 800.0)
     drained = ActorProgress(1, 95, 100, 50, True, {f"d{k}": 100.0 for k in range(5)}, 800.0)
     cut = ActorProgress(2, 700, 1000, 0, True, {f"c{k}": 300.0 for k in range(300)}, 800.0)
-    moves = decide([busy, drained, cut], SchedulerConfig(tau=0.7), profile, 0.01)
+    moves = decide([busy, drained, cut], SchedulerConfig(tau=0.7, lam=1.0), profile, 0.01)
     assert moves and {m.target for m in moves} == {1}
     assert {m.sequence for m in moves} <= set(cut.remaining)
 
@@ -206,19 +206,19 @@ def test_between_equally_fast_targets_the_first_listed_takes_the_straggler():
     # receiver at 12 ms with one more. Each move slows its receiver, so they alternate.
     profile = make_profile(step_ms=10, per_seq_ms=1)
     a, b = (ActorProgress(i, 0, 1, 5, True, {f"own{i}": 20.0}) for i in (1, 2))
-    config = SchedulerConfig(tau=0.7)
+    config = SchedulerConfig(tau=0.7, lam=1.0)
     first = [m.target for m in decide([_cut_source(10, 100.0), a, b], config, profile)]
     swapped = [m.target for m in decide([_cut_source(10, 100.0), b, a], config, profile)]
     assert first[:4] == [1, 2, 1, 2] and swapped[:4] == [2, 1, 2, 1]
 
 
 def test_the_fastest_receiver_is_passed_over_where_it_would_end_after_the_step():
-    # Actor 1 steps fastest with one more sequence but holds the step's longest: any migrant
-    # would end the step later. Actor 2, slower, takes them.
+    # Actor 1 steps fastest with one more sequence, but its one long sequence ends just before the
+    # cut actor's stragglers: any migrant would end the step later. Actor 2, slower, takes them.
     profile = make_profile(step_ms=10, per_seq_ms=1)
-    longest = ActorProgress(1, 0, 1, 5, True, {"long": 1000.0})
+    longest = ActorProgress(1, 0, 1, 5, True, {"long": 90.0})
     short = ActorProgress(2, 0, 3, 5, True, {f"own{k}": 5.0 for k in range(3)})
-    moves = decide([_cut_source(10, 50.0), longest, short], SchedulerConfig(tau=0.7), profile)
+    moves = decide([_cut_source(10, 50.0), longest, short], SchedulerConfig(tau=0.7, lam=1.0), profile)
     assert moves and {m.target for m in moves} == {2}
 
 

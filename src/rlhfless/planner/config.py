@@ -34,7 +34,12 @@ class SchedulerConfig:
             "help": "cut an actor once this share of its responses finished (rlhfuse: of all responses)"
         },
     )
-    lam: float = field(default=0.7, metadata={"help": "actor scaling weight: 1 favours step time, 0 cost"})
+    lam: float = field(
+        default=0.7,
+        metadata={
+            "help": "step time against cost, 1 favours time and 0 cost: in actor scaling and in a straggler's migration"
+        },
+    )
     max_slowdown: float | None = field(
         default=1.0,
         metadata={

@@ -41,20 +41,36 @@ class ActorProgress:
     remaining: Mapping[str, float]  # unfinished sequence id -> remaining predicted tokens
     context: float = 0.0  # mean context of its running sequences (tokens), for the step time
     migrated: frozenset[str] = frozenset()  # of `remaining`, the sequences that moved here already
+    slots: int = 0  # sequences it decodes at once (KV memory, batch limit); 0: all it holds
 
 
-def remaining_tokens(predicted: Any, generated: Any, cap: float | None = None) -> Any:
+def remaining_tokens(
+    predicted: Any, generated: Any, cap: float | None = None, overrun: Sequence[float] = ()
+) -> Any:
     """Predicted tokens an unfinished sequence has left (at least 1): its predicted length less
-    what it generated, or, once it outlived that prediction, up to the cap on response length
-    (`cap`, the engine's max_new_tokens; without one, 1 token). Such a sequence is usually a
-    rambler, not one about to stop: in an 8-step default run (steps 2-8), 20 of the 26 responses
-    longer than their group's predicted max ran to the 160-token cap. Counted as ending at once,
-    they made the live forecast of generation's end early (`planner.learning.generation_left_s`):
-    the learner's extra rank was ready 1.6-4.7 s before generation ended, billed and idle.
+    what it generated, or, once it outlived that prediction, what the last step's sequences that
+    reached as far went on to: with `overrun` (samples over their group's planned max,
+    `LengthPredictor.overrun`), the mean of `min(cap, r x predicted)` over the ratios r past what
+    it generated; where none reached that far, or none were measured, up to the cap on response
+    length (`cap`, the engine's max_new_tokens; without one, 1 token).
+
+    Counted as ending at once, such sequences made the runtime's live forecast of generation's end
+    early: in an 8-step default run (steps 2-8), 20 of the 26 responses longer than their group's
+    predicted max ran to the 160-token cap, and the learner's extra rank was ready 1.6-4.7 s
+    before generation ended, billed and idle (`planner.learning.generation_left_s`); the ratios
+    say so too. Under a long cap most stop well short of it: priced to a 4,096-token cap on a
+    simulated GPQA-like step, they looked like the step's last sequences to the gain rule.
     Broadcasts over numpy arrays."""
     predicted, generated = np.asarray(predicted, dtype=float), np.asarray(generated, dtype=float)
     outlived = generated >= predicted
-    beyond = (cap - generated) if cap else np.zeros_like(generated)
+    beyond = np.broadcast_to((cap - generated) if cap else 0.0, outlived.shape).astype(float)
+    if len(overrun) and outlived.any():
+        p, g = np.broadcast_to(predicted, outlived.shape)[outlived], generated[outlived]
+        reach = np.multiply.outer(p, np.asarray(overrun, dtype=float))  # (outlived, ratios)
+        past = reach > g[:, None]
+        ends = np.where(past, np.minimum(reach, cap) if cap else reach, 0.0)
+        count = past.sum(axis=1)
+        beyond[outlived] = np.where(count > 0, ends.sum(axis=1) / np.maximum(count, 1) - g, beyond[outlived])
     out = np.maximum(np.where(outlived, beyond, predicted - generated), 1.0)
     return float(out) if out.ndim == 0 else out
 
@@ -121,12 +137,21 @@ def _drain_s(profile: Profile, longest: float, tokens: float, batch: int, contex
 
 
 def _gain_moves(
-    sources: Sequence[ActorProgress], targets: Sequence[ActorProgress], profile: Profile, resume_s: float
+    sources: Sequence[ActorProgress],
+    targets: Sequence[ActorProgress],
+    profile: Profile,
+    resume_s: float,
+    lam: float = 1.0,
+    elapsed_s: float = 0.0,
 ) -> list[Migration]:
     """Stragglers (most remaining first) to the target where each finishes soonest, if sooner than
     staying, with room, and without the receiver's draining end (its migrants' resumes included)
     passing the step's predicted draining end; a later migrant never slows a target past what its
-    earlier migrants gain (no piling on)."""
+    earlier migrants gain (no piling on). A straggler of a source that decodes its sequences in
+    one batch moves only where the move is worth it by the plan's own measure (`_Ledger.worth`):
+    leaving an actor that does not end the step shortens nothing, while the receiver bills for
+    every step it then decodes. A source that still queues sequences is exempt: its drain, read
+    as one batch, is short of what its waves take."""
     if not sources or not any(t.free_slots > 0 for t in targets):
         return []
     actors = {p.actor: p for p in (*sources, *targets)}
@@ -150,6 +175,9 @@ def _gain_moves(
         return stall[a] + alpha * max(longest[a], work) + beta * (tokens[a] + work)
 
     step_end = max(drain(a) for a in actors)
+    ledger = _Ledger({a: drain(a) for a in actors}, lam, elapsed_s)
+    left = {p.actor: sorted(p.remaining.values(), reverse=True) for p in sources}  # longest first
+    queued = {p.actor for p in sources if 0 < p.slots < len(p.remaining)}
     here = {p.actor: step_s(p.actor, 0) for p in sources}  # a source's step, as its batch shrinks
     there = {a: step_s(a, 1) for a in free}  # a target's step with one more sequence
     slowest = dict.fromkeys(free, float("inf"))  # the step a target's migrants can bear
@@ -171,8 +199,10 @@ def _gain_moves(
         )
 
     ranked = open_targets()  # changes only with a move
-    moves = []
+    moves, refused = [], set()  # sources whose straggler was not worth moving: the rest are shorter
     for work, source, _, name in candidates:
+        if source in refused:
+            continue
         # The target where it finishes soonest, the first in order among equals, that keeps the
         # step's end: along `ranked` the finish never falls, so the scan stops once it passes.
         best, best_at, best_pos = None, work * here[source], len(position)
@@ -188,12 +218,25 @@ def _gain_moves(
                 best, best_at, best_pos = a, at, pos
         if best is None:
             continue
+        mine = left[source]  # the source's longest once this straggler left
+        rest = (mine[1] if len(mine) > 1 else 0.0) if mine[0] == work else mine[0]
+        batch[source] -= 1
+        tokens[source] -= work
+        longest[source], kept = rest, longest[source]
+        source_end = drain(source) if batch[source] else stall[source]
+        target_end = resume_s + drain(best, work)
+        if source not in queued and not ledger.worth(source, source_end, best, target_end):
+            batch[source] += 1
+            tokens[source] += work
+            longest[source] = kept
+            refused.add(source)
+            continue
+        mine.remove(work)
+        ledger.move(source, source_end, best, target_end)
         moves.append(Migration(name, source, best))
         slowest[best] = min(slowest[best], (work * here[source] - resume_s) / work)
-        batch[source] -= 1
         batch[best] += 1
         free[best] -= 1
-        tokens[source] -= work
         tokens[best] += work
         stall[best] += resume_s
         longest[best] = max(longest[best], work)
@@ -201,6 +244,35 @@ def _gain_moves(
         there[best] = step_s(best, 1)
         ranked = open_targets()
     return moves
+
+
+class _Ledger:
+    """The step's predicted generation while the gain rule moves stragglers: each running actor's
+    draining end (seconds from now); the step's end is the latest, its actor-seconds their sum,
+    both counted from generation's start (`elapsed_s` ago)."""
+
+    def __init__(self, ends: dict[int, float], lam: float, elapsed_s: float) -> None:
+        self.ends, self.lam, self.elapsed = ends, lam, elapsed_s
+        self.total = sum(ends.values())
+        self.top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest three
+
+    def worth(self, source: int, source_end: float, target: int, target_end: float) -> bool:
+        """Whether lam x the step's relative change in time + (1 - lam) x its relative change in
+        actor-seconds falls with the move: the plan's score of N in relative form
+        (`SchedulerConfig.normalise`), so a move that does not shorten the step must save
+        actor-seconds."""
+        now = self.top[0][1]
+        others = next((e for a, e in self.top if a not in (source, target)), 0.0)
+        d_time = max(others, source_end, target_end) - now
+        d_cost = source_end - self.ends[source] + target_end - self.ends[target]
+        time = self.elapsed + now
+        cost = self.elapsed * len(self.ends) + self.total
+        return self.lam * d_time / max(time, 1e-12) + (1.0 - self.lam) * d_cost / max(cost, 1e-12) < 0.0
+
+    def move(self, source: int, source_end: float, target: int, target_end: float) -> None:
+        self.total += source_end - self.ends[source] + target_end - self.ends[target]
+        self.ends[source], self.ends[target] = source_end, target_end
+        self.top = sorted(self.ends.items(), key=lambda kv: -kv[1])[:3]
 
 
 def _gather_moves(
@@ -280,6 +352,7 @@ def decide_migrations(
     config: SchedulerConfig,
     profile: Profile | None = None,
     resume_s: float = 0.0,
+    elapsed_s: float = 0.0,
 ) -> list[Migration]:
     """Per-actor cut at tau; targets are running actors not themselves cut (the gain rule: any
     running actor, so that stragglers gather on a drained one)."""
@@ -290,7 +363,8 @@ def decide_migrations(
     if profile is not None and mode == "gather":
         return _gather_moves(cut, [p for p in progress if p.running], profile, resume_s)
     if profile is not None and mode == "gain":  # a drained cut actor may gather
-        return _gain_moves(cut, [p for p in progress if p.running], profile, resume_s)
+        running = [p for p in progress if p.running]
+        return _gain_moves(cut, running, profile, resume_s, config.lam, elapsed_s)
     cut_ids = {p.actor for p in cut}
     return _move(cut, [p for p in progress if p.running and p.actor not in cut_ids])
 
@@ -322,13 +396,16 @@ def decide(
     config: SchedulerConfig,
     profile: Profile | None = None,
     resume_s: float = 0.0,
+    elapsed_s: float = 0.0,
 ) -> list[Migration]:
     """The configured policy's decision: per-actor cut, global cut, or none. `profile` (the
     actors' time table) turns on the gain test of the per-actor cut; `resume_s` is its estimate
-    of the seconds a migrant waits to resume elsewhere."""
+    of the seconds a migrant waits to resume elsewhere; `elapsed_s`, how long generation has run
+    (the gain test weighs a move against the whole generation; 0: against what is left of it,
+    the stricter)."""
     cut = config.features["cut"]
     if cut == "actor":
-        return decide_migrations(progress, config, profile, resume_s)
+        return decide_migrations(progress, config, profile, resume_s, elapsed_s)
     if cut == "global":
         return decide_global_cut(progress, config)
     return []

@@ -221,6 +221,7 @@ def plan_step(
         learner_width=width.width if width else 0,
         rank_start_s=billing.rank_start_s,
         step_options=width_options(table, billing, tokens),
+        overrun=list(predictor.overrun),
     )
 
 

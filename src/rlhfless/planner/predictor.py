@@ -7,6 +7,9 @@ With G samples per prompt the planner needs the group's max (when the group fini
 
 A prompt never seen is estimated from its data source's groups (`planner.source_lengths`).
 
+Each step's samples over their group's planned max (`overrun`) say how far a sequence that outlived
+its prediction tends to run on (`planner.migration.remaining_tokens`).
+
 Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `expected` (told
 each coming prompt's expected group max and mean via `reveal_expected`: what its length
 distribution says, not what its samples will be, so the best any predictor can do that cannot
@@ -29,6 +32,8 @@ import numpy as np
 from rlhfless.files import write_atomic
 from rlhfless.planner.config import PREDICTORS, SchedulerConfig
 from rlhfless.planner.source_lengths import SourceLengths
+
+OVERRUN_POINTS = 64  # quantiles of a step's sample / planned group max kept (`overrun`)
 
 TOLD = ("oracle", "expected")  # modes whose predictions are told, not learned
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -82,6 +87,7 @@ class LengthPredictor:
         self._hash = np.zeros(0, dtype=np.uint64)
         self._truth: dict[str, tuple[float, float]] = {}
         self.sources = SourceLengths(default_length, answer_length_factor)  # prompts never seen
+        self.overrun: list[float] = []  # the last planned step's sample / planned max, quantiles
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -120,11 +126,18 @@ class LengthPredictor:
         self._push(self._rows([uid]), obs_max, obs_mean)
         self._truth.pop(uid, None)
 
-    def update_many(self, uids: Sequence[str], observed_lengths: Any, cap: float | None = None) -> None:
+    def update_many(
+        self,
+        uids: Sequence[str],
+        observed_lengths: Any,
+        cap: float | None = None,
+        planned: Sequence[float] | None = None,
+    ) -> None:
         """`update` for many uids at once: `observed_lengths` is a (uids, samples) array or one
         sequence of lengths per uid. A uid listed twice is recorded twice, in order. `cap`: the
         response cap they were sampled under; a group that reached it says only that its length is
-        at least the cap, so it teaches no answer ratio."""
+        at least the cap, so it teaches no answer ratio. `planned`: the group max each uid was
+        planned with; the samples over it become `overrun`."""
         if isinstance(observed_lengths, np.ndarray) and observed_lengths.ndim == 2:
             if observed_lengths.shape[0] != len(uids) or observed_lengths.shape[1] == 0:
                 raise ValueError(
@@ -147,6 +160,8 @@ class LengthPredictor:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
+        if planned is not None:
+            self._overrun(observed_lengths, planned)
         self.sources.observe(uids, obs_max, obs_mean, cap)
         rows = self._rows(uids)
         order = np.arange(rows.size)
@@ -158,6 +173,23 @@ class LengthPredictor:
         if self._truth:
             for uid in uids:
                 self._truth.pop(uid, None)
+
+    def _overrun(self, observed_lengths: Any, planned: Sequence[float]) -> None:
+        """Keep the step's sample lengths over their group's planned max, as at most
+        `OVERRUN_POINTS` quantiles."""
+        if len(planned) != len(observed_lengths):
+            raise ValueError(
+                f"planned: got {len(planned)} group maxima, expected one per uid ({len(observed_lengths)})"
+            )
+        ratios = np.concatenate(
+            [
+                np.asarray(row, dtype=float) / max(float(p), 1.0)
+                for row, p in zip(observed_lengths, planned, strict=True)
+            ]
+        )
+        if ratios.size > OVERRUN_POINTS:
+            ratios = np.quantile(ratios, np.linspace(0.0, 1.0, OVERRUN_POINTS))
+        self.overrun = np.sort(ratios).tolist()
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -251,6 +283,7 @@ class LengthPredictor:
             "window": self.window,
             "history": {uid: obs[r][self.window - kept[r] :] for r, uid in enumerate(self._uids)},
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
+            "overrun": self.overrun,
             **self.sources.state_dict(),
         }
 
@@ -267,6 +300,7 @@ class LengthPredictor:
             observed = np.array([history[u][k] for u in uids], dtype=float)
             self._push(self._rows(uids), observed[:, 0], observed[:, 1])
         self.sources.load_state_dict(state)
+        self.overrun = [float(r) for r in state.get("overrun", [])]  # older states: none measured
         counts = state.get("counts", {})
         if counts:
             rows = self._rows(list(counts))

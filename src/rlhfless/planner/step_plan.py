@@ -94,6 +94,9 @@ class StepPlan:
     shape_options: list[dict[str, Any]] = field(default_factory=list)
     # A split between two sizes (`planner.pools`): each part's plan, not part of `to_dict`
     pools: list[StepPlan] = field(default_factory=list, repr=False, compare=False)
+    # The last step's sample lengths over their planned group max (`LengthPredictor.overrun`):
+    # how far a sequence that outlived its prediction is expected to run on (`remaining_tokens`)
+    overrun: list[float] = field(default_factory=list)
 
     def missed_target(self) -> str | None:
         """One line naming the budget or deadline this plan's forecast is past, and the plan."""
@@ -134,6 +137,7 @@ class StepPlan:
             "learner_width": self.learner_width,
             "step_options": self.step_options,
             "shape_options": self.shape_options,
+            "overrun": self.overrun,
         }
 
     @classmethod

@@ -120,6 +120,7 @@ class DecodeRound(Recovery):
         self.inflight: dict[ray.ObjectRef, Run] = {}
         self.metrics: dict[str, float] = dict.fromkeys(METRICS, 0.0)
         self.weights: tuple[ray.ObjectRef, int, int] | None = None  # (ref, bytes, version)
+        self.opened = time.time()  # generation's start (`lease`), for the gain rule's weighing
 
     # ----- leasing -------------------------------------------------------------------------
 
@@ -127,6 +128,7 @@ class DecodeRound(Recovery):
         """One function per plan actor, on its node (the learner's host actor colocated), each
         loading the weights of this version unless it holds them."""
         self.weights = weights
+        self.opened = time.time()
         host = next((a.actor for a in self.plan.actors if a.node == 0 and a.gpu_ids[:1] == [0]), None)
         for a in self.plan.actors:
             colocated = a.actor == host
@@ -250,7 +252,7 @@ class DecodeRound(Recovery):
 
         def remaining(key: Key) -> float:
             done = len(self.last[key].generated) if key in self.last else 0
-            return remaining_tokens(predicted.get(key[0], 1.0), done, cap)
+            return remaining_tokens(predicted.get(key[0], 1.0), done, cap, self.plan.overrun)
 
         def context(keys: set[Key]) -> float:
             """Mean KV tokens of these running sequences: prompt and generated so far."""
@@ -269,6 +271,7 @@ class DecodeRound(Recovery):
                 {f"{uid}#{s}": remaining((uid, s)) for uid, s in sorted(run.pending())},
                 context(run.pending()),
                 frozenset(f"{uid}#{s}" for uid, s in run.migrated_in),
+                self.cfg.generation.max_running,
             )
             for run in self.runs
         ]
@@ -292,7 +295,8 @@ class DecodeRound(Recovery):
     def _cut(self, source: Run) -> None:
         """Cut `source`'s sequences the planner's rule names and resume each on its target."""
         progress = self._progress()  # the simulator's decision: the plan's profile, the gain test
-        decided = decide(progress, self.cfg.scheduler, self.plan.profile, self._resume_s(progress))
+        elapsed = time.time() - self.opened
+        decided = decide(progress, self.cfg.scheduler, self.plan.profile, self._resume_s(progress), elapsed)
         moves = [m for m in decided if m.source == source.index]
         if not moves:
             return

@@ -358,5 +358,6 @@ def observe_lengths(
     quality = prediction_quality(
         np.array([plan.predicted_length[u] for u in uids]), np.array([max(lengths[u]) for u in uids])
     )
-    predictor.update_many(uids, [lengths[u] for u in uids], cap)
+    planned = [plan.predicted_length[u] for u in uids]
+    predictor.update_many(uids, [lengths[u] for u in uids], cap, planned)
     return {f"predictor/{k}": v for k, v in quality.items()}

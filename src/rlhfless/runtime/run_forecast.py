@@ -173,6 +173,11 @@ class ScaledPredictor:
             gmax, gmean = np.where(mask, self.guessed, gmax), np.where(mask, self.guessed, gmean)
         return gmax, gmean
 
+    @property
+    def overrun(self) -> list[float]:
+        """The base predictor's: ratios of sample to planned max, which scaling leaves alone."""
+        return self.base.overrun
+
 
 MISS_SAYS = {"stop": "stops the run", "nearest": "takes the plan nearest to it"}  # `target_miss`
 

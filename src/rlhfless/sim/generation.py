@@ -156,7 +156,7 @@ class Generation:
             if not math.isfinite(t):
                 break
             progress = self._progress(t)
-            moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress))
+            moves = decide(progress, self.config, self.stage.profile, self._resume_estimate(progress), t)
             if mode == "actor":
                 for run in self.runs:
                     if run.cut_checks < CHECKS and self._cut_time(run) <= t + 1e-12:
@@ -210,13 +210,17 @@ class Generation:
             unfinished = s.end > step + 1e-9
             idx = s.ids[unfinished]
             generated = self.gen_before[idx] + np.clip(step - s.start[unfinished], 0, s.remaining[unfinished])
-            work = remaining_tokens(self.predicted[idx], generated, self.stage.max_response)
+            work = remaining_tokens(
+                self.predicted[idx], generated, self.stage.max_response, self.plan.overrun
+            )
             free = max(0, run.slots - idx.size)  # queued sequences and migrants in flight hold slots
             context = float(np.mean(self.prompt_len[idx] + generated)) if idx.size else 0.0
             moved = frozenset(map(str, idx[self.moved[idx]].tolist()))
             remaining = _Remaining(idx, work)
             out.append(
-                ActorProgress(i, run.total - idx.size, run.total, free, True, remaining, context, moved)
+                ActorProgress(
+                    i, run.total - idx.size, run.total, free, True, remaining, context, moved, run.slots
+                )
             )
         return out
 

@@ -160,7 +160,8 @@ class Simulator:
             )
             result.pilot_prompts, result.pilot_seconds = piloted, seconds
             result.pilot_cost = charge(self.stage.pricing, self.stage.profile.gpus, seconds)
-        self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response)
+        planned = [plan.predicted_length[u] for u in prompts.uids]
+        self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response, planned)
         self.phases.observe(result.tokens, result.preparation + result.learning)
         self.margins.observe(
             {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost},
