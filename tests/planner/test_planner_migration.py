@@ -135,3 +135,16 @@ def test_a_move_is_made_only_where_it_is_worth_it_by_lam_as_the_plan_weighs_n():
 def test_a_source_that_still_queues_sequences_is_not_weighed():
     # Decoding 4 at a time, its ten stragglers take three waves, which a one-batch drain leaves out.
     assert _cost_case(lam=0.7, slots=4)
+
+
+def test_a_refused_source_is_weighed_again_once_another_move_changed_the_latest_ends():
+    # Actor 1's 80-token stragglers are not worth moving (its other 80 keeps its end); once actor
+    # 0's 60-token straggler has moved, the step's latest ends differ and actor 1's 40 moves.
+    profile = make_profile(step_ms=10, per_seq_ms=1)
+    progress = [
+        ActorProgress(0, 9, 10, 1, True, {"a0": 10.0, "a1": 10.0, "a2": 60.0}),
+        ActorProgress(1, 9, 10, 0, True, {"b0": 20.0, "b1": 80.0, "b2": 80.0, "b3": 40.0}),
+        ActorProgress(2, 9, 10, 2, True, {"c0": 20.0}),
+    ]
+    moves = decide(progress, SchedulerConfig(tau=0.7, lam=0.7), profile)
+    assert [(m.sequence, m.source, m.target) for m in moves] == [("a2", 0, 2), ("b3", 1, 2)]

@@ -199,9 +199,11 @@ def _gain_moves(
         )
 
     ranked = open_targets()  # changes only with a move
-    moves, refused = [], set()  # sources whose straggler was not worth moving: the rest are shorter
+    # A source whose straggler was not worth moving is weighed again only once a move changed the
+    # step's latest ends: its other stragglers are shorter and leave its longest where it is.
+    moves, refused = [], {}  # source -> the latest ends when it was refused
     for work, source, _, name in candidates:
-        if source in refused:
+        if refused.get(source) == ledger.top:
             continue
         # The target where it finishes soonest, the first in order among equals, that keeps the
         # step's end: along `ranked` the finish never falls, so the scan stops once it passes.
@@ -229,7 +231,7 @@ def _gain_moves(
             batch[source] += 1
             tokens[source] += work
             longest[source] = kept
-            refused.add(source)
+            refused[source] = ledger.top
             continue
         mine.remove(work)
         ledger.move(source, source_end, best, target_end)
