@@ -7,8 +7,8 @@ With G samples per prompt the planner needs the group's max (when the group fini
 
 A prompt never seen is estimated from its data source's groups (`planner.source_lengths`).
 
-Each step's samples over their group's planned max (`overrun`) say how far a sequence that outlived
-its prediction tends to run on (`planner.migration.remaining_tokens`).
+Each step's sample lengths, as ratios to their group's planned max (`overrun`), say how far a
+sequence that outlived its prediction tends to run on (`planner.migration.remaining_tokens`).
 
 Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `expected` (told
 each coming prompt's expected group max and mean via `reveal_expected`: what its length
@@ -137,7 +137,7 @@ class LengthPredictor:
         sequence of lengths per uid. A uid listed twice is recorded twice, in order. `cap`: the
         response cap they were sampled under; a group that reached it says only that its length is
         at least the cap, so it teaches no answer ratio. `planned`: the group max each uid was
-        planned with; the samples over it become `overrun`."""
+        planned with; the samples, as ratios to it, become `overrun`."""
         if isinstance(observed_lengths, np.ndarray) and observed_lengths.ndim == 2:
             if observed_lengths.shape[0] != len(uids) or observed_lengths.shape[1] == 0:
                 raise ValueError(
@@ -175,7 +175,7 @@ class LengthPredictor:
                 self._truth.pop(uid, None)
 
     def _overrun(self, observed_lengths: Any, planned: Sequence[float]) -> None:
-        """Keep the step's sample lengths over their group's planned max, as at most
+        """Keep the step's sample lengths as ratios to their group's planned max, as at most
         `OVERRUN_POINTS` quantiles."""
         if len(planned) != len(observed_lengths):
             raise ValueError(
