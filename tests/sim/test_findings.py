@@ -121,3 +121,19 @@ def test_an_actor_that_drained_is_released_and_no_receiver_at_a_later_cut(cfg, m
     run_policy(cfg, VARIANTS["rlhfless"], 2)
     assert any(drained for drained, _ in looks)  # some actor had drained by a later cut
     assert not any(drained and running for drained, running in looks)
+
+
+def test_the_gain_rule_is_told_how_long_generation_ran_and_each_actors_slots(cfg, monkeypatch):
+    """The lam test weighs a move against the whole generation, so it needs the clock; and a
+    source that still queues sequences is exempt, so it needs each actor's slots."""
+    calls = []
+    decide = generation.decide
+
+    def spy(progress, config, profile=None, resume_s=0.0, elapsed_s=0.0):
+        calls.append((elapsed_s, [p.slots for p in progress if p.running]))
+        return decide(progress, config, profile, resume_s, elapsed_s)
+
+    monkeypatch.setattr(generation, "decide", spy)
+    run_policy(cfg, VARIANTS["rlhfless"], 2)
+    assert calls and all(t > 0 for t, _ in calls)
+    assert all(slots and min(slots) > 0 for _, slots in calls)
