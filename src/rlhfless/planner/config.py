@@ -219,7 +219,7 @@ class SchedulerConfig:
         metadata={
             "help": "per-actor cut: auto (gather while every actor holds no more sequences than it "
             "decodes at once, where a receiver's step is bound by reading its weights; else gain), gain (a straggler moves once, only where it finishes sooner, "
-            "resume and the receiver's slowdown counted; needs the time table), gather (a cut "
+            "resume and the receiver's slowdown counted, and the move is worth it by lam; needs the time table), gather (a cut "
             "actor's stragglers all move, or none, where they fit without ending after the step's "
             "predicted end, and the emptied actor is released) or paper (every straggler to the "
             "least-loaded actor with a free slot)"
