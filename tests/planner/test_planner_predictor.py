@@ -169,12 +169,12 @@ def test_answers_that_fit_rank_unseen_prompts_as_their_answers_do(ratio, seen, u
 
 def test_a_steps_samples_over_their_planned_max_are_kept_and_survive_a_resume():
     p = LengthPredictor()
-    p.update_many(["a", "b"], [[50, 120], [30, 30]], planned=[100, 60])
-    assert p.overrun == [0.5, 0.5, 0.5, 1.2]  # each sample / its group's planned max, sorted
+    p.update_many(["a", "b"], [[50, 120], [90, 75]], planned=[100, 60])
+    assert p.overrun == [1.2, 1.25, 1.5]  # each sample over its group's planned max / that max, sorted
     q = LengthPredictor()
     q.load_state_dict(p.state_dict())
     assert q.overrun == p.overrun
-    p.update_many([f"u{k}" for k in range(100)], [[k + 1] for k in range(100)], planned=[50] * 100)
-    assert len(p.overrun) == 64 and p.overrun[0] == 0.02 and p.overrun[-1] == 2.0  # quantiles, ends kept
+    p.update_many([f"u{k}" for k in range(1000)], [[k + 1] for k in range(1000)], planned=[100] * 1000)
+    assert len(p.overrun) == 256 and p.overrun[0] == 1.01 and p.overrun[-1] == 10.0  # quantiles, ends kept
     with pytest.raises(ValueError, match="planned: got 1 group maxima"):
         p.update_many(["a", "b"], [[1], [2]], planned=[10])

@@ -49,8 +49,8 @@ def remaining_tokens(
 ) -> Any:
     """Predicted tokens an unfinished sequence has left (at least 1): its predicted length less
     what it generated, or, once it outlived that prediction, what the last step's sequences that
-    reached as far went on to: with `overrun` (sample lengths as ratios to their group's planned max,
-    `LengthPredictor.overrun`), the mean of `min(cap, r x predicted)` over the ratios r past what
+    reached as far went on to: with `overrun` (the samples over their group's planned max, as ratios
+    to it, `LengthPredictor.overrun`), the mean of `min(cap, r x predicted)` over the ratios r past what
     it generated; where none reached that far, or none were measured, up to the cap on response
     length (`cap`, the engine's max_new_tokens; without one, 1 token).
 

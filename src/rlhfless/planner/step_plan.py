@@ -94,7 +94,7 @@ class StepPlan:
     shape_options: list[dict[str, Any]] = field(default_factory=list)
     # A split between two sizes (`planner.pools`): each part's plan, not part of `to_dict`
     pools: list[StepPlan] = field(default_factory=list, repr=False, compare=False)
-    # The last step's sample lengths as ratios to their group's planned max (`LengthPredictor.overrun`):
+    # The last step's samples over their group's planned max, as ratios (`LengthPredictor.overrun`):
     # how far a sequence that outlived its prediction is expected to run on (`remaining_tokens`)
     overrun: list[float] = field(default_factory=list)
 
