@@ -166,13 +166,22 @@ def _gain_moves(
 
     lines: dict[tuple[int, int], tuple[float, float]] = {}  # (actor, batch) -> `_line`, read once
 
-    def drain(a: int, work: float = 0.0) -> float:
-        """`_drain_s` of actor `a` with `work` more tokens in one more sequence."""
-        k = batch[a] + (work > 0)
+    def line(a: int, k: int) -> tuple[float, float]:
         if (a, k) not in lines:
             lines[a, k] = _line(profile, k, actors[a].context)
-        alpha, beta = lines[a, k]
+        return lines[a, k]
+
+    def drain(a: int, work: float = 0.0) -> float:
+        """`_drain_s` of actor `a` with `work` more tokens in one more sequence."""
+        alpha, beta = line(a, batch[a] + (work > 0))
         return stall[a] + alpha * max(longest[a], work) + beta * (tokens[a] + work)
+
+    def drain_without(a: int, work: float, rest: float) -> float:
+        """`drain` of actor `a` once a straggler of `work` tokens left it, its longest then `rest`."""
+        if batch[a] == 1:
+            return stall[a]
+        alpha, beta = line(a, batch[a] - 1)
+        return stall[a] + alpha * rest + beta * (tokens[a] - work)
 
     step_end = max(drain(a) for a in actors)
     ledger = _Ledger({a: drain(a) for a in actors}, lam, elapsed_s)
@@ -222,21 +231,18 @@ def _gain_moves(
             continue
         mine = left[source]  # the source's longest once this straggler left
         rest = (mine[1] if len(mine) > 1 else 0.0) if mine[0] == work else mine[0]
-        batch[source] -= 1
-        tokens[source] -= work
-        longest[source], kept = rest, longest[source]
-        source_end = drain(source) if batch[source] else stall[source]
+        source_end = drain_without(source, work, rest)
         target_end = resume_s + drain(best, work)
         if source not in queued and not ledger.worth(source, source_end, best, target_end):
-            batch[source] += 1
-            tokens[source] += work
-            longest[source] = kept
             refused[source] = ledger.top
             continue
         mine.remove(work)
         ledger.move(source, source_end, best, target_end)
         moves.append(Migration(name, source, best))
         slowest[best] = min(slowest[best], (work * here[source] - resume_s) / work)
+        batch[source] -= 1
+        tokens[source] -= work
+        longest[source] = rest
         batch[best] += 1
         free[best] -= 1
         tokens[best] += work

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import ray
 
 from rlhfless.config import Config
@@ -250,9 +251,15 @@ class DecodeRound(Recovery):
     def _progress(self) -> list[ActorProgress]:
         predicted, cap = self.plan.predicted_length, self.cfg.generation.max_new_tokens
 
-        def remaining(key: Key) -> float:
-            done = len(self.last[key].generated) if key in self.last else 0
-            return remaining_tokens(predicted.get(key[0], 1.0), done, cap, self.plan.overrun)
+        def remaining(pending: set[Key]) -> dict[str, float]:
+            """Each pending sequence's predicted rest, in one call over the run's sequences."""
+            keys = sorted(pending)
+            done = [len(self.last[k].generated) if k in self.last else 0 for k in keys]
+            wanted = [predicted.get(uid, 1.0) for uid, _ in keys]
+            left = remaining_tokens(
+                np.array(wanted, dtype=float), np.array(done, dtype=float), cap, self.plan.overrun
+            )
+            return {f"{uid}#{s}": x for (uid, s), x in zip(keys, left.tolist(), strict=True)}
 
         def context(keys: set[Key]) -> float:
             """Mean KV tokens of these running sequences: prompt and generated so far."""
@@ -268,7 +275,7 @@ class DecodeRound(Recovery):
                 len(run.assigned),
                 run.free_slots,
                 not run.done,
-                {f"{uid}#{s}": remaining((uid, s)) for uid, s in sorted(run.pending())},
+                remaining(run.pending()),
                 context(run.pending()),
                 frozenset(f"{uid}#{s}" for uid, s in run.migrated_in),
                 self.cfg.generation.max_running,

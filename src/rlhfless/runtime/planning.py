@@ -355,9 +355,7 @@ def observe_lengths(
     for s in samples:
         lengths.setdefault(s.uid, []).append(len(s.response_ids))
     uids = sorted(lengths)
-    quality = prediction_quality(
-        np.array([plan.predicted_length[u] for u in uids]), np.array([max(lengths[u]) for u in uids])
-    )
     planned = [plan.predicted_length[u] for u in uids]
+    quality = prediction_quality(np.array(planned), np.array([max(lengths[u]) for u in uids]))
     predictor.update_many(uids, [lengths[u] for u in uids], cap, planned)
     return {f"predictor/{k}": v for k, v in quality.items()}
