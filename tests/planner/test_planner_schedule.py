@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from rlhfless.planner import ActorProgress, LengthPredictor, PromptSpec, SchedulerConfig, decide, plan_step
 from rlhfless.planner.hardware import roofline_profile
-from rlhfless.planner.migration import _drain_s, _finish
+from rlhfless.planner.migration import _drain_s, _line
 from tests.planner.planner_support import make_cluster, make_profile
 
 CONFIGS = {
@@ -40,6 +40,11 @@ def test_every_prompt_is_assigned_exactly_once_longest_first(lengths, g, policy)
 
 
 PROFILE = roofline_profile("qwen2.5-3b", "l40s", 1)
+
+
+def _finish(profile, tokens: float, batch: int, context: float) -> float:
+    """Seconds to decode `tokens` more at `batch` running sequences, the batch held."""
+    return tokens * profile.step_seconds(max(batch, 1), context)
 
 
 @st.composite
@@ -105,7 +110,7 @@ def test_no_receiver_is_predicted_to_drain_after_the_step(progress, tau, resume)
     moves = decide(progress, SchedulerConfig(tau=tau), PROFILE, resume)
 
     def drain(remaining: list[float], context: float) -> float:
-        return _drain_s(PROFILE, max(remaining, default=0.0), sum(remaining), len(remaining), context)
+        return _drain_s(_line(PROFILE, len(remaining), context), max(remaining, default=0.0), sum(remaining))
 
     step_end = max(drain(list(p.remaining.values()), p.context) for p in progress)
     by_id = {p.actor: p for p in progress}
@@ -121,10 +126,10 @@ def test_no_receiver_is_predicted_to_drain_after_the_step(progress, tau, resume)
 def test_draining_is_exact_for_a_batch_that_never_shrinks_and_cheaper_for_one_that_does():
     one = float(PROFILE.decode_step_seconds(1, 500.0))
     eight = float(PROFILE.decode_step_seconds(8, 500.0))
-    assert np.isclose(_drain_s(PROFILE, 100.0, 100.0, 1, 500.0), 100 * one)
-    assert np.isclose(_drain_s(PROFILE, 100.0, 800.0, 8, 500.0), 100 * eight)
+    assert np.isclose(_drain_s(_line(PROFILE, 1, 500.0), 100.0, 100.0), 100 * one)
+    assert np.isclose(_drain_s(_line(PROFILE, 8, 500.0), 100.0, 800.0), 100 * eight)
     # One of 100 tokens and seven of 10: 10 steps at batch 8, then 90 alone.
-    assert np.isclose(_drain_s(PROFILE, 100.0, 170.0, 8, 500.0), 10 * eight + 90 * one)
+    assert np.isclose(_drain_s(_line(PROFILE, 8, 500.0), 100.0, 170.0), 10 * eight + 90 * one)
 
 
 @settings(max_examples=150, deadline=None)

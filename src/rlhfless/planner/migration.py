@@ -114,11 +114,6 @@ def _move(sources: Sequence[ActorProgress], targets: Sequence[ActorProgress]) ->
     return moves
 
 
-def _finish(profile: Profile, tokens: float, batch: int, context: float) -> float:
-    """Predicted seconds to decode `tokens` more at `batch` running sequences (batch held)."""
-    return tokens * profile.step_seconds(max(batch, 1), context)
-
-
 def _line(profile: Profile, batch: int, context: float) -> tuple[float, float]:
     """(alpha, beta) of a decode step alpha + beta * batch, read from the profile between batch 1
     and `batch`."""
@@ -128,11 +123,11 @@ def _line(profile: Profile, batch: int, context: float) -> tuple[float, float]:
     return one - beta, beta
 
 
-def _drain_s(profile: Profile, longest: float, tokens: float, batch: int, context: float) -> float:
+def _drain_s(line: tuple[float, float], longest: float, tokens: float) -> float:
     """Predicted seconds until an actor's last sequence ends as its batch drains: with a step of
-    alpha + beta * batch (`_line`), the `longest` steps cost alpha each and every token beta (exact
-    for a step linear in the batch)."""
-    alpha, beta = _line(profile, batch, context)
+    alpha + beta * batch (`line`, `_line` at the batch it starts from), the `longest` steps cost
+    alpha each and every token beta (exact for a step linear in the batch)."""
+    alpha, beta = line
     return alpha * longest + beta * tokens
 
 
@@ -173,15 +168,13 @@ def _gain_moves(
 
     def drain(a: int, work: float = 0.0) -> float:
         """`_drain_s` of actor `a` with `work` more tokens in one more sequence."""
-        alpha, beta = line(a, batch[a] + (work > 0))
-        return stall[a] + alpha * max(longest[a], work) + beta * (tokens[a] + work)
+        return stall[a] + _drain_s(line(a, batch[a] + (work > 0)), max(longest[a], work), tokens[a] + work)
 
     def drain_without(a: int, work: float, rest: float) -> float:
         """`drain` of actor `a` once a straggler of `work` tokens left it, its longest then `rest`."""
         if batch[a] == 1:
             return stall[a]
-        alpha, beta = line(a, batch[a] - 1)
-        return stall[a] + alpha * rest + beta * (tokens[a] - work)
+        return stall[a] + _drain_s(line(a, batch[a] - 1), rest, tokens[a] - work)
 
     step_end = max(drain(a) for a in actors)
     ledger = _Ledger({a: drain(a) for a in actors}, lam, elapsed_s)
