@@ -255,10 +255,12 @@ class SchedulerConfig:
             "of each data source G times on the learner (not trained on, not in the steps' time or "
             "cost: forecast.json reports its seconds and cost; cached for the same model, prompts "
             "and sampling settings) so that the length predictor and the run's forecast start from "
-            "the sources' real lengths, and from their answers' where two prompts or more show that "
-            f"answers fit; up to {pilot.MOST} where the profile decodes them at most {pilot.SLOWER}x "
-            "the asked-for step time (a GPU bound by reading its weights; planner.pilot); 0 = start "
-            "from default_length, whose guess put the default run's forecast 45% high"
+            "the sources' real lengths, and from their answers' where "
+            f"{pilot.ANSWER_GROUPS} prompts or more show that answers fit; at least {pilot.JUDGED} on "
+            f"a cluster of more decode actors than that; up to {pilot.MOST} where the profile decodes "
+            f"them at most {pilot.SLOWER}x the asked-for step time (a GPU bound by reading its "
+            "weights; planner.pilot); 0 = start from default_length, whose guess put the default "
+            "run's forecast 45% high"
         },
     )
     segments: int = field(

@@ -326,8 +326,9 @@ def start_forecast(
     if cfg.scheduler.length_pilot and start == 0:
         steps = tokenize(prompts)
         context = pilot_context([len(p.prompt_ids) for p in steps], cfg.generation.max_new_tokens)
+        actors = planner.cluster.max_actors(planner.profile.gpus)
         per_source = pilot_prompts(
-            planner.profile, cfg.scheduler.length_pilot, cfg.algorithm.group_size, context
+            planner.profile, cfg.scheduler.length_pilot, cfg.algorithm.group_size, context, actors
         )
         pilot = length_pilot(engine, steps, cfg, per_source, predictor, answers)
         # It runs on the learner, whose slot a serverless platform bills meanwhile.

@@ -149,7 +149,8 @@ class Simulator:
             cap = self.stage.max_response or self.config.default_length  # a trace's cap: unknown
             context = pilot_context(prompts.prompt_lengths, cap)
             g = prompts.lengths.shape[1]
-            piloted = pilot_prompts(self.planner_profile, self.config.length_pilot, g, context)
+            actors = self.stage.cluster.max_actors(self.planner_profile.gpus)
+            piloted = pilot_prompts(self.planner_profile, self.config.length_pilot, g, context, actors)
             self.pilot(prompts, piloted)
         first = step == 0  # the functions' start loads the run's first weights: none stream
         plan = self.plan(prompts, first)
