@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from rlhfless.planner.pilot import JUDGED
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.profile import Profile
@@ -187,6 +188,27 @@ def test_a_pilot_of_several_answered_prompts_lets_the_first_plan_rank_its_prompt
         # The simulated answers are a fixed share of each prompt's length: once two groups or more
         # judge them they fit, and the first plan follows them; one group judges nothing.
         assert (len(set(predicted)) > 1 and bool(np.all(np.diff(by_answer) >= 0))) == ranked
+
+
+def test_on_a_cluster_whose_actors_hold_one_prompt_the_pilot_still_samples_enough_to_judge_answers():
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "a100"},
+            "model": {"name": "llama-2-7b", "tp": 1},
+            "workload": {"dataset": "lcb", "prompts_per_step": 64, "samples": 16, "max_response": 8192},
+        }
+    )
+    prompts = make_workload(cfg).step(0)
+    sim = Simulator(make_stage(cfg), scheduler_for(cfg, {"length_pilot": 1}), LengthPredictor())
+    asked: list[int] = []
+    sim.pilot = lambda prompts, count: asked.append(count)
+    sim.run_step(0, prompts)
+    # KV memory for one prompt's 16 samples at a time; eight actors: the pilot takes JUDGED, in waves
+    assert asked == [JUDGED]
+    for count, ranked in ((1, False), (JUDGED, True)):  # the answers rank the first plan's prompts
+        piloted = Simulator(make_stage(cfg), scheduler_for(cfg, {}), LengthPredictor())
+        Simulator.pilot(piloted, prompts, count)
+        assert (len(set(piloted.plan(prompts).predicted_length.values())) > 1) == ranked
 
 
 def test_the_length_pilot_is_priced_as_one_actor_decoding_its_samples_together_outside_the_steps():
