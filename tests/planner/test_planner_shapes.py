@@ -180,3 +180,49 @@ def test_a_split_is_weighed_only_where_the_smaller_size_would_wait_on_its_longes
     assert bound([2000] + [50] * 99, actors=16)
     # A hundred long groups on one actor: their tokens, not any one sequence, set it.
     assert not bound([2000] * 100, actors=1)
+
+
+# Actors of two GPUs decode each token sooner, but their step grows fast with the batch: alone
+# they are bound by the bulk's tokens, one GPU alone by the longest sequence.
+NARROW = make_profile(step_ms=10.0, per_seq_ms=0.05)
+WIDE = dataclasses.replace(make_profile(step_ms=6.0, per_seq_ms=0.2), gpus=2)
+
+
+def long_and_bulk():
+    """One prompt of 2,000 tokens among 400 of 500."""
+    prompts = [PromptSpec(f"p{i}", [7, 7, i]) for i in range(401)]
+    predictor = LengthPredictor()
+    for i, p in enumerate(prompts):
+        predictor.update(p.uid, [2000, 1900] if i == 0 else [500, 480])
+    return prompts, predictor
+
+
+def test_a_deadline_no_single_size_meets_is_met_by_a_split_that_does():
+    prompts, predictor = long_and_bulk()
+    shapes = [NARROW, WIDE]
+    fast = plan_shapes(prompts, predictor, shapes, CLUSTER, SchedulerConfig(lam=1.0), 2)
+    singles = [o["step_time"] for o in fast.shape_options if "pools" not in o]
+    assert fast.pools and fast.predicted_step_time < 0.95 * min(singles)
+    config = SchedulerConfig(lam=1.0, deadline_per_step=0.5 * (fast.predicted_step_time + min(singles)))
+    for profile in shapes:  # alone, neither size meets it
+        with pytest.raises(PlanError):
+            shaped = dataclasses.replace(config, gpus_per_actor=profile.gpus)
+            plan_step(prompts, predictor, profile, CLUSTER, shaped, 2)
+    got = plan_shapes(prompts, predictor, shapes, CLUSTER, config, 2)
+    assert got.pools and got.predicted_step_time <= config.deadline_per_step
+    assert got.target == {"deadline_per_step": config.deadline_per_step, "missed": 0.0}
+    assert_whole(got)
+
+
+def test_under_a_deadline_a_splits_parts_may_be_cheaper_than_lam_would_plan_them():
+    prompts, predictor = long_and_bulk()
+    shapes = [NARROW, WIDE]
+    fast = plan_shapes(prompts, predictor, shapes, CLUSTER, SchedulerConfig(lam=1.0), 2)
+    assert fast.pools
+    # lam 1 plans the bulk's part on more actors than the deadline needs: the cheapest split within
+    # it has parts planned at a lower lam
+    config = SchedulerConfig(lam=1.0, deadline_per_step=1.05 * fast.predicted_step_time)
+    got = plan_shapes(prompts, predictor, shapes, CLUSTER, config, 2)
+    assert got.pools and got.predicted_step_time <= config.deadline_per_step
+    assert got.predicted_step_cost < fast.predicted_step_cost
+    assert_whole(got)

@@ -9,6 +9,7 @@ from rlhfless.planner.hardware import GpuSpec, ModelShape, Roofline, decode_size
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import split_plans
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.scaling import PlanError
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import VARIANTS, make_stage, make_workload, run_policy, scheduler_for
@@ -108,3 +109,21 @@ def test_a_split_plan_generates_each_part_at_its_own_size_as_that_part_alone_wou
     assert whole.generation == max(p.generation for p in parts)
     assert whole.cost_generation == pytest.approx(sum(p.cost_generation for p in parts))
     assert whole.tokens == pytest.approx(sum(p.tokens for p in parts))
+
+
+def test_a_budget_or_deadline_holds_rlhfless_and_leaves_the_fixed_policies_as_they_run():
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "l40s"},
+            "model": {"name": "qwen2.5-7b", "tp": 4},
+            "workload": {"dataset": "gpqa", "prompts_per_step": 32, "samples": 4, "max_response": 2048},
+            "scheduler": {"deadline_per_step": 1e-3},  # no plan meets it
+        }
+    )
+    for name in ("verl", "rlhfuse", "+dedup", "+assignment"):  # a fixed N: nothing to choose
+        config = scheduler_for(cfg, VARIANTS[name])
+        assert config.deadline_per_step is None and config.budget_per_step is None
+        assert run_policy(cfg, VARIANTS[name], 1)[0].time > 1e-3
+    assert scheduler_for(cfg, VARIANTS["rlhfless"]).deadline_per_step == 1e-3
+    with pytest.raises(PlanError, match="deadline_per_step: got 0.001 s"):
+        run_policy(cfg, VARIANTS["rlhfless"], 1)

@@ -21,6 +21,8 @@ from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing, CandidateTable, PlanError, choose, normalised
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 
+TARGET_LAMS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the lams a split's parts are planned at under a target
+
 
 def plan_shapes(
     prompts: Sequence[PromptSpec],
@@ -35,8 +37,14 @@ def plan_shapes(
     """Plan one step with decode actors of any one of several shapes (`profiles`, one per
     tensor-parallel size): each shape's plan as `plan_step` makes it and, with
     `scheduler.split_sizes`, the best split between two (`planner.pools`); then the one `_across`
-    takes on their whole-step forecasts. The plan keeps each option's in `shape_options`. A
-    target no single shape meets is refused before any split is tried."""
+    takes on their whole-step forecasts. The plan keeps each option's in `shape_options`.
+
+    A split's parts are planned free of a budget or deadline, which the joined plan is held to.
+    Under one, each split is planned at every lam of `TARGET_LAMS`, from the cheapest parts to the
+    fastest, so that the target chooses among splits as it chooses N within a size; and a target
+    no single shape meets may still be met by a split. Without this, on paper-sim's gsm8k (splits
+    forecast at 141-146 s a step), a deadline of 160 s was refused: the fastest single size was
+    forecast at 166 s."""
     t0 = time.perf_counter()
     plans, refused = [], []
     for profile in profiles:
@@ -53,16 +61,46 @@ def plan_shapes(
             refused.append(err)
     if len(plans) == len(profiles) == 1:
         return plans[0]
-    if not plans:
-        raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
+    targeted = config.budget_per_step is not None or config.deadline_per_step is not None
     options = list(plans)
     if config.features["split_sizes"] and len(profiles) > 1:
-        splits = _splits(
-            prompts, predictor, profiles, plans, cluster, config, group_size, billing, max_length
-        )
+        bases = plans or [
+            plan_step(
+                prompts,
+                predictor,
+                profile,
+                cluster,
+                replace(config, gpus_per_actor=profile.gpus, budget_per_step=None, deadline_per_step=None),
+                group_size,
+                billing,
+                max_length,
+                profiles,
+            )
+            for profile in profiles
+        ]
+        splits = [
+            split
+            for lam in (TARGET_LAMS if targeted else (config.lam,))
+            for split in _splits(
+                prompts,
+                predictor,
+                profiles,
+                bases,
+                cluster,
+                replace(config, lam=lam),
+                group_size,
+                billing,
+                max_length,
+            )
+        ]
         if splits:  # the best split beside every single size
-            options.append(splits[_across(splits, config)])
-    chosen = options[_across(options, config)]
+            options.append(splits[_across(splits, config, billing)])
+    if not options:
+        raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
+    try:
+        chosen = options[_across(options, config, billing, strict=targeted)]
+    except PlanError as err:
+        raise min([*refused, err], key=lambda e: e.least if e.least is not None else np.inf) from None
     chosen.plan_seconds = time.perf_counter() - t0
     chosen.shape_options = [_option(p) for p in options]
     return chosen
@@ -120,14 +158,30 @@ def _option(plan: StepPlan) -> dict[str, Any]:
     }
 
 
-def _across(plans: Sequence[StepPlan], config: SchedulerConfig) -> int:
+def _across(
+    plans: Sequence[StepPlan],
+    config: SchedulerConfig,
+    billing: Billing | None = None,
+    strict: bool = False,
+) -> int:
     """Index of the plan to take, by `choose` over their whole-step forecasts: under a budget the
-    fastest that fits it (the cheapest where none does), under a deadline the cheapest that fits
-    (else the fastest), else the least lam score."""
+    fastest that fits it, under a deadline the cheapest that fits, each raised by `billing`'s
+    margins; else the least lam score. Where none fits: the nearest, unless `strict` and
+    `scheduler.target_miss` asks for an error (PlanError naming the nearest)."""
     t = np.array([p.predicted_step_time for p in plans])
     c = np.array([p.predicted_step_cost for p in plans])
     how, lam = config.normalise, config.lam
     score = lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)
     none = np.zeros(len(plans))
-    table = CandidateTable(np.arange(len(plans)), t, c, score, none.astype(bool), none.astype(bool), none)
-    return choose(table, budget=config.budget_per_step, deadline=config.deadline_per_step, nearest=True)
+    table = CandidateTable(
+        np.array([p.n_actors for p in plans]), t, c, score, none.astype(bool), none.astype(bool), none
+    )
+    margins = (billing.time_margin, billing.cost_margin) if billing is not None else (0.0, 0.0)
+    nearest = not strict or config.target_miss == "nearest"
+    return choose(
+        table,
+        budget=config.budget_per_step,
+        deadline=config.deadline_per_step,
+        margins=margins,
+        nearest=nearest,
+    )

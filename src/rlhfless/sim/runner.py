@@ -91,9 +91,14 @@ def make_workload(cfg: SimConfig) -> SyntheticWorkload | TraceWorkload:
 
 
 def scheduler_for(cfg: SimConfig, overrides: dict[str, Any]) -> SchedulerConfig:
-    """The scenario's scheduler with the actor size and price taken from the modelled cluster."""
+    """The scenario's scheduler with the actor size and price taken from the modelled cluster. A
+    policy of a fixed N (the baselines, and the ablation rows before actor scaling) has nothing for
+    lam, a budget or a deadline to choose, so it runs free of the target that rlhfless is held to."""
     base = replace(cfg.scheduler, gpus_per_actor=cfg.model.tp, price_per_gpu_hour=cfg.cluster.price)
-    return replace(base, **overrides)
+    config = replace(base, **overrides)
+    if not config.features["actor_scaling"]:
+        config = replace(config, budget_per_step=None, deadline_per_step=None)
+    return config
 
 
 def run_policy(
