@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from rlhfless.config import load_config
@@ -61,13 +62,30 @@ def _report(name: str, target: float, unit: str, rows: list[tuple[float, float]]
     )
 
 
-def _simulate(cfg, overrides: dict, steps: int, stage, workload) -> list[tuple]:
-    """(result, plan) per step of one policy from a fresh predictor, as `run_policy` runs them."""
+def _simulate(cfg, overrides: dict, steps: int, stage, workload, extremes: list | None = None) -> list[tuple]:
+    """(result, plan) per step of one policy from a fresh predictor, as `run_policy` runs them.
+    `extremes`, where given, receives each step's fastest and cheapest plan there is (the plan
+    under an unmeetable deadline, then budget, taking the nearest), at the run's predictor state:
+    with decode sizes and their splits as plan dimensions, a plan's own candidates hold only its
+    own size's N (a split's, only itself)."""
     config = scheduler_for(cfg, overrides)
     simulator = Simulator(stage, config, LengthPredictor.from_config(config))
     plans = []
     plan = simulator.plan
-    simulator.plan = lambda prompts: plans.append(plan(prompts)) or plans[-1]  # keep each plan
+
+    def keep(*args):
+        plans.append(plan(*args))
+        if extremes is not None:
+            row = []
+            for key in ("deadline_per_step", "budget_per_step"):
+                simulator.config = replace(config, **{key: 1e-12}, target_miss="nearest")
+                other = plan(*args)
+                row.append({"time": other.predicted_step_time, "cost": other.predicted_step_cost})
+            simulator.config = config
+            extremes.append(row)
+        return plans[-1]
+
+    simulator.plan = keep
     results = [simulator.run_step(k, workload.step(k)) for k in range(steps)]
     return list(zip(results, plans, strict=True))
 
@@ -77,14 +95,18 @@ def sim(args: argparse.Namespace) -> None:
     tree["training"]["steps"] = args.steps
     cfg = build(tree)
     stage, workload = make_stage(cfg), make_workload(cfg)
-    lam = _simulate(cfg, {"policy": "rlhfless"}, args.steps, stage, workload)
-    plans = [p.candidates for _, p in lam]
-    after_t = [p.predicted_step_time - p.predicted_time for _, p in lam]
-    after_c = [p.predicted_step_cost - p.predicted_cost for _, p in lam]
+    extremes: list[list[dict]] = []
+    lam = _simulate(cfg, {"policy": "rlhfless"}, args.steps, stage, workload, extremes)
     base = (statistics.fmean(r.time for r, _ in lam), statistics.fmean(r.cost for r, _ in lam))
     print(f"simulated: {name}, {args.steps} steps; lam: mean step {base[0]:.2f} s, cost {base[1]:.6g}")
-    budget = _midway(plans, after_c, "cost")
-    deadline = _midway(plans, after_t, "time")
+    for k, (fastest, cheapest) in enumerate(extremes):
+        print(
+            f"  step {k}: fastest plan {fastest['time']:.2f} s {fastest['cost']:.6g} $, "
+            f"cheapest {cheapest['time']:.2f} s {cheapest['cost']:.6g} $ (forecast)"
+        )
+    zeros = [0.0] * len(extremes)
+    budget = _midway(extremes, zeros, "cost")
+    deadline = _midway(extremes, zeros, "time")
     for label, key, value, unit in (
         ("budget", "budget_per_step", budget, "$"),
         ("deadline", "deadline_per_step", deadline, "s"),
