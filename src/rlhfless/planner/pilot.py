@@ -12,7 +12,7 @@ grows with the batch at once, and the pilot keeps to what `scheduler.length_pilo
 On a cluster of more decode actors than `JUDGED`, the pilot samples at least `JUDGED` prompts a source,
 in waves where the actor's memory holds fewer. With fewer, the first step predicts every prompt of
 a source the same length, and cut-and-migrate must find its longest prompts. On `bench_floor.py`'s
-scenarios whose pilot had sampled 1 or 2 prompts, the first step's generation cost 14-110% more
+scenarios whose pilot had sampled 1 or 2 prompts, the first step's generation cost 15-110% more
 than with 4-5, while the pilot itself cost at most 0.05 $ more. The pilot runs on one actor, a
 small share of a step that runs on many. On this machine's two CPU slots, by contrast, each prompt
 costs 35-170 s, about a step.
