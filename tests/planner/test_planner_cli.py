@@ -101,3 +101,25 @@ def test_a_decode_size_list_that_is_not_integers_or_not_the_tables_is_one_line(t
     table.write_text(capsys.readouterr().out)
     assert main(["plan", "--prompts", path, "--profile", str(table), "--decode-tp", "1,2"]) == 2
     assert "--decode-tp: got '1,2', expected only the measured table's size (1)" in capsys.readouterr().err
+
+
+def test_a_split_plan_says_so_and_a_deadline_only_a_split_meets_is_met(tmp_path, capsys):
+    rows = [
+        {
+            "uid": f"u{i}",
+            "prompt_tokens": [1] * 20 + [i + 2] * 100,
+            "history": [3000, 2800] if i == 0 else [500, 450],
+        }
+        for i in range(512)
+    ]
+    path = str(write(tmp_path / "p.jsonl", rows))
+    cluster = ["--model", "llama-2-70b", "--gpu", "h100", "--nodes", "4", "scheduler.gpus_per_actor=8"]
+    assert main(["plan", "--prompts", path, *cluster, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {a["gpus"] for a in plan["actors"]} == {4, 8}  # lam took a split
+    singles = [o["step_time"] for o in plan["shape_options"] if "pools" not in o]
+    deadline = 0.5 * (plan["predicted_step_time"] + min(singles))
+    assert main(["plan", "--prompts", path, *cluster]) == 0
+    assert "a split between two sizes, chosen by lam 0.7" in capsys.readouterr().out
+    assert main(["plan", "--prompts", path, *cluster, f"scheduler.deadline_per_step={deadline}"]) == 0
+    assert "a split between two sizes, chosen by deadline_per_step" in capsys.readouterr().out

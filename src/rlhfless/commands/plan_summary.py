@@ -79,7 +79,17 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
     actors, floor, prefill = out["actors"], out["floor"], out["prefill"]
     prompts = sum(len(a["uids"]) for a in actors)
     target = out["target"]
-    if len(out["candidates"]) == 1:
+    split = any(
+        "pools" in o and o["n"] == out["n_actors"] and o["step_time"] == out["predicted_step_time"]
+        for o in out.get("shape_options") or []
+    )
+    if split:  # a split's N is its parts' own choices
+        why = "a split between two sizes, " + (
+            f"chosen by {next(k for k in target if k != 'missed')}"
+            if target
+            else f"chosen by lam {scheduler.lam:g}"
+        )
+    elif len(out["candidates"]) == 1:
         why = "N fixed (no actor scaling)"
     elif target:
         key = next(k for k in target if k != "missed")
