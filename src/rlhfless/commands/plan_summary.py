@@ -83,21 +83,21 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
         "pools" in o and o["n"] == out["n_actors"] and o["step_time"] == out["predicted_step_time"]
         for o in out.get("shape_options") or []
     )
-    if split:  # a split's N is its parts' own choices
-        why = "a split between two sizes, " + (
-            f"chosen by {next(k for k in target if k != 'missed')}"
-            if target
-            else f"chosen by lam {scheduler.lam:g}"
-        )
-    elif len(out["candidates"]) == 1:
-        why = "N fixed (no actor scaling)"
-    elif target:
+    if target:
         key = next(k for k in target if k != "missed")
-        why = f"chosen by {key} {target[key]:g}" + (" (missed: the nearest plan)" if target["missed"] else "")
+        chosen = f"chosen by {key} {target[key]:g}" + (
+            " (missed: the nearest plan)" if target["missed"] else ""
+        )
     else:
-        why = f"chosen by lam {scheduler.lam:g}" + (
+        chosen = f"chosen by lam {scheduler.lam:g}" + (
             f", within {out['time_cap']:.1f} s" if out["time_cap"] else ""
         )
+    if split:  # a split's N is its parts' own choices
+        why = f"a split between two sizes, {chosen}"
+    elif len(out["candidates"]) == 1:
+        why = "N fixed (no actor scaling)"
+    else:
+        why = chosen
     ratio = out["predicted_time"] / floor["time_s"] if floor["time_s"] else float("nan")
     gpus = [str(g) for g in sorted({a["gpus"] for a in actors}, reverse=True)]
     lines = [
