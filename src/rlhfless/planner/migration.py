@@ -176,8 +176,8 @@ def _gain_moves(
             return stall[a]
         return stall[a] + _drain_s(line(a, batch[a] - 1), rest, tokens[a] - work)
 
-    step_end = max(drain(a) for a in actors)
     ledger = _Ledger({a: drain(a) for a in actors}, lam, elapsed_s)
+    step_end = ledger.top[0][1]
     left = {p.actor: sorted(p.remaining.values(), reverse=True) for p in sources}  # longest first
     queued = {p.actor for p in sources if 0 < p.slots < len(p.remaining)}
     here = {p.actor: step_s(p.actor, 0) for p in sources}  # a source's step, as its batch shrinks
@@ -255,7 +255,7 @@ class _Ledger:
     def __init__(self, ends: dict[int, float], lam: float, elapsed_s: float) -> None:
         self.ends, self.lam, self.elapsed = ends, lam, elapsed_s
         self.total = sum(ends.values())
-        self.top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest three
+        self.top = self._latest()
 
     def worth(self, source: int, source_end: float, target: int, target_end: float) -> bool:
         """Whether lam x the step's relative change in time + (1 - lam) x its relative change in
@@ -273,7 +273,11 @@ class _Ledger:
     def move(self, source: int, source_end: float, target: int, target_end: float) -> None:
         self.total += source_end - self.ends[source] + target_end - self.ends[target]
         self.ends[source], self.ends[target] = source_end, target_end
-        self.top = sorted(self.ends.items(), key=lambda kv: -kv[1])[:3]
+        self.top = self._latest()
+
+    def _latest(self) -> list[tuple[int, float]]:
+        """The latest three ends, latest first (ties in the actors' order)."""
+        return heapq.nlargest(3, self.ends.items(), key=lambda kv: kv[1])
 
 
 def _gather_moves(

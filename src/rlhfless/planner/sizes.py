@@ -78,21 +78,10 @@ def plan_shapes(
             )
             for profile in profiles
         ]
-        splits = [
-            split
-            for lam in (TARGET_LAMS if targeted else (config.lam,))
-            for split in _splits(
-                prompts,
-                predictor,
-                profiles,
-                bases,
-                cluster,
-                replace(config, lam=lam),
-                group_size,
-                billing,
-                max_length,
-            )
-        ]
+        lams = TARGET_LAMS if targeted else (config.lam,)
+        splits = _splits(
+            prompts, predictor, profiles, bases, cluster, config, group_size, billing, max_length, lams
+        )
         if splits:  # the best split beside every single size
             options.append(splits[_across(splits, config, billing)])
     if not options:
@@ -116,10 +105,12 @@ def _splits(
     group_size: int,
     billing: Billing | None,
     max_length: float | None,
+    lams: Sequence[float],
 ) -> list[StepPlan]:
-    """Plans split between the largest size and a smaller one (`planner.pools`): the smaller is
-    the best single size's where that is not the largest, else the next below it; none where the
-    smaller alone would not wait on the longest predicted sequence (`pools.latency_bound`)."""
+    """Plans split between the largest size and a smaller one (`planner.pools`), their parts
+    planned at each of `lams`: the smaller is the best single size's where that is not the
+    largest, else the next below it; none where the smaller alone would not wait on the longest
+    predicted sequence (`pools.latency_bound`)."""
     by_size = sorted(profiles, key=lambda p: p.gpus)
     large = by_size[-1]
     best = plans[_across(plans, config)].profile
@@ -140,7 +131,22 @@ def _splits(
     ) -> StepPlan:
         return plan_step(subset, predictor, profile, nodes, cfg, group_size, billing, max_length, profiles)
 
-    return split_plans(prompts, gmax, large, small, cluster, config, group_size, billing, plans[0], part)
+    return [
+        split
+        for lam in lams
+        for split in split_plans(
+            prompts,
+            gmax,
+            large,
+            small,
+            cluster,
+            replace(config, lam=lam),
+            group_size,
+            billing,
+            plans[0],
+            part,
+        )
+    ]
 
 
 def _option(plan: StepPlan) -> dict[str, Any]:
