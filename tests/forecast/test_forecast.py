@@ -637,6 +637,22 @@ def test_each_learning_width_is_forecast_at_its_own_rate_once_it_has_run():
     assert old.at_width(1, usual=2) == pytest.approx(0.1)
 
 
+def test_the_phases_bill_is_learned_apart_where_part_of_their_work_was_hidden():
+    from rlhfless.planner.pricing import Pricing
+    from rlhfless.planner.scaling import Billing
+
+    phases = PhaseModel()
+    phases.observe(100.0, 5.0)  # nothing said of the bill: the step waited on all of it
+    assert phases.billed_per_token_s == pytest.approx(0.05)
+    phases.observe(100.0, 5.0, billed_s=8.0)  # 3 s of work ran hidden during generation
+    assert phases.per_token_s == pytest.approx(0.05) and 0.05 < phases.billed_per_token_s <= 0.08
+    again = PhaseModel()
+    again.load_state_dict(json.loads(json.dumps(phases.state_dict())))
+    assert again == phases
+    billing = Billing(Pricing(3600.0), after_units=2.0, after_per_token_s=0.05, after_billed_per_token_s=0.08)
+    assert billing.after_generation(100.0) == pytest.approx((5.0, 2 * 8.0))  # waited 5 s, billed 8 s
+
+
 def test_the_runtime_planner_offers_a_budget_each_learning_width_at_its_rate_and_wait():
     from rlhfless.data.prompts import Prompt
     from rlhfless.planner.config import SchedulerConfig

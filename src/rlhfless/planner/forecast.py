@@ -112,17 +112,28 @@ class Calibration:
 @dataclass
 class PhaseModel:
     """Seconds per prompt + response token of the phases after generation, learned per step, and
-    apart per learning width the phase ran at (`at_width`)."""
+    apart per learning width the phase ran at (`at_width`). Where the phases' work is billed for
+    longer than the step waits on it (preparation overlapped with generation's tail, on GPUs the
+    decode actors freed), the billed seconds a token are learned apart (`billed_per_token_s`):
+    else the forecast prices hidden work at nothing, and a plan that hides much of it (few decode
+    actors, a long tail) looks cheaper than it is."""
 
     per_token_s: float | None = None
     steps: int = 0
     by_width: dict[int, float] = field(default_factory=dict)
     provisional: bool = False  # learned from a run's first phase alone: the next phase replaces it
+    billed_per_token_s: float | None = None
 
-    def observe(self, tokens: float, seconds: float, width: int | None = None) -> None:
+    def observe(
+        self, tokens: float, seconds: float, width: int | None = None, billed_s: float | None = None
+    ) -> None:
+        """Fold in one step's phases: `seconds` the step waited on them, `billed_s` (where more)
+        the seconds their bill stands for on the same units."""
         if tokens > 0:
             alpha = 1.0 if self.provisional else ALPHA
             self.per_token_s = ewma(self.per_token_s, seconds / tokens, alpha)
+            billed = seconds if billed_s is None else billed_s
+            self.billed_per_token_s = ewma(self.billed_per_token_s, billed / tokens, alpha)
             if width:
                 self.by_width[width] = ewma(self.by_width.get(width), seconds / tokens, alpha)
             self.steps += 1
@@ -149,12 +160,14 @@ class PhaseModel:
             "steps": self.steps,
             "by_width": by_width,
             "provisional": self.provisional,
+            "billed_per_token_s": self.billed_per_token_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.per_token_s, self.steps = state.get("per_token_s"), int(state.get("steps", 0))
         self.by_width = {int(w): float(r) for w, r in state.get("by_width", {}).items()}
         self.provisional = bool(state.get("provisional", False))
+        self.billed_per_token_s = state.get("billed_per_token_s")
 
 
 @dataclass

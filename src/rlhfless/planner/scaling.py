@@ -70,7 +70,8 @@ class Billing:
     after learning. The runtime's function on the learner's resources (slot 0) is started before
     the run's first step and kept warm after it; the step waits only what is left of that start
     (`host_start_s`). The rest of the step (preparation and learning) takes `after_fixed_s` plus
-    `after_per_token_s` per predicted token on `after_units`, whatever N is, and the learning
+    `after_per_token_s` per predicted token on `after_units`, whatever N is (and bills
+    `after_billed_per_token_s` there, where part of its work ran hidden during generation), and the learning
     phase's wait for its ranks, which depends on N (`learner_wait_s`): a budget or deadline is for
     the whole step, and a released function's next use is that far away unless
     `next_use_after` is False (the learner takes its resources: never).
@@ -91,6 +92,10 @@ class Billing:
     after_units: float = 0.0
     after_fixed_s: float = 0.0
     after_per_token_s: float = 0.0
+    # The rest of the step's bill, in seconds a token on `after_units`: more than its visible
+    # seconds where preparation ran during generation on GPUs the decode actors freed (billed
+    # there, hidden from the step's time). None: the visible seconds are the bill.
+    after_billed_per_token_s: float | None = None
     next_use_after: bool = False
     # The learning phase's wait for its extra ranks at N = 1, 2, ... decode functions (the last
     # for any N past them; `forecast.LearnerWait`): none, the simulator's.
@@ -109,6 +114,7 @@ class Billing:
             self,
             after_units=width.units,
             after_per_token_s=width.per_token_s,
+            after_billed_per_token_s=None,
             learner_wait_s=width.wait_s,
             rank_start_s=width.rank_start_s,
             widths=(),
@@ -119,12 +125,14 @@ class Billing:
         per candidate `n` where given, the learning phase's wait for its ranks at that N included,
         and the bill of their start before it."""
         seconds = self.after_fixed_s + self.after_per_token_s * tokens
+        billed_rate = self.after_billed_per_token_s
+        billed = seconds if billed_rate is None else self.after_fixed_s + billed_rate * tokens
         if n is None:
-            return seconds, charge(self.pricing, self.after_units, seconds)
+            return seconds, charge(self.pricing, self.after_units, billed)
         wait = self.rank_wait(n)
         early = np.maximum(self.rank_start_s - wait, 0.0)
         extra = max(self.after_units - self.resident_units, 0.0)
-        cost = charge(self.pricing, self.after_units, seconds + wait) + charge(self.pricing, extra, early)
+        cost = charge(self.pricing, self.after_units, billed + wait) + charge(self.pricing, extra, early)
         return seconds + wait, cost
 
     def rank_wait(self, n: Any) -> Any:

@@ -94,7 +94,8 @@ class Simulator:
         self.planner_profiles = [replace(p, cold_start_s=cold) for p in profiles]
         # Preparation + learning seconds per token: known exactly here (the execution's own
         # formula), learned per step in the runtime.
-        self.phases = PhaseModel(per_token_s=stage.after_per_token_s)
+        rate = stage.after_per_token_s
+        self.phases = PhaseModel(per_token_s=rate, billed_per_token_s=rate)
         self.margins = Margins()  # how far the step forecast fell short lately (budget, deadline)
         self.shortfall = Shortfall()  # how much further short than verl's (verl's cap)
 
@@ -108,6 +109,7 @@ class Simulator:
             weights_loaded=weights_loaded,
             after_units=float(self.stage.total_gpus),
             after_per_token_s=self.phases.per_token_s or 0.0,
+            after_billed_per_token_s=self.phases.billed_per_token_s,
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
@@ -163,7 +165,7 @@ class Simulator:
             result.pilot_cost = charge(self.stage.pricing, self.stage.profile.gpus, seconds)
         planned = [plan.predicted_length[u] for u in prompts.uids]
         self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response, planned)
-        self.phases.observe(result.tokens, result.preparation + result.learning)
+        self.phases.observe(result.tokens, result.preparation + result.learning, billed_s=self.billed_s(result))
         self.margins.observe(
             {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost},
             {"time": result.time, "cost": result.cost},
@@ -177,6 +179,15 @@ class Simulator:
         )
         self.shortfall.observe(versus, len(prompts.uids))
         return result
+
+    def billed_s(self, result: StepResult) -> float:
+        """The seconds on every GPU that the step's bill after generation stands for: its
+        preparation and learning, the preparation it ran during generation and that work's weight
+        loads."""
+        per_second = charge(self.stage.pricing, self.stage.total_gpus, 1.0)
+        if per_second > 0:
+            return result.cost_after / per_second
+        return result.preparation + result.preparation_overlapped + result.learning
 
     def pilot(self, prompts: StepPrompts, count: int) -> None:
         """The runtime's length pilot (`scheduler.length_pilot`, widened by `planner.pilot`):
