@@ -165,7 +165,9 @@ class Simulator:
             result.pilot_cost = charge(self.stage.pricing, self.stage.profile.gpus, seconds)
         planned = [plan.predicted_length[u] for u in prompts.uids]
         self.predictor.update_many(prompts.uids, prompts.lengths, self.stage.max_response, planned)
-        self.phases.observe(result.tokens, result.preparation + result.learning, billed_s=self.billed_s(result))
+        self.phases.observe(
+            result.tokens, result.preparation + result.learning, billed_s=self.billed_s(result)
+        )
         self.margins.observe(
             {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost},
             {"time": result.time, "cost": result.cost},
