@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = read_prompts(args.prompts, cfg.generation.max_prompt_tokens)
         shape = ModelShape.resolve(args.model)
+        baseline = None
         if args.profile:
             profiles = [Profile.load(args.profile)]
             source = f"measured table {args.profile}"
@@ -209,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             if not scheduler.features["actor_scaling"]:  # the baselines' and fixed N: one size
                 sizes = [largest]
             profiles = [roofline_profile(shape, args.gpu, tp) for tp in sizes]
+            baseline = roofline_profile(shape, args.gpu, largest)  # verl's size: lam's cap
             source = "built-in default (derived, not measured): "
         gpu = GpuSpec.resolve(args.gpu)
         cluster = ClusterSpec(
@@ -224,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
             for entry in row["history"]:
                 predictor.update(row["uid"], _history_entry(entry))
         prompts = [PromptSpec(r["uid"], r["prompt_tokens"], r["answer_tokens"]) for r in rows]
-        plan = plan_shapes(prompts, predictor, profiles, cluster, scheduler, group_size)
+        plan = plan_shapes(prompts, predictor, profiles, cluster, scheduler, group_size, baseline=baseline)
     except (ValueError, OSError) as err:
         return _fail(str(err))
     if not args.profile:  # the size the plan took

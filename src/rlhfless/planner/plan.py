@@ -37,7 +37,7 @@ from rlhfless.planner.scaling import (
 )
 from rlhfless.planner.step_plan import ActorPlan, PromptSpec, StepPlan
 from rlhfless.planner.timemodel import RangeModel, Workload
-from rlhfless.planner.verl_time import even_split_seconds, verl_workload
+from rlhfless.planner.verl_time import verl_cap, verl_workload
 
 
 def candidate_bounds(
@@ -100,11 +100,14 @@ def plan_step(
     billing: Billing | None = None,
     max_length: float | None = None,
     floor_shapes: Sequence[Profile] = (),
+    cap: float | None = None,
 ) -> StepPlan:
     """Plan one step. `billing` says how the executor starts and bills functions (default: on
     demand, no resident learner, `config.pricing`); `max_length` caps predicted response lengths
     (the engine's max_new_tokens); `floor_shapes`: every actor shape the floor may take the best
-    of (default: `profile` alone)."""
+    of (default: `profile` alone); `cap`: the generation time lam's N must be within
+    (`verl_time.verl_cap`), where the caller timed verl at its own actor size (default: timed
+    here, at `profile`, when lam would take a slower plan than the fastest)."""
     t0 = time.perf_counter()
     n_prompts = len(prompts)
     _check_inputs(profile, cluster, config, n_prompts, group_size)
@@ -165,11 +168,19 @@ def plan_step(
         pick = choose(table, rest, *targets, margins, nearest=nearest)
         if not capped or targeted or table.time[pick] <= table.time.min():
             return pick, None
-        if not caps:  # the executor's overhead and the wait for the learner's own decode
-            # function are on every candidate's time, and on verl's
-            even = even_split_seconds(verl_workload(workload), int(ns.max()), profile, config.segments)
-            cap = config.max_slowdown * (even + billing.overhead_s + billing.host_start_s)
-            caps.append(cap / billing.generation_shortfall)  # as the run's forecasts have erred
+        if not caps:
+            caps.append(
+                verl_cap(
+                    verl_workload(workload),
+                    int(ns.max()),
+                    profile,
+                    config.segments,
+                    config.max_slowdown,
+                    billing,
+                )
+                if cap is None
+                else cap
+            )
         return choose(table, rest, time_cap=caps[0]), None
 
     pick, width = pick_n(table)

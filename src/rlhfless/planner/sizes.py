@@ -14,12 +14,14 @@ import numpy as np
 
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
-from rlhfless.planner.plan import plan_step
+from rlhfless.planner.plan import candidate_bounds, plan_step
 from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing, CandidateTable, PlanError, choose, normalised
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
+from rlhfless.planner.timemodel import Workload
+from rlhfless.planner.verl_time import verl_cap, verl_workload
 
 TARGET_LAMS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the lams a split's parts are planned at under a target
 
@@ -33,11 +35,18 @@ def plan_shapes(
     group_size: int,
     billing: Billing | None = None,
     max_length: float | None = None,
+    baseline: Profile | None = None,
 ) -> StepPlan:
     """Plan one step with decode actors of any one of several shapes (`profiles`, one per
     tensor-parallel size): each shape's plan as `plan_step` makes it and, with
     `scheduler.split_sizes`, the best split between two (`planner.pools`); then the one `_across`
     takes on their whole-step forecasts. The plan keeps each option's in `shape_options`.
+
+    `baseline` is the size verl runs at (`model.tp`): lam's N, in every size and split, stays
+    within verl's generation time there (`scheduler.max_slowdown`), and so does the size taken.
+    Timed at each size's own instead, verl's even split over a smaller size's actors could be the
+    slower one, and a plan slower than verl passed (a random sweep, session 37: 4 x 8 H200,
+    Qwen2.5-7B at TP 2, 64 LCB prompts a step, took TP 1 actors at 13.6 s against verl's 10.0).
 
     A split's parts are planned free of a budget or deadline, which the joined plan is held to.
     Under one, each split is planned at every lam of `TARGET_LAMS`, from the cheapest parts to the
@@ -46,13 +55,26 @@ def plan_shapes(
     forecast at 141-146 s a step), a deadline of 160 s was refused: the fastest single size was
     forecast at 166 s."""
     t0 = time.perf_counter()
+    targeted = config.budget_per_step is not None or config.deadline_per_step is not None
+    cap = None
+    if baseline is not None and len(profiles) > 1 and not targeted:
+        cap = _verl_cap(prompts, predictor, baseline, cluster, config, group_size, billing, max_length)
     plans, refused = [], []
     for profile in profiles:
         shaped = replace(config, gpus_per_actor=profile.gpus)
         try:
             plans.append(
                 plan_step(
-                    prompts, predictor, profile, cluster, shaped, group_size, billing, max_length, profiles
+                    prompts,
+                    predictor,
+                    profile,
+                    cluster,
+                    shaped,
+                    group_size,
+                    billing,
+                    max_length,
+                    profiles,
+                    cap,
                 )
             )
         except PlanError as err:  # this shape cannot meet the target; another may
@@ -61,7 +83,6 @@ def plan_shapes(
             refused.append(err)
     if len(plans) == len(profiles) == 1:
         return plans[0]
-    targeted = config.budget_per_step is not None or config.deadline_per_step is not None
     options = list(plans)
     if config.features["split_sizes"] and len(profiles) > 1:
         bases = plans or [
@@ -80,14 +101,14 @@ def plan_shapes(
         ]
         lams = TARGET_LAMS if targeted else (config.lam,)
         splits = _splits(
-            prompts, predictor, profiles, bases, cluster, config, group_size, billing, max_length, lams
+            prompts, predictor, profiles, bases, cluster, config, group_size, billing, max_length, lams, cap
         )
         if splits:  # the best split beside every single size
-            options.append(splits[_across(splits, config, billing)])
+            options.append(splits[_across(splits, config, billing, cap=cap)])
     if not options:
         raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
     try:
-        chosen = options[_across(options, config, billing, strict=targeted)]
+        chosen = options[_across(options, config, billing, strict=targeted, cap=cap)]
     except PlanError as err:
         raise min([*refused, err], key=lambda e: e.least if e.least is not None else np.inf) from None
     chosen.plan_seconds = time.perf_counter() - t0
@@ -106,6 +127,7 @@ def _splits(
     billing: Billing | None,
     max_length: float | None,
     lams: Sequence[float],
+    cap: float | None = None,
 ) -> list[StepPlan]:
     """Plans split between the largest size and a smaller one (`planner.pools`), their parts
     planned at each of `lams`: the smaller is the best single size's where that is not the
@@ -113,7 +135,7 @@ def _splits(
     predicted sequence (`pools.latency_bound`)."""
     by_size = sorted(profiles, key=lambda p: p.gpus)
     large = by_size[-1]
-    best = plans[_across(plans, config)].profile
+    best = plans[_across(plans, config, cap=cap)].profile
     small = best if best is not None and best.gpus < large.gpus else by_size[-2]
     gmax, gmean = predictor.predict(
         [p.uid for p in prompts], [p.answer_tokens for p in prompts], [p.source for p in prompts]
@@ -129,7 +151,9 @@ def _splits(
     def part(
         subset: Sequence[PromptSpec], profile: Profile, nodes: ClusterSpec, cfg: SchedulerConfig
     ) -> StepPlan:
-        return plan_step(subset, predictor, profile, nodes, cfg, group_size, billing, max_length, profiles)
+        return plan_step(
+            subset, predictor, profile, nodes, cfg, group_size, billing, max_length, profiles, cap
+        )
 
     return [
         split
@@ -169,15 +193,23 @@ def _across(
     config: SchedulerConfig,
     billing: Billing | None = None,
     strict: bool = False,
+    cap: float | None = None,
 ) -> int:
     """Index of the plan to take, by `choose` over their whole-step forecasts: under a budget the
     fastest that fits it, under a deadline the cheapest that fits, each raised by `billing`'s
-    margins; else the least lam score. Where none fits: the nearest, unless `strict` and
+    margins; else the least lam score among those whose generation is within `cap` (the fastest
+    generation where none is). Where no plan fits a target: the nearest, unless `strict` and
     `scheduler.target_miss` asks for an error (PlanError naming the nearest)."""
     t = np.array([p.predicted_step_time for p in plans])
     c = np.array([p.predicted_step_cost for p in plans])
     how, lam = config.normalise, config.lam
     score = lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)
+    if cap is not None:
+        generation = np.array([p.predicted_time for p in plans])
+        within = generation <= cap * (1 + 1e-9)
+        if not within.any():
+            return int(np.argmin(generation))
+        score = np.where(within, score, np.inf)
     none = np.zeros(len(plans))
     table = CandidateTable(
         np.array([p.n_actors for p in plans]), t, c, score, none.astype(bool), none.astype(bool), none
@@ -191,3 +223,30 @@ def _across(
         margins=margins,
         nearest=nearest,
     )
+
+
+def _verl_cap(
+    prompts: Sequence[PromptSpec],
+    predictor: LengthPredictor,
+    baseline: Profile,
+    cluster: ClusterSpec,
+    config: SchedulerConfig,
+    group_size: int,
+    billing: Billing | None,
+    max_length: float | None,
+) -> float | None:
+    """verl's generation of the step at its own size, as the cap of lam's N (`verl_time.verl_cap`);
+    None where lam is not capped."""
+    if config.max_slowdown is None or config.policy != "rlhfless":
+        return None
+    gmax, gmean = predictor.predict(
+        [p.uid for p in prompts], [p.answer_tokens for p in prompts], [p.source for p in prompts]
+    )
+    if max_length is not None:
+        gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
+    lengths = np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=float, count=len(prompts))
+    zeros = np.zeros_like(lengths)
+    verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
+    n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, len(prompts), False)[0])
+    billing = billing or Billing(config.pricing)
+    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing)

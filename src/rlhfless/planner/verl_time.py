@@ -8,6 +8,7 @@ import numpy as np
 
 from rlhfless.planner.assignment import even_ranges
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.scaling import Billing
 from rlhfless.planner.timemodel import RangeModel, Workload
 
 
@@ -32,3 +33,14 @@ def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) 
     starts, ends, _ = even_ranges(verl.size, np.array([n]))
     parts = model.times(starts, ends)
     return float((parts["prefill"] + parts["decode"]).max())
+
+
+def verl_cap(
+    verl: Workload, n: int, profile: Profile, segments: int, max_slowdown: float, billing: Billing
+) -> float:
+    """The generation time lam's N must be within (`scheduler.max_slowdown`): verl's plan of the
+    step on `n` actors of `profile` (verl's own size), with the executor's overhead and a first
+    step's wait for the learner's decode function as on every candidate, times `max_slowdown`,
+    over how much further short the run's forecasts lately fell than verl's."""
+    even = even_split_seconds(verl, n, profile, segments)
+    return max_slowdown * (even + billing.overhead_s + billing.host_start_s) / billing.generation_shortfall

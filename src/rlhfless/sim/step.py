@@ -143,6 +143,7 @@ class Simulator:
             g,
             self.billing(weights_loaded),
             self.stage.max_response,  # as the runtime caps predictions at max_new_tokens
+            baseline=self.planner_profile,  # model.tp: verl's size, whose time caps lam's N
         )
 
     def run_step(self, step: int, prompts: StepPrompts) -> StepResult:
