@@ -249,3 +249,20 @@ def test_lam_over_sizes_is_never_slower_than_verl_at_verls_own_size(step, lam):
         assert got.predicted_time <= cap * (1 + 1e-9)
     else:  # no size reaches verl's time: the fastest
         assert got.predicted_time == min(times)
+
+
+def test_a_split_taken_is_compared_with_verl_at_verls_size_too():
+    """The run's shortfall against verl learns from every plan taken: a split's parts are timed
+    each at its own size, verl at its own (where a split gave nothing before). At observed
+    lengths equal to the predicted ones, the two quotients agree."""
+    from rlhfless.planner.forecast import versus_verl
+
+    prompts = [PromptSpec(f"p{i}", [7, 7, i % 3, i]) for i in range(2)]
+    predictor = LengthPredictor()
+    for p, length in zip(prompts, [299, 1026], strict=True):
+        predictor.update(p.uid, [length, max(1, length // 3)])
+    got = plan_shapes(prompts, predictor, SHAPES, make_cluster(), SchedulerConfig(lam=0.93), 2, baseline=TWO)
+    assert got.pools and got.verl_actors == min(make_cluster().max_actors(TWO.gpus), 2)
+    observed = np.array([[299, 99], [1026, 342]])  # each group's max and mean as predicted
+    predicted, seen = versus_verl(got, observed, np.array([4.0, 4.0]), ONE, verl_profile=TWO)
+    assert predicted == pytest.approx(seen) and predicted > 0

@@ -364,9 +364,11 @@ def versus_verl(
     prompt_tokens: np.ndarray,
     profile: Profile,
     segments: int = 16,
+    verl_profile: Profile | None = None,
 ) -> tuple[float, float] | None:
-    """The plan's generation time over verl's plan of the same step (`plan.verl_actors`), both
-    timed by `profile`: (at the predicted response lengths, at the observed ones). `observed`
+    """The plan's generation time over verl's plan of the same step (`plan.verl_actors` actors of
+    `verl_profile`, default `profile`): (at the predicted response lengths, at the observed ones).
+    The plan's actors are timed by `profile`, a split's parts each by its own size's. `observed`
     (prompts x samples) and `prompt_tokens` are in the plan's input order. The second over the
     first is how much further short the plan's forecast fell than verl's would have, from the
     lengths alone (`Margins.shortfall`); None when no verl plan capped this one."""
@@ -374,14 +376,18 @@ def versus_verl(
         return None
     uids = list(plan.predicted_length)
     position = dict(zip(uids, range(len(uids)), strict=True))
-    order = np.array([position[u] for a in plan.actors for u in a.uids])
+    parts = [(p, np.array([position[u] for a in p.actors for u in a.uids])) for p in plan.pools or [plan]]
     plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
     predicted = np.fromiter(plan.predicted_length.values(), dtype=float, count=len(uids))
     ratios = []
     for gmax, gmean in ((predicted, plan.predicted_mean), (observed.max(axis=1), observed.mean(axis=1))):
-        ours = _actor_times(plan, gmax[order], gmean[order], plen[order], g, profile, segments)[1].max()
+        ours = max(
+            _actor_times(p, gmax[at], gmean[at], plen[at], g, p.profile or profile, segments)[1].max()
+            for p, at in parts
+        )
         verl = verl_workload(Workload(gmax, gmean, plen, plen, plen * 0.0, g))
-        ratios.append(float(ours) / even_split_seconds(verl, plan.verl_actors, profile, segments))
+        verl_s = even_split_seconds(verl, plan.verl_actors, verl_profile or profile, segments)
+        ratios.append(float(ours) / verl_s)
     return ratios[0], ratios[1]
 
 

@@ -56,9 +56,10 @@ def plan_shapes(
     forecast at 166 s."""
     t0 = time.perf_counter()
     targeted = config.budget_per_step is not None or config.deadline_per_step is not None
-    cap = None
+    verl = None
     if baseline is not None and len(profiles) > 1 and not targeted:
-        cap = _verl_cap(prompts, predictor, baseline, cluster, config, group_size, billing, max_length)
+        verl = _verl_cap(prompts, predictor, baseline, cluster, config, group_size, billing, max_length)
+    cap = verl[0] if verl else None
     plans, refused = [], []
     for profile in profiles:
         shaped = replace(config, gpus_per_actor=profile.gpus)
@@ -111,6 +112,8 @@ def plan_shapes(
         chosen = options[_across(options, config, billing, strict=targeted, cap=cap)]
     except PlanError as err:
         raise min([*refused, err], key=lambda e: e.least if e.least is not None else np.inf) from None
+    if verl:  # the shortfall compares any plan taken, a split's too, with verl at its size
+        chosen = replace(chosen, verl_actors=verl[1], predicted_mean=verl[2])
     chosen.plan_seconds = time.perf_counter() - t0
     chosen.shape_options = [_option(p) for p in options]
     return chosen
@@ -234,9 +237,10 @@ def _verl_cap(
     group_size: int,
     billing: Billing | None,
     max_length: float | None,
-) -> float | None:
-    """verl's generation of the step at its own size, as the cap of lam's N (`verl_time.verl_cap`);
-    None where lam is not capped."""
+) -> tuple[float, int, np.ndarray] | None:
+    """verl's generation of the step at its own size, as the cap of lam's N (`verl_time.verl_cap`),
+    with verl's actor count and the predicted group means it was timed at; None where lam is not
+    capped."""
     if config.max_slowdown is None or config.policy != "rlhfless":
         return None
     gmax, gmean = predictor.predict(
@@ -249,4 +253,4 @@ def _verl_cap(
     verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
     n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, len(prompts), False)[0])
     billing = billing or Billing(config.pricing)
-    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing)
+    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n, gmean

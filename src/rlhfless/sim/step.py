@@ -179,6 +179,7 @@ class Simulator:
             prompts.prompt_lengths,
             plan.profile or self.planner_profile,
             self.config.segments,
+            self.planner_profile,  # verl's size (model.tp)
         )
         self.shortfall.observe(versus, len(prompts.uids))
         return result
