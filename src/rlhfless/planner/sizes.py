@@ -140,13 +140,8 @@ def _splits(
     large = by_size[-1]
     best = plans[_across(plans, config, cap=cap)].profile
     small = best if best is not None and best.gpus < large.gpus else by_size[-2]
-    gmax, gmean = predictor.predict(
-        [p.uid for p in prompts], [p.answer_tokens for p in prompts], [p.source for p in prompts]
-    )
-    if max_length is not None:
-        gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
+    gmax, gmean, lengths = _predicted(prompts, predictor, max_length)
     billing = billing or Billing(config.pricing)
-    lengths = np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=float, count=len(prompts))
     actors = cluster.max_actors(small.gpus)
     if not latency_bound(small, lengths, gmax, gmean, group_size, actors, billing.pricing):
         return []
@@ -243,14 +238,23 @@ def _verl_cap(
     capped."""
     if config.max_slowdown is None or config.policy != "rlhfless":
         return None
+    gmax, gmean, lengths = _predicted(prompts, predictor, max_length)
+    zeros = np.zeros_like(lengths)
+    verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
+    n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, len(prompts), False)[0])
+    billing = billing or Billing(config.pricing)
+    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n, gmean
+
+
+def _predicted(
+    prompts: Sequence[PromptSpec], predictor: LengthPredictor, max_length: float | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each prompt's predicted group max and mean (capped at `max_length`, as `plan_step` caps
+    them) and its prompt length."""
     gmax, gmean = predictor.predict(
         [p.uid for p in prompts], [p.answer_tokens for p in prompts], [p.source for p in prompts]
     )
     if max_length is not None:
         gmax, gmean = np.minimum(gmax, max_length), np.minimum(gmean, max_length)
     lengths = np.fromiter((len(p.prompt_tokens) for p in prompts), dtype=float, count=len(prompts))
-    zeros = np.zeros_like(lengths)
-    verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
-    n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, len(prompts), False)[0])
-    billing = billing or Billing(config.pricing)
-    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n, gmean
+    return gmax, gmean, lengths
