@@ -56,9 +56,10 @@ def plan_shapes(
     forecast at 166 s."""
     t0 = time.perf_counter()
     targeted = config.budget_per_step is not None or config.deadline_per_step is not None
+    predicted = _predicted(prompts, predictor, max_length) if len(profiles) > 1 else None
     verl = None
-    if baseline is not None and len(profiles) > 1 and not targeted:
-        verl = _verl_cap(prompts, predictor, baseline, cluster, config, group_size, billing, max_length)
+    if baseline is not None and predicted is not None and not targeted:
+        verl = _verl_cap(predicted, baseline, cluster, config, group_size, billing)
     cap = verl[0] if verl else None
     plans, refused = [], []
     for profile in profiles:
@@ -102,7 +103,18 @@ def plan_shapes(
         ]
         lams = TARGET_LAMS if targeted else (config.lam,)
         splits = _splits(
-            prompts, predictor, profiles, bases, cluster, config, group_size, billing, max_length, lams, cap
+            prompts,
+            predicted,
+            predictor,
+            profiles,
+            bases,
+            cluster,
+            config,
+            group_size,
+            billing,
+            max_length,
+            lams,
+            cap,
         )
         if splits:  # the best split beside every single size
             options.append(splits[_across(splits, config, billing, cap=cap)])
@@ -121,6 +133,7 @@ def plan_shapes(
 
 def _splits(
     prompts: Sequence[PromptSpec],
+    predicted: tuple[np.ndarray, np.ndarray, np.ndarray],
     predictor: LengthPredictor,
     profiles: Sequence[Profile],
     plans: Sequence[StepPlan],
@@ -135,12 +148,12 @@ def _splits(
     """Plans split between the largest size and a smaller one (`planner.pools`), their parts
     planned at each of `lams`: the smaller is the best single size's where that is not the
     largest, else the next below it; none where the smaller alone would not wait on the longest
-    predicted sequence (`pools.latency_bound`)."""
+    predicted sequence (`pools.latency_bound`). `predicted`: `_predicted`'s figures."""
     by_size = sorted(profiles, key=lambda p: p.gpus)
     large = by_size[-1]
     best = plans[_across(plans, config, cap=cap)].profile
     small = best if best is not None and best.gpus < large.gpus else by_size[-2]
-    gmax, gmean, lengths = _predicted(prompts, predictor, max_length)
+    gmax, gmean, lengths = predicted
     billing = billing or Billing(config.pricing)
     actors = cluster.max_actors(small.gpus)
     if not latency_bound(small, lengths, gmax, gmean, group_size, actors, billing.pricing):
@@ -202,46 +215,48 @@ def _across(
     c = np.array([p.predicted_step_cost for p in plans])
     how, lam = config.normalise, config.lam
     score = lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)
-    if cap is not None:
-        generation = np.array([p.predicted_time for p in plans])
-        within = generation <= cap * (1 + 1e-9)
-        if not within.any():
-            return int(np.argmin(generation))
-        score = np.where(within, score, np.inf)
+    generation = np.array([p.predicted_time for p in plans])
+    generation_cost = np.array([p.predicted_cost for p in plans])
     none = np.zeros(len(plans))
     table = CandidateTable(
-        np.array([p.n_actors for p in plans]), t, c, score, none.astype(bool), none.astype(bool), none
+        np.array([p.n_actors for p in plans]),
+        generation,
+        generation_cost,
+        score,
+        none.astype(bool),
+        none.astype(bool),
+        none,
     )
     margins = (billing.time_margin, billing.cost_margin) if billing is not None else (0.0, 0.0)
     nearest = not strict or config.target_miss == "nearest"
     return choose(
         table,
+        (t - generation, c - generation_cost),  # the rest of each plan's step
         budget=config.budget_per_step,
         deadline=config.deadline_per_step,
         margins=margins,
+        time_cap=cap,
         nearest=nearest,
     )
 
 
 def _verl_cap(
-    prompts: Sequence[PromptSpec],
-    predictor: LengthPredictor,
+    predicted: tuple[np.ndarray, np.ndarray, np.ndarray],
     baseline: Profile,
     cluster: ClusterSpec,
     config: SchedulerConfig,
     group_size: int,
     billing: Billing | None,
-    max_length: float | None,
 ) -> tuple[float, int, np.ndarray] | None:
     """verl's generation of the step at its own size, as the cap of lam's N (`verl_time.verl_cap`),
-    with verl's actor count and the predicted group means it was timed at; None where lam is not
-    capped."""
+    with verl's actor count and the predicted group means it was timed at (`predicted`:
+    `_predicted`'s figures); None where lam is not capped."""
     if config.max_slowdown is None or config.policy != "rlhfless":
         return None
-    gmax, gmean, lengths = _predicted(prompts, predictor, max_length)
+    gmax, gmean, lengths = predicted
     zeros = np.zeros_like(lengths)
     verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
-    n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, len(prompts), False)[0])
+    n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, lengths.size, False)[0])
     billing = billing or Billing(config.pricing)
     return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n, gmean
 
