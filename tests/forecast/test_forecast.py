@@ -212,6 +212,11 @@ def test_the_shortfall_starts_where_it_was_measured_then_weighs_each_steps_promp
     for versus in ((1.0, 1.0), (1.0, 0.9), None):
         falls_long.observe(versus, 512)
     assert falls_long.factor() == 1.0  # verl's forecast fell further short: the cap stays verl's
+    # A split's against a single size's trusts the forecast until it measured one, the first step's too.
+    splits = Shortfall(unknown=1.0, first=True)
+    assert splits.factor() == 1.0
+    splits.observe((1.0, 1.2), 512)
+    assert splits.factor() == pytest.approx(1 + 512 * 0.2 / (512 + prior))
 
 
 def _cluster():

@@ -266,3 +266,39 @@ def test_a_split_taken_is_compared_with_verl_at_verls_size_too():
     observed = np.array([[299, 99], [1026, 342]])  # each group's max and mean as predicted
     predicted, seen = versus_verl(got, observed, np.array([4.0, 4.0]), ONE, verl_profile=TWO)
     assert predicted == pytest.approx(seen) and predicted > 0
+
+
+def test_a_split_weighed_is_kept_beside_the_best_single_size_and_learns_where_it_fell_short():
+    """The run learns how a split fares against the best single size from the step's own
+    lengths (`versus_single`): the bulk's part was planned for 500-token groups, and one that ran
+    to 2,000 tokens sets its end on the narrow actors, where on the wide ones it would not."""
+    from rlhfless.planner.forecast import versus_single
+
+    prompts, predictor = long_and_bulk()
+    got = plan_shapes(prompts, predictor, [NARROW, WIDE], CLUSTER, SchedulerConfig(lam=1.0), 2)
+    split, single = got.split_versus
+    assert got.pools and split.actors == got.actors and not single.pools
+    assert len(got.predicted_mean) == len(prompts)
+    tokens = np.full(len(prompts), 3.0)
+    observed = np.array([[2000, 1900]] + [[500, 480]] * 400)  # each group's max and mean as predicted
+    predicted, seen = versus_single(split, single, got.predicted_mean, observed, tokens, NARROW)
+    assert predicted == pytest.approx(seen) and predicted < 1.0
+    observed[200] = [2000, 1900]
+    _, longer = versus_single(split, single, got.predicted_mean, observed, tokens, NARROW)
+    assert longer > 1.2 * seen
+
+
+def test_a_split_is_weighed_with_its_generation_stretched_by_how_far_splits_fell_short():
+    prompts, predictor = long_and_bulk()
+    shapes, config = [NARROW, WIDE], SchedulerConfig(lam=1.0)
+    fast = plan_shapes(prompts, predictor, shapes, CLUSTER, config, 2)
+    singles = [o for o in fast.shape_options if "pools" not in o]
+    best = min(singles, key=lambda o: o["step_time"])
+    gain = (best["step_time"] - fast.predicted_step_time) / fast.predicted_time  # the split's lead
+    for stretch, split in ((1 + 0.9 * gain, True), (1 + 1.1 * gain, False)):
+        got = plan_shapes(
+            prompts, predictor, shapes, CLUSTER, config, 2, Billing(config.pricing, split_shortfall=stretch)
+        )
+        assert bool(got.pools) == split
+        assert got.split_versus is not None  # weighed either way, so the run keeps learning
+    assert got.predicted_step_time == best["step_time"]  # its forecast as planned, not stretched

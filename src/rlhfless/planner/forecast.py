@@ -278,14 +278,14 @@ NOISE, SPREAD = 0.2, 0.02
 @dataclass
 class Shortfall:
     """How much further short than verl's the run's plans' forecasts have lately fallen, from the
-    lengths alone, so that a plan capped at verl's generation time is not slower on average. Each
+    lengths alone (or a split's than a single size's: `versus_single`), so that a plan capped at verl's generation time is not slower on average. Each
     step gives a quotient (`versus_verl`: the plan over verl's plan of the step, at the observed
     lengths, over the same at the predicted ones; verl does not run, but its plan is timed by the
     same model). `factor` is their prompt-weighted mean over the last `window` steps, shrunk toward
     1 by a prior worth (NOISE / SPREAD)^2 prompts, and never below 1 (where verl's forecast fell
     further short, the cap stays verl's). The run's first step is left out: its predictions knew
-    nothing of the run. Until a quotient is measured, `factor` is 1 + SPREAD / 2, the middle of
-    where the shortfall has been measured: a first step's plan rests on first-epoch estimates alone,
+    nothing of the run. Until a quotient is measured, `factor` is `unknown`, by default
+    1 + SPREAD / 2, the middle of where the shortfall has been measured: a first step's plan rests on first-epoch estimates alone,
     and at 1 PPO Qwen2.5-7B LCB's (paper-physical, simulated) fell 1.4% short of its forecast and
     generated slower than verl's."""
 
@@ -293,17 +293,19 @@ class Shortfall:
     quotients: list[float] | None = None
     prompts: list[int] | None = None
     steps: int = 0
+    unknown: float = 1.0 + SPREAD / 2  # `factor` until a quotient is measured
+    first: bool = False  # whether the run's first step teaches it
 
     def observe(self, versus: tuple[float, float] | None, prompts: int) -> None:
         self.steps += 1
-        if self.steps == 1 or versus is None or min(versus) <= 0:
+        if (self.steps == 1 and not self.first) or versus is None or min(versus) <= 0:
             return
         self.quotients = ((self.quotients or []) + [versus[1] / versus[0]])[-self.window :]
         self.prompts = ((self.prompts or []) + [prompts])[-self.window :]
 
     def factor(self) -> float:
         if not self.quotients:
-            return 1.0 + SPREAD / 2
+            return self.unknown
         q, p = np.asarray(self.quotients), np.asarray(self.prompts, dtype=float)
         excess = float((p * (q - 1.0)).sum() / (p.sum() + (NOISE / SPREAD) ** 2))
         return 1.0 + max(0.0, excess)
@@ -374,21 +376,65 @@ def versus_verl(
     lengths alone (`Margins.shortfall`); None when no verl plan capped this one."""
     if not plan.verl_actors or plan.predicted_mean is None or not plan.actors:
         return None
-    uids = list(plan.predicted_length)
-    position = dict(zip(uids, range(len(uids)), strict=True))
-    parts = [(p, np.array([position[u] for a in p.actors for u in a.uids])) for p in plan.pools or [plan]]
     plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
-    predicted = np.fromiter(plan.predicted_length.values(), dtype=float, count=len(uids))
     ratios = []
-    for gmax, gmean in ((predicted, plan.predicted_mean), (observed.max(axis=1), observed.mean(axis=1))):
-        ours = max(
-            _actor_times(p, gmax[at], gmean[at], plen[at], g, p.profile or profile, segments)[1].max()
-            for p, at in parts
-        )
+    for gmax, gmean in _lengths(plan, plan.predicted_mean, observed):
+        ours = _generation_s(plan, gmax, gmean, plen, g, profile, segments)
         verl = verl_workload(Workload(gmax, gmean, plen, plen, plen * 0.0, g))
         verl_s = even_split_seconds(verl, plan.verl_actors, verl_profile or profile, segments)
-        ratios.append(float(ours) / verl_s)
+        ratios.append(ours / verl_s)
     return ratios[0], ratios[1]
+
+
+def versus_single(
+    split: StepPlan,
+    single: StepPlan,
+    predicted_mean: np.ndarray,
+    observed: np.ndarray,
+    prompt_tokens: np.ndarray,
+    profile: Profile,
+    segments: int = 16,
+) -> tuple[float, float]:
+    """A split's generation time over the best single size's plan of the same step (`plan_shapes`
+    weighed both): (at the predicted response lengths, at the observed ones), each actor timed by
+    its own size's profile (`profile` where a plan holds none). The second over the first is how
+    much further short the split's forecast fell than the single size's would have
+    (`Billing.split_shortfall`). `predicted_mean`, `observed` (prompts x samples) and
+    `prompt_tokens` are in the plans' input order."""
+    plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
+    ratios = []
+    for gmax, gmean in _lengths(split, predicted_mean, observed):
+        ours = _generation_s(split, gmax, gmean, plen, g, profile, segments)
+        ratios.append(ours / _generation_s(single, gmax, gmean, plen, g, profile, segments))
+    return ratios[0], ratios[1]
+
+
+def _lengths(
+    plan: StepPlan, predicted_mean: np.ndarray, observed: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(group max, group mean) at the plan's predicted lengths and at the observed ones, in the
+    plan's input order."""
+    predicted = np.fromiter(plan.predicted_length.values(), dtype=float, count=len(plan.predicted_length))
+    return (predicted, predicted_mean), (observed.max(axis=1), observed.mean(axis=1))
+
+
+def _generation_s(
+    plan: StepPlan,
+    gmax: np.ndarray,
+    gmean: np.ndarray,
+    plen: np.ndarray,
+    g: int,
+    profile: Profile,
+    segments: int,
+) -> float:
+    """The plan's generation (its latest actor, start delay included) at these per-prompt figures
+    (input order); a split's parts each timed by its own size's profile."""
+    position = {u: i for i, u in enumerate(plan.predicted_length)}
+    return max(
+        float(_actor_times(p, gmax[at], gmean[at], plen[at], g, p.profile or profile, segments)[1].max())
+        for p in plan.pools or [plan]
+        for at in [np.array([position[u] for a in p.actors for u in a.uids])]
+    )
 
 
 def relative_error(forecast: float, actual: float) -> float:

@@ -89,6 +89,10 @@ class Billing:
     generation_shortfall: float = (
         1.0  # generation lately took this x its forecast: verl's cap / it (`Margins`)
     )
+    # A split between sizes lately fell this much further short of its forecast than the best
+    # single size would have (`forecast.versus_single`): its generation forecast is stretched by
+    # it where the sizes are weighed (`sizes.plan_shapes`).
+    split_shortfall: float = 1.0
     after_units: float = 0.0
     after_fixed_s: float = 0.0
     after_per_token_s: float = 0.0

@@ -85,7 +85,7 @@ def plan_shapes(
             refused.append(err)
     if len(plans) == len(profiles) == 1:
         return plans[0]
-    options = list(plans)
+    options, versus = list(plans), None
     if config.features["split_sizes"] and len(profiles) > 1:
         bases = plans or [
             plan_step(
@@ -118,6 +118,8 @@ def plan_shapes(
         )
         if splits:  # the best split beside every single size
             options.append(splits[_across(splits, config, billing, cap=cap)])
+            if plans:  # the run learns how the split would have fared against the best single size
+                versus = (options[-1], plans[_across(plans, config, billing, cap=cap)])
     if not options:
         raise min(refused, key=lambda e: e.least if e.least is not None else np.inf)
     try:
@@ -125,7 +127,9 @@ def plan_shapes(
     except PlanError as err:
         raise min([*refused, err], key=lambda e: e.least if e.least is not None else np.inf) from None
     if verl:  # the shortfall compares any plan taken, a split's too, with verl at its size
-        chosen = replace(chosen, verl_actors=verl[1], predicted_mean=verl[2])
+        chosen = replace(chosen, verl_actors=verl[1])
+    if predicted is not None:
+        chosen = replace(chosen, predicted_mean=predicted[1], split_versus=versus)
     chosen.plan_seconds = time.perf_counter() - t0
     chosen.shape_options = [_option(p) for p in options]
     return chosen
@@ -210,12 +214,15 @@ def _across(
     fastest that fits it, under a deadline the cheapest that fits, each raised by `billing`'s
     margins; else the least lam score among those whose generation is within `cap` (the fastest
     generation where none is). Where no plan fits a target: the nearest, unless `strict` and
-    `scheduler.target_miss` asks for an error (PlanError naming the nearest)."""
-    t = np.array([p.predicted_step_time for p in plans])
+    `scheduler.target_miss` asks for an error (PlanError naming the nearest). A split's
+    generation is weighed stretched by `billing.split_shortfall`, how much further short of its
+    forecast the run's splits have fallen than a single size's."""
+    stretch = billing.split_shortfall if billing is not None else 1.0
+    generation = np.array([p.predicted_time * (stretch if p.pools else 1.0) for p in plans])
+    t = np.array([p.predicted_step_time - p.predicted_time for p in plans]) + generation
     c = np.array([p.predicted_step_cost for p in plans])
     how, lam = config.normalise, config.lam
     score = lam * normalised(t, how) + (1.0 - lam) * normalised(c, how)
-    generation = np.array([p.predicted_time for p in plans])
     generation_cost = np.array([p.predicted_cost for p in plans])
     none = np.zeros(len(plans))
     table = CandidateTable(
@@ -247,10 +254,9 @@ def _verl_cap(
     config: SchedulerConfig,
     group_size: int,
     billing: Billing | None,
-) -> tuple[float, int, np.ndarray] | None:
+) -> tuple[float, int] | None:
     """verl's generation of the step at its own size, as the cap of lam's N (`verl_time.verl_cap`),
-    with verl's actor count and the predicted group means it was timed at (`predicted`:
-    `_predicted`'s figures); None where lam is not capped."""
+    and verl's actor count (`predicted`: `_predicted`'s figures); None where lam is not capped."""
     if config.max_slowdown is None or config.policy != "rlhfless":
         return None
     gmax, gmean, lengths = predicted
@@ -258,7 +264,7 @@ def _verl_cap(
     verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
     n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, lengths.size, False)[0])
     billing = billing or Billing(config.pricing)
-    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n, gmean
+    return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n
 
 
 def _predicted(

@@ -94,6 +94,9 @@ class StepPlan:
     shape_options: list[dict[str, Any]] = field(default_factory=list)
     # A split between two sizes (`planner.pools`): each part's plan, not part of `to_dict`
     pools: list[StepPlan] = field(default_factory=list, repr=False, compare=False)
+    # Where a split was weighed: the best split and the best single size, so that the run learns
+    # how much further short the split's forecast falls (`forecast.versus_single`); not in `to_dict`
+    split_versus: tuple[StepPlan, StepPlan] | None = field(default=None, repr=False, compare=False)
     # The last step's samples over their group's planned max, as ratios (`LengthPredictor.overrun`):
     # how far a sequence that outlived its prediction is expected to run on (`remaining_tokens`)
     overrun: list[float] = field(default_factory=list)

@@ -18,7 +18,7 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
-from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_verl
+from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_single, versus_verl
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
@@ -98,6 +98,7 @@ class Simulator:
         self.phases = PhaseModel(per_token_s=rate, billed_per_token_s=rate)
         self.margins = Margins()  # how far the step forecast fell short lately (budget, deadline)
         self.shortfall = Shortfall()  # how much further short than verl's (verl's cap)
+        self.split_shortfall = Shortfall(unknown=1.0, first=True)  # a split's than a single size's
 
     def billing(self, weights_loaded: bool = False) -> Billing:
         """The simulated executor: cold starts hidden behind the previous step's learning (before
@@ -113,6 +114,7 @@ class Simulator:
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
+            split_shortfall=self.split_shortfall.factor(),
         )
 
     def plan(self, prompts: StepPrompts, weights_loaded: bool = False) -> StepPlan:
@@ -182,6 +184,17 @@ class Simulator:
             self.planner_profile,  # verl's size (model.tp)
         )
         self.shortfall.observe(versus, len(prompts.uids))
+        pair = plan.split_versus
+        if pair is not None:
+            pair = versus_single(
+                *pair,
+                plan.predicted_mean,
+                prompts.lengths,
+                prompts.prompt_lengths,
+                self.planner_profile,
+                self.config.segments,
+            )
+        self.split_shortfall.observe(pair, len(prompts.uids))
         return result
 
     def billed_s(self, result: StepResult) -> float:
