@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from rlhfless.planner.forecast import SPLIT_PRIOR
 from rlhfless.planner.hardware import GpuSpec, ModelShape, Roofline, decode_sizes
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import split_plans
@@ -127,3 +128,31 @@ def test_a_budget_or_deadline_holds_rlhfless_and_leaves_the_fixed_policies_as_th
     assert scheduler_for(cfg, VARIANTS["rlhfless"]).deadline_per_step == 1e-3
     with pytest.raises(PlanError, match="deadline_per_step: got 0.001 s"):
         run_policy(cfg, VARIANTS["rlhfless"], 1)
+
+
+def test_a_run_weighing_splits_learns_from_every_step_how_far_they_fell_short_of_a_single_size():
+    """Each step where a split was weighed replays it and the best single size at the step's own
+    lengths (`forecast.versus_single`), the first step's too; the next plan weighs splits
+    stretched by what was learned (before any, by `SPLIT_PRIOR`)."""
+    cfg = build(
+        {
+            "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100"},
+            "model": {"name": "qwen2.5-7b", "tp": 2},
+            "workload": {
+                "dataset": "gsm8k",
+                "prompts_per_step": 64,
+                "samples": 8,
+                "max_response": 8192,
+                "seed": 7,
+            },
+        }
+    )
+    stage = make_stage(cfg)
+    config = scheduler_for(cfg, VARIANTS["rlhfless"])
+    sim = Simulator(stage, config, LengthPredictor.from_config(config))
+    assert sim.billing().split_shortfall == SPLIT_PRIOR
+    workload = make_workload(cfg)
+    for k in range(3):
+        sim.run_step(k, workload.step(k))
+    assert sim.split_shortfall.quotients and len(sim.split_shortfall.quotients) == 3
+    assert sim.billing().split_shortfall == sim.split_shortfall.factor() != SPLIT_PRIOR

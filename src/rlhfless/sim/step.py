@@ -18,7 +18,14 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
-from rlhfless.planner.forecast import Margins, PhaseModel, Shortfall, versus_single, versus_verl
+from rlhfless.planner.forecast import (
+    SPLIT_PRIOR,
+    Margins,
+    PhaseModel,
+    Shortfall,
+    versus_single,
+    versus_verl,
+)
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
@@ -98,7 +105,7 @@ class Simulator:
         self.phases = PhaseModel(per_token_s=rate, billed_per_token_s=rate)
         self.margins = Margins()  # how far the step forecast fell short lately (budget, deadline)
         self.shortfall = Shortfall()  # how much further short than verl's (verl's cap)
-        self.split_shortfall = Shortfall(unknown=1.0, first=True)  # a split's than a single size's
+        self.split_shortfall = Shortfall(unknown=SPLIT_PRIOR, first=True)  # a split's than a single size's
 
     def billing(self, weights_loaded: bool = False) -> Billing:
         """The simulated executor: cold starts hidden behind the previous step's learning (before
