@@ -156,3 +156,10 @@ def test_a_run_weighing_splits_learns_from_every_step_how_far_they_fell_short_of
         sim.run_step(k, workload.step(k))
     assert sim.split_shortfall.quotients and len(sim.split_shortfall.quotients) == 3
     assert sim.billing().split_shortfall == sim.split_shortfall.factor() != SPLIT_PRIOR
+
+
+def test_a_model_too_large_for_its_tensor_parallel_size_is_one_line_naming_model_tp():
+    cfg = build({"cluster": {"gpu": "h100"}, "model": {"name": "llama-2-70b", "tp": 1}})
+    expected = "model.tp: got 1, expected enough GPUs to hold llama-2-70b (138.0 GB of weights) on h100"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        make_stage(cfg)

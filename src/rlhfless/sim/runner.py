@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.checks import check
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.hardware import roofline_profile
+from rlhfless.planner.hardware import Roofline, roofline_profile
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.sim.config import SimConfig
@@ -58,6 +59,13 @@ def make_stage(cfg: SimConfig) -> Stage:
                 f"model.tp: got {cfg.model.tp}, expected the measured profile's gpus ({profile.gpus})"
             )
     else:
+        check(
+            Roofline(shape, spec, cfg.model.tp).kv_bytes > 0,
+            "model.tp",
+            cfg.model.tp,
+            f"enough GPUs to hold {shape.name} ({shape.weight_bytes / 1e9:.1f} GB of weights) on "
+            f"{spec.name} ({spec.memory_gb} GB each)",
+        )
         profile = roofline_profile(shape, spec, cfg.model.tp)
     profile = timed(profile)
     shapes = {
