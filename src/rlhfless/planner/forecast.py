@@ -434,11 +434,12 @@ def _generation_s(
     """The plan's generation (its latest actor, start delay included) at these per-prompt figures
     (input order); a split's parts each timed by its own size's profile."""
     position = {u: i for i, u in enumerate(plan.predicted_length)}
-    return max(
-        float(_actor_times(p, gmax[at], gmean[at], plen[at], g, p.profile or profile, segments)[1].max())
-        for p in plan.pools or [plan]
-        for at in [np.array([position[u] for a in p.actors for u in a.uids])]
-    )
+    ends = []
+    for part in plan.pools or [plan]:
+        at = np.array([position[u] for a in part.actors for u in a.uids])
+        _, total = _actor_times(part, gmax[at], gmean[at], plen[at], g, part.profile or profile, segments)
+        ends.append(float(total.max()))
+    return max(ends)
 
 
 def relative_error(forecast: float, actual: float) -> float:
