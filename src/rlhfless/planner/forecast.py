@@ -315,7 +315,8 @@ class Shortfall:
         return 1.0 + max(0.0, excess)
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What the run learned (`unknown` and `first` are how it was made, not state)."""
+        return {"quotients": self.quotients, "prompts": self.prompts, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.quotients, self.prompts = state.get("quotients"), state.get("prompts")
