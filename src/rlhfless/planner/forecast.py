@@ -282,16 +282,17 @@ SPLIT_PRIOR = 1.03
 @dataclass
 class Shortfall:
     """How much further short than verl's the run's plans' forecasts have lately fallen, from the
-    lengths alone (or a split's than a single size's: `versus_single`), so that a plan capped at verl's generation time is not slower on average. Each
-    step gives a quotient (`versus_verl`: the plan over verl's plan of the step, at the observed
-    lengths, over the same at the predicted ones; verl does not run, but its plan is timed by the
-    same model). `factor` is their prompt-weighted mean over the last `window` steps, shrunk toward
-    1 by a prior worth (NOISE / SPREAD)^2 prompts, and never below 1 (where verl's forecast fell
-    further short, the cap stays verl's). The run's first step is left out: its predictions knew
-    nothing of the run. Until a quotient is measured, `factor` is `unknown`, by default
-    1 + SPREAD / 2, the middle of where the shortfall has been measured: a first step's plan rests on first-epoch estimates alone,
-    and at 1 PPO Qwen2.5-7B LCB's (paper-physical, simulated) fell 1.4% short of its forecast and
-    generated slower than verl's."""
+    lengths alone, so that a plan capped at verl's generation time is not slower on average (and,
+    kept apart, how much further short a split's than the best single size's: `versus_single`).
+    Each step gives a quotient (`versus_verl`: the plan over verl's plan of the step, at the
+    observed lengths, over the same at the predicted ones; verl does not run, but its plan is timed
+    by the same model). `factor` is their prompt-weighted mean over the last `window` steps, shrunk
+    toward 1 by a prior worth (NOISE / SPREAD)^2 prompts, and never below 1 (where verl's forecast
+    fell further short, the cap stays verl's). The run's first step is left out unless `first`: its
+    predictions knew nothing of the run. Until a quotient is measured, `factor` is `unknown`, by
+    default 1 + SPREAD / 2, the middle of where the shortfall has been measured: a first step's plan
+    rests on first-epoch estimates alone, and at 1 PPO Qwen2.5-7B LCB's (paper-physical, simulated)
+    fell 1.4% short of its forecast and generated slower than verl's."""
 
     window: int = 8
     quotients: list[float] | None = None

@@ -191,17 +191,17 @@ class Simulator:
             self.planner_profile,  # verl's size (model.tp)
         )
         self.shortfall.observe(versus, len(prompts.uids))
-        pair = plan.split_versus
-        if pair is not None:
-            pair = versus_single(
-                *pair,
+        split = None  # the split weighed against the best single size, where one was
+        if plan.split_versus is not None:
+            split = versus_single(
+                *plan.split_versus,
                 plan.predicted_mean,
                 prompts.lengths,
                 prompts.prompt_lengths,
                 self.planner_profile,
                 self.config.segments,
             )
-        self.split_shortfall.observe(pair, len(prompts.uids))
+        self.split_shortfall.observe(split, len(prompts.uids))
         return result
 
     def billed_s(self, result: StepResult) -> float:
