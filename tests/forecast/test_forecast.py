@@ -219,11 +219,8 @@ def test_the_shortfall_starts_where_it_was_measured_then_weighs_each_steps_promp
     assert splits.factor() == pytest.approx(1 + 512 * 0.2 / (512 + prior))
     resumed = Shortfall(unknown=1.0, first=True)  # a resumed run keeps what it learned
     resumed.load_state_dict(json.loads(json.dumps(splits.state_dict())))
-    assert resumed.factor() == splits.factor() and set(splits.state_dict()) == {
-        "quotients",
-        "prompts",
-        "steps",
-    }
+    assert resumed.factor() == splits.factor()
+    assert set(splits.state_dict()) == {"quotients", "prompts", "steps"}  # not how it was made
 
 
 def _cluster():
