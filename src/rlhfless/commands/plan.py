@@ -178,10 +178,12 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None:
         return forecast(args)
     from rlhfless.config import ConfigError, load_config
+    from rlhfless.planner.forecast import SPLIT_PRIOR
     from rlhfless.planner.hardware import GpuSpec, ModelShape, decode_sizes, roofline_profile
     from rlhfless.planner.placement import ClusterSpec
     from rlhfless.planner.predictor import LengthPredictor
     from rlhfless.planner.profile import Profile
+    from rlhfless.planner.scaling import Billing
     from rlhfless.planner.sizes import plan_shapes
     from rlhfless.planner.step_plan import PromptSpec
 
@@ -226,7 +228,11 @@ def run(args: argparse.Namespace) -> int:
             for entry in row["history"]:
                 predictor.update(row["uid"], _history_entry(entry))
         prompts = [PromptSpec(r["uid"], r["prompt_tokens"], r["answer_tokens"]) for r in rows]
-        plan = plan_shapes(prompts, predictor, profiles, cluster, scheduler, group_size, baseline=baseline)
+        # A split is weighed as a run's first step weighs it, before the run measured its own.
+        billing = Billing(scheduler.pricing, split_shortfall=SPLIT_PRIOR)
+        plan = plan_shapes(
+            prompts, predictor, profiles, cluster, scheduler, group_size, billing, baseline=baseline
+        )
     except (ValueError, OSError) as err:
         return _fail(str(err))
     if not args.profile:  # the size the plan took
