@@ -6,10 +6,11 @@ Each scenario is drawn from a seed: GPU (H100, A100, L40S, H200), 1-4 nodes of 8
 fit its tensor-parallel size is refused, as `rlhfless simulate` refuses it. Each scenario runs
 verl and rlhfless for `--steps` steps on the same workload and prints generation over its floor
 (verl's, rlhfless's), rlhfless's generation and whole-step speedup and cost reduction against
-verl, and flags a scenario where rlhfless generates slower (under 0.995x) or costs more. The
-summary counts them.
+verl, and flags a scenario where rlhfless generates slower (under 0.995x) or costs more. Each
+seed's summary counts them; several seeds (`--seed 1 2 3`) are one sweep each, their summaries
+printed together at the end.
 
-    .venv/bin/python benchmarks/bench_sweep.py [--count 60] [--steps 8] [--seed 1]
+    .venv/bin/python benchmarks/bench_sweep.py [--count 60] [--steps 8] [--seed 1 [2 ...]]
 """
 
 from __future__ import annotations
@@ -43,26 +44,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=60)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, nargs="+", default=[1], help="one sweep per seed")
     args = parser.parse_args()
-    rng = np.random.default_rng(args.seed)
     print(
         f"{'scenario (simulated)':52s} {'verl/fl':>7s} {'rlhf/fl':>7s} {'gen x':>6s} {'gen $-%':>8s} "
         f"{'step x':>7s} {'step $-%':>9s} {'N':>5s}"
     )
+    summaries = [sweep(seed, args.count, args.steps) for seed in args.seed]
+    print("\n".join(line for line in summaries if line))
+    print(f"(simulated; {args.steps} steps each; load average {os.getloadavg()[0]:.1f})")
+
+
+def sweep(seed: int, count: int, steps: int) -> str:
+    """Print `count` scenarios drawn from `seed`, one row each; return the seed's summary line."""
+    rng = np.random.default_rng(seed)
     rows = []
-    for _ in range(args.count):
+    for _ in range(count):
         spec = draw(rng)
         name = "-".join(map(str, spec))
         try:
-            cfg = build(scenario_tree(spec, args.steps))
+            cfg = build(scenario_tree(spec, steps))
             stage = make_stage(cfg)
         except ValueError as err:  # e.g. the model does not fit its tensor-parallel size
             print(f"{name:52s} refused: {err}")
             continue
         t0 = time.perf_counter()
         results = {
-            policy: run_policy(cfg, VARIANTS[policy], args.steps, stage, make_workload(cfg))
+            policy: run_policy(cfg, VARIANTS[policy], steps, stage, make_workload(cfg))
             for policy in ("verl", "rlhfless")
         }
         s = experiments.summarize(results)
@@ -84,17 +92,16 @@ def main() -> None:
             flush=True,
         )
     if not rows:
-        return
+        return ""
     speed = [r["generation_speedup"] for r in rows]
     cheaper = [r["generation_cost_reduction"] for r in rows]
-    print(
-        f"{len(rows)} scenarios: generation {statistics.geometric_mean(speed):.3f}x verl's speed "
+    return (
+        f"seed {seed}, {len(rows)} scenarios: generation {statistics.geometric_mean(speed):.3f}x verl's speed "
         f"(geometric mean; least {min(speed):.2f}x), {100 * statistics.fmean(cheaper):.1f}% cheaper (mean); "
         f"slower than verl in {sum(x < 0.995 for x in speed)}, dearer in {sum(x < 0 for x in cheaper)}; "
         f"whole step {statistics.geometric_mean([r['speedup'] for r in rows]):.3f}x, "
         f"{100 * statistics.fmean(r['cost_reduction'] for r in rows):.1f}% cheaper"
     )
-    print(f"(simulated; {args.steps} steps each; seed {args.seed}; load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
