@@ -47,7 +47,8 @@ class SchedulerConfig:
             "this many times verl's plan of the same step (every actor, equal prompt counts, no "
             "dedup), timed by the same model and divided by how much further short the run's "
             "forecasts lately fell than verl's, from the lengths alone (forecast/shortfall); the "
-            "fastest N when none is; null = among all. 0.98 adds a fixed margin, at less saving"
+            "fastest N when none is (lam's among those within 0.5% of it, a tie no forecast resolves); "
+            "null = among all. 0.98 adds a fixed margin, at less saving"
         },
     )
     normalise: str = field(
