@@ -385,7 +385,7 @@ def versus_verl(
     plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
     ratios = []
     for gmax, gmean in _lengths(plan, plan.predicted_mean, observed):
-        ours = _generation_s(plan, gmax, gmean, plen, g, profile, segments)
+        ours = _generation_s(plan, (gmax, gmean), plen, g, profile, segments)
         verl = verl_workload(Workload(gmax, gmean, plen, plen, plen * 0.0, g))
         verl_s = even_split_seconds(verl, plan.verl_actors, verl_profile or profile, segments)
         ratios.append(ours / verl_s)
@@ -409,9 +409,9 @@ def versus_single(
     `prompt_tokens` are in the plans' input order."""
     plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
     ratios = []
-    for gmax, gmean in _lengths(split, predicted_mean, observed):
-        ours = _generation_s(split, gmax, gmean, plen, g, profile, segments)
-        ratios.append(ours / _generation_s(single, gmax, gmean, plen, g, profile, segments))
+    for lengths in _lengths(split, predicted_mean, observed):
+        ours = _generation_s(split, lengths, plen, g, profile, segments)
+        ratios.append(ours / _generation_s(single, lengths, plen, g, profile, segments))
     return ratios[0], ratios[1]
 
 
@@ -426,15 +426,15 @@ def _lengths(
 
 def _generation_s(
     plan: StepPlan,
-    gmax: np.ndarray,
-    gmean: np.ndarray,
+    lengths: tuple[np.ndarray, np.ndarray],
     plen: np.ndarray,
     g: int,
     profile: Profile,
     segments: int,
 ) -> float:
-    """The plan's generation (its latest actor, start delay included) at these per-prompt figures
-    (input order); a split's parts each timed by its own size's profile."""
+    """The plan's generation (its latest actor, start delay included) at these per-prompt group
+    max and mean (`lengths`, input order); a split's parts each timed by its own size's profile."""
+    gmax, gmean = lengths
     position = {u: i for i, u in enumerate(plan.predicted_length)}
     ends = []
     for part in plan.pools or [plan]:
