@@ -133,7 +133,7 @@ def test_lam_never_takes_a_plan_predicted_slower_than_verls_own(work, lam):
     plan of the same step (equal prompt counts in input order on every actor, no dedup), unless
     no N is (then the fastest, or a tie with it: within `TIE`)."""
     prompts, predictor = work
-    billing = Billing(Pricing(3600.0), cold_start_hidden=True, overhead_s=1.5)
+    billing = Billing(Pricing(3600.0), handoff=True, overhead_s=1.5)
     plans = {
         policy: plan_step(
             prompts, predictor, PROFILE, make_cluster(), SchedulerConfig(policy=policy, lam=lam), 2, billing
@@ -151,7 +151,7 @@ def test_a_run_whose_forecasts_fell_short_of_verls_caps_its_plans_that_much_belo
     (`Billing.generation_shortfall`) takes a plan forecast that much faster than verl's, unless no
     N is (then the fastest, or a tie with it: within `TIE`)."""
     prompts, predictor = work
-    billing = Billing(Pricing(3600.0), cold_start_hidden=True, overhead_s=1.5, generation_shortfall=shortfall)
+    billing = Billing(Pricing(3600.0), handoff=True, overhead_s=1.5, generation_shortfall=shortfall)
     plans = {
         policy: plan_step(
             prompts, predictor, PROFILE, make_cluster(), SchedulerConfig(policy=policy, lam=0.0), 2, billing
@@ -257,9 +257,9 @@ def test_heaviest_actor_sits_with_the_learner_and_remote_ones_wait_for_weights()
     remote = [a for a in p.actors if a.node == 1]
     assert remote and all(a.start_delay >= 10**9 / make_cluster().inter_node_bandwidth for a in remote)
 
-    # Before the run's first step the functions' start loads its weights: none stream to them.
+    # On GPUs the learner hands over (the simulator's), the new weights are there: none stream.
     config = SchedulerConfig(actor_scaling=False)
-    billing = Billing(config.pricing, weights_loaded=True)
+    billing = Billing(config.pricing, handoff=True)
     first = plan_step(prompts, predictor, PROFILE, make_cluster(), config, 2, billing)
     remote = [a for a in first.actors if a.node == 1]
     assert remote and all(a.start_delay < 10**9 / make_cluster().inter_node_bandwidth for a in remote)

@@ -98,6 +98,35 @@ def test_the_meter_bills_a_plan_run_as_forecast_exactly_what_the_planner_forecas
     assert metrics["cost/step"] == pytest.approx(plan.predicted_cost, rel=1e-9)
 
 
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("cold", [0.05, 0.3, 5.0])
+def test_gpus_the_learner_hands_over_are_billed_until_it_takes_them_back(rule, cold):
+    """`Billing.handoff` (the simulator's learner holds every GPU but for generation): a decode
+    function starts on its GPUs with no cold start; once released, its GPUs idle until the
+    learner needs them at generation's end where that bills less than a restart (a cold start),
+    else restart; the GPUs no actor took do the same over the whole generation."""
+    profile = replace(make_profile(step_ms=10.0, per_seq_ms=1.0), cold_start_s=cold)
+    cluster = make_cluster()
+    billing = Billing(rule, handoff=True, after_units=float(cluster.total_gpus))
+    plan = plan_step(
+        _prompts(24), _predictor(24), profile, cluster, SchedulerConfig(n_min=2, n_max=5, lam=0.5), 2, billing
+    )
+    end = plan.predicted_time
+    assert all(a.cold_start == 0.0 for a in plan.actors)
+    own = 0.0
+    for a in plan.actors:
+        idle = end - a.predicted_time
+        assert a.keep_warm == bool(keep_warm(rule, idle, cold, 0.0))
+        back = (
+            charge(rule, a.gpus, 0.0, idle_s=idle) if a.keep_warm else charge(rule, a.gpus, cold, cold_s=cold)
+        )
+        own += charge(rule, a.gpus, a.predicted_time) + back
+    untaken = cluster.total_gpus - sum(a.gpus for a in plan.actors)
+    assert untaken > 0
+    spare = [charge(rule, untaken, 0.0, idle_s=end), charge(rule, untaken, cold, cold_s=cold)]
+    assert plan.predicted_cost == pytest.approx(own + (min(spare) if rule.bill_keep_alive else spare[0]))
+
+
 @pytest.mark.parametrize("rule", ["bill_cold_start=true", "bill_cold_start=false"])
 def test_the_meter_bills_a_simulated_step_exactly_what_the_simulator_billed(rule):
     cfg = build(
@@ -108,18 +137,29 @@ def test_the_meter_bills_a_simulated_step_exactly_what_the_simulator_billed(rule
             "scheduler": {"bill_cold_start": rule.endswith("true")},
         }
     )
-    pricing = cfg.cluster.pricing(cfg.scheduler)
+    pricing, cold = cfg.cluster.pricing(cfg.scheduler), cfg.cluster.cold_start_s
     [result] = run_policy(cfg, {"policy": "rlhfless"}, 1)
+    end = result.generation
     meter = Meter(pricing)
-    meter.begin_step(min(a["requested"] for a in result.actors))
-    for a in result.actors:
-        cold = a["requested"] < 0
-        meter.open(
-            Invocation(
-                "d", "decode", {}, a["gpus"], a["requested"], a["requested"], 0.0, a["released"], cold=cold
+    meter.begin_step(0.0)
+
+    def hand_back(name, units, released, warm):  # to the learner at `end`: idle, else restarted
+        idle = end - released
+        if warm:
+            meter.keep_alive(f"{name}-warm", units, {}, released, released + min(idle, cold))
+        if not warm or idle > cold:  # a restart, timed after the step: only its bill matters here
+            meter.open(
+                Invocation(
+                    f"{name}-restart", "learner", {}, units, end, end, end + cold, end + cold, cold=True
+                )
             )
-        )
-    metrics, _ = meter.close_step(result.generation)
+
+    for i, a in enumerate(result.actors):
+        assert a["requested"] == 0.0  # the learner handed its GPUs over: no cold start
+        meter.open(Invocation(f"d{i}", "decode", {}, a["gpus"], 0.0, 0.0, a["ready"], a["released"]))
+        hand_back(f"d{i}", a["gpus"], a["released"], a["warm"])
+    hand_back("untaken", result.untaken_gpus, 0.0, result.untaken_warm)
+    metrics, _ = meter.close_step(end + cold)
     assert metrics["cost/step"] == pytest.approx(result.cost_generation, rel=1e-9)
 
 

@@ -76,16 +76,16 @@ def test_serverful_verl_pays_every_gpu_for_the_whole_step(cfg):
     assert step.cost == pytest.approx(cfg.cluster.total_gpus * step.time * cfg.cluster.price / 3600)
 
 
-def test_only_the_runs_first_step_finds_the_weights_already_loaded(cfg):
-    """Functions pre-started before the first step load the checkpoint it samples with; from the
-    second step on, each waits for the weights that the step before learned."""
+def test_no_step_streams_weights_to_gpus_the_learner_handed_over(cfg):
+    """The learner holds every GPU until generation and hands them to the decode functions with
+    the new weights on them, as verl's workers take theirs: on every step an actor waits only for
+    its prefix KV, never for a weight transfer, and starts with no cold start."""
     stage = make_stage(cfg)
-    first, second = run_policy(cfg, VARIANTS["rlhfless"], 2)
-    for step, loaded in ((first, True), (second, False)):
+    for step in run_policy(cfg, VARIANTS["rlhfless"], 2):
         for actor in (a for a in step.actors if not a["colocated"]):
             near = actor["node"] == 0
             weights = float(stage.cluster.transfer_seconds(stage.model.weight_bytes, near, actor["gpus"]))
-            assert (actor["ready"] < weights) is loaded, (step.step, actor)
+            assert actor["requested"] == 0.0 and actor["ready"] < weights, (step.step, actor)
 
 
 @pytest.mark.parametrize("name", ["ppo-qwen2.5-3b-lcb", "ppo-qwen2.5-7b-gpqa"])

@@ -10,7 +10,8 @@ from rlhfless.planner.hardware import GpuSpec, ModelShape, Roofline, decode_size
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import split_plans
 from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.planner.scaling import PlanError
+from rlhfless.planner.pricing import charge
+from rlhfless.planner.scaling import PlanError, handback
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import VARIANTS, make_stage, make_workload, run_policy, scheduler_for
@@ -108,7 +109,18 @@ def test_a_split_plan_generates_each_part_at_its_own_size_as_that_part_alone_wou
     assert sorted({a["gpus"] for a in whole.actors}) == [1, 4]
     assert whole.actors == [a for p in parts for a in p.actors]
     assert whole.generation == max(p.generation for p in parts)
-    assert whole.cost_generation == pytest.approx(sum(p.cost_generation for p in parts))
+    # Each actor's GPUs go back to the learner at the later part's end: the bill is each
+    # function's own, then its hand-back to that end, then the GPUs no part took.
+    own = sum(
+        charge(stage.pricing, a["gpus"], a["released"])
+        + handback(stage.pricing, a["gpus"], whole.generation - a["released"], a["warm"], stage.cold_start_s)
+        for a in whole.actors
+    )
+    assert whole.untaken_gpus == stage.total_gpus - sum(a["gpus"] for a in whole.actors)
+    untaken = handback(
+        stage.pricing, whole.untaken_gpus, whole.generation, whole.untaken_warm, stage.cold_start_s
+    )
+    assert whole.cost_generation == pytest.approx(own + untaken)
     assert whole.tokens == pytest.approx(sum(p.tokens for p in parts))
 
 

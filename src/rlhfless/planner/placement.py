@@ -101,13 +101,14 @@ def start_delays(
     prefill_s: float,
     cluster: ClusterSpec,
     gpus_per_actor: int,
-    weights_loaded: bool = False,
+    weights_held: bool = False,
 ) -> np.ndarray:
     """Seconds from the end of learning until each actor can decode, by its placement slot: the
-    prefix KV, and the new weights unless its start loaded them (`weights_loaded`)."""
+    prefix KV, and the new weights unless its GPUs hold them already (`weights_held`: the learner
+    handed them over)."""
     same_node = slots < cluster.node_slots(gpus_per_actor)[0]
     weights = (
-        0.0 if weights_loaded else cluster.transfer_seconds(cluster.model_bytes, same_node, gpus_per_actor)
+        0.0 if weights_held else cluster.transfer_seconds(cluster.model_bytes, same_node, gpus_per_actor)
     )
     kv = prefill_s + cluster.transfer_seconds(
         cluster.kv_bytes_per_token * kv_tokens, same_node, gpus_per_actor

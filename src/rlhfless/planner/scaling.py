@@ -70,14 +70,16 @@ class LearningWidth:
 class Billing:
     """How the executor starts and bills the step's functions: the planner prices its plans so.
 
-    The runtime's learner is a resident process holding `resident_units` all step; the simulated
-    learner takes every GPU only to learn (0). Functions start on demand at the step's start
-    (the runtime) or are pre-started while the previous step learns (`cold_start_hidden`, the
-    simulator). A function pre-started before a run's first step loads the policy that step samples
-    with from storage, since no update precedes it (`weights_loaded`): no weights stream to it
-    after learning. The runtime's function on the learner's resources (slot 0) is started before
-    the run's first step and kept warm after it; the step waits only what is left of that start
-    (`host_start_s`). The rest of the step (preparation and learning) takes `after_fixed_s` plus
+    The runtime's learner is a resident process holding `resident_units` all step, and functions
+    start on demand at the step's start. Its function on the learner's resources (slot 0) is
+    started before the run's first step and kept warm after it; the step waits only what is left
+    of that start (`host_start_s`). The simulated learner holds every GPU to learn and hands them
+    over (`handoff`): a decode function takes its GPUs from the learner with the new weights on
+    them, as verl's workers do, so it starts with no cold start and no weights streamed; the learner
+    takes every GPU back at generation's end, so a GPU released before then (or taken by no
+    actor) idles until then or is stopped and restarted (a cold start, out of the step's time),
+    whichever bills less (`pricing.keep_warm` at lam = 0). The GPUs it hands over are
+    `after_units`. The rest of the step (preparation and learning) takes `after_fixed_s` plus
     `after_per_token_s` per predicted token on `after_units`, whatever N is (and bills
     `after_billed_per_token_s` there, where part of its work ran hidden during generation), and the learning
     phase's wait for its ranks, which depends on N (`learner_wait_s`): a budget or deadline is for
@@ -89,8 +91,7 @@ class Billing:
     resident_units: float = 0.0
     warm_actors: int = 0
     host_start_s: float = 0.0
-    cold_start_hidden: bool = False
-    weights_loaded: bool = False
+    handoff: bool = False
     overhead_s: float = 0.0  # the executor's own seconds on every actor's time (learned: `Calibration`)
     time_margin: float = 0.0  # a deadline is met with this relative margin (learned: `Margins`)
     cost_margin: float = 0.0  # likewise a budget
@@ -186,16 +187,16 @@ def estimate_actors(
     parts = model.times(starts, ends)
     busy = parts["prefill"] + parts["decode"]
     slot = rank_within(n_of, busy)
-    delay = start_delays(slot, parts["kv_tokens"], prefill_s, cluster, profile.gpus, billing.weights_loaded)
+    delay = start_delays(slot, parts["kv_tokens"], prefill_s, cluster, profile.gpus, billing.handoff)
     on_learner = (slot == 0) & (billing.resident_units > 0)
     # Slot 0 is the learner's GPUs, its function started ahead (what is left of that start, if
-    # any); the next `warm_actors` reuse warm functions.
+    # any); the next `warm_actors` reuse warm functions. A function handed its GPUs starts warm.
     cold = np.where(slot <= billing.warm_actors, 0.0, profile.cold_start_s)
     cold = np.where(slot == 0, billing.host_start_s, cold)
-    time = delay + busy + billing.overhead_s + (0.0 if billing.cold_start_hidden else cold)
+    cold = np.zeros_like(cold) if billing.handoff else cold
+    time = delay + busy + billing.overhead_s + cold
     units = np.where(on_learner, 0.0, float(profile.gpus))
-    held = time + (cold if billing.cold_start_hidden else 0.0)
-    cost = charge(billing.pricing, units, held, cold_s=cold)
+    cost = charge(billing.pricing, units, time, cold_s=cold)
     anchor = _group_value_at_slot0(n_of, slot, time)
     hidden = time <= anchor + 1e-9
     return ActorEstimates(
@@ -270,13 +271,22 @@ def candidate_table(
     pricing = billing.pricing
     if serverful:  # every function held from its request to the end of the phase
         end = np.repeat(time, counts)
-        held = end + (actors.cold if billing.cold_start_hidden else 0.0)
-        own = charge(pricing, actors.units, held, cold_s=actors.cold)
+        own = charge(pricing, actors.units, end, cold_s=actors.cold)
         cost = np.add.reduceat(own, first) + charge(pricing, billing.resident_units, time)
         warm = np.ones(actors.n_of.size, dtype=bool)
         # held, not idle: the whole allocation for the rest of the step (less what `after_units` holds)
         units = np.add.reduceat(actors.units, first) + billing.resident_units
         warm_after = charge(pricing, np.maximum(units - billing.after_units, 0.0), after_s)
+    elif billing.handoff:  # each GPU back to the learner at the end: idle till then, or restarted
+        idle = np.repeat(time, counts) - actors.time
+        warm = keep_warm(pricing, idle, profile.cold_start_s, 0.0)
+        back = handback(pricing, actors.units, idle, warm, profile.cold_start_s)
+        untaken = np.maximum(billing.after_units - np.add.reduceat(actors.units, first), 0.0)
+        spare = handback(
+            pricing, untaken, time, keep_warm(pricing, time, profile.cold_start_s, 0.0), profile.cold_start_s
+        )
+        cost = np.add.reduceat(actors.cost + back, first) + spare
+        warm_after = np.zeros(time.size)
     else:
         end = np.repeat(time, counts)
         idle = end - actors.time
@@ -292,6 +302,21 @@ def candidate_table(
     wait_cost = charge(pricing, billing.after_units, wait)
     score = lam * normalised(time + wait, normalise) + (1.0 - lam) * normalised(cost + wait_cost, normalise)
     return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
+
+
+def handback(pricing: Pricing, units: Any, idle_s: Any, warm: Any, cold_start_s: float) -> Any:
+    """USD for `units` a decode function gives back to the learner `idle_s` before it needs them
+    (`Billing.handoff`). Kept warm (`warm`) until then, but where keep-alive is billed for at most
+    a cold start's seconds: past that it is stopped, and restarted before the learner needs it (a
+    cold start). Not kept warm: stopped at once and restarted. The planner keeps warm only where
+    its forecast idle is within a cold start (`pricing.keep_warm` at lam = 0), so its forecasts
+    never pay both."""
+    idle = np.asarray(idle_s, dtype=float)
+    warm = np.asarray(warm, dtype=bool)
+    over = warm & (idle > cold_start_s) & pricing.bill_keep_alive
+    waited = np.where(warm & ~over, idle, np.where(over, cold_start_s, 0.0))
+    restart = np.where(warm & ~over, 0.0, cold_start_s)
+    return charge(pricing, units, restart, cold_s=restart, idle_s=waited)
 
 
 # Each target's unit, and the plan nearest to it when none fits.

@@ -166,9 +166,9 @@ def _splits(
     def part(
         subset: Sequence[PromptSpec], profile: Profile, nodes: ClusterSpec, cfg: SchedulerConfig
     ) -> StepPlan:
-        return plan_step(
-            subset, predictor, profile, nodes, cfg, group_size, billing, max_length, profiles, cap
-        )
+        # A part takes over only its own nodes' GPUs from the learner (`Billing.handoff`).
+        own = replace(billing, after_units=float(nodes.total_gpus)) if billing.handoff else billing
+        return plan_step(subset, predictor, profile, nodes, cfg, group_size, own, max_length, profiles, cap)
 
     return [
         split

@@ -43,7 +43,12 @@ class ClusterConfig:
         },
     )
     cold_start_s: float = field(
-        default=2.0, metadata={"help": "seconds from requesting a serverless actor to its container running"}
+        default=2.0,
+        metadata={
+            "help": "seconds from requesting a serverless function to its container running: what "
+            "a GPU released before the learner takes it back pays to restart (decode functions take "
+            "their GPUs from the learner, already running)"
+        },
     )
 
     def __post_init__(self) -> None:

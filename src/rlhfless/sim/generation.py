@@ -1,8 +1,8 @@
 """The generation phase of one simulated step: the planner's plan executed on the modelled cluster.
 
 The prefill actor (on the learner's GPUs) computes the deduplicated prefixes; each decode actor
-waits for its cold start, the new weights (not on the run's first step: its start loaded them) and
-its prefix KV (the actor on the learner's GPUs needs neither), prefills what is left of its
+takes its GPUs over from the learner with the new weights on them (`Billing.handoff`), waits for
+its prefix KV (the actor on the prefill actor's GPUs needs none), prefills what is left of its
 prompts, then decodes with continuous batching (`execution.schedule`). Cut-and-migrate events
 are found analytically from the schedules; at each one the planner's `migration.decide` is asked
 what moves, and the receiving actors are rescheduled from that moment (migrated sequences are
@@ -92,10 +92,7 @@ class Generation:
         prompts: StepPrompts,
         plan: StepPlan,
         serverful: bool,
-        weights_loaded: bool = False,
     ) -> None:
-        """`weights_loaded`: each function's start loaded the weights this step samples with (the
-        run's first step), so none stream to it after learning."""
         self.stage, self.config, self.plan = stage, config, plan
         g = self.group_size = prompts.lengths.shape[1]
         plen = prompts.prompt_lengths
@@ -123,16 +120,10 @@ class Generation:
                 requested = ready = 0.0
             elif colocated:
                 requested, ready = 0.0, self.prefill_s
-            else:
-                # The plan is known before learning ends, so the container starts during learning
-                # (billed from its request); weights stream as soon as learning ends (t = 0).
-                weights = 0.0
-                if not weights_loaded:
-                    weights = float(cluster.transfer_seconds(stage.model.weight_bytes, near, actor.gpus))
+            else:  # on GPUs the learner handed over, the new weights on them: only the KV streams
                 kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
-                kv = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
-                ready = max(weights, kv)
-                requested = -stage.cold_start_s
+                requested = 0.0
+                ready = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
             t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
             sib = None
             if plan.features.get("probe_admission"):  # the plan's order, one sample a prompt first

@@ -2,10 +2,10 @@
 preparation (reference and, for PPO, critic forward) and learning on all GPUs.
 
 Billing goes through the one pricing model (`planner.pricing.charge`): `verl` holds every GPU for
-the whole step (serverful); other policies pay each function from its request (its cold start runs
-while the previous step learns) to its release, plus keep-alive idle to the end of generation where
-the plan keeps it warm (it never does here: the learner takes every GPU next, so a warm function
-would have no next use), and every GPU for preparation and learning.
+the whole step (serverful). Under other policies the learner hands its GPUs to the decode functions
+(`Billing.handoff`): each is billed from generation's start to its release, then its GPUs until the
+learner takes them back at generation's end, idle or through a restart (a cold start), as the plan
+decided; GPUs no actor took likewise; and every GPU for preparation and learning.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from rlhfless.planner.forecast import (
 )
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.predictor import LengthPredictor
-from rlhfless.planner.pricing import charge
+from rlhfless.planner.pricing import charge, keep_warm
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.scaling import Billing
+from rlhfless.planner.scaling import Billing, handback
 from rlhfless.planner.sizes import plan_shapes
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 from rlhfless.sim.execution import schedule, slot_cap
@@ -83,6 +83,8 @@ class StepResult:
     pilot_seconds: float = 0.0
     pilot_cost: float = 0.0
     actor_gpus: float = 0.0  # GPUs per decode actor (its tensor-parallel size; a split's mean)
+    untaken_gpus: float = 0.0  # GPUs no decode actor took from the learner (none under verl)
+    untaken_warm: bool = False  # ... kept warm for it through generation, else restarted
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -107,14 +109,13 @@ class Simulator:
         self.shortfall = Shortfall()  # how much further short than verl's (verl's cap)
         self.split_shortfall = Shortfall(unknown=SPLIT_PRIOR, first=True)  # a split's than a single size's
 
-    def billing(self, weights_loaded: bool = False) -> Billing:
-        """The simulated executor: cold starts hidden behind the previous step's learning (before
-        the run's first step: then they load its weights, `weights_loaded`), no resident learner,
-        the rest of the step on every GPU."""
+    def billing(self) -> Billing:
+        """The simulated executor: the learner hands every GPU over for generation and takes it
+        back for the rest of the step (before the run's first step the functions load the
+        checkpoint, as verl's workers do); no resident learner."""
         return Billing(
             self.stage.pricing,
-            cold_start_hidden=True,
-            weights_loaded=weights_loaded,
+            handoff=True,
             after_units=float(self.stage.total_gpus),
             after_per_token_s=self.phases.per_token_s or 0.0,
             after_billed_per_token_s=self.phases.billed_per_token_s,
@@ -124,7 +125,7 @@ class Simulator:
             split_shortfall=self.split_shortfall.factor(),
         )
 
-    def plan(self, prompts: StepPrompts, weights_loaded: bool = False) -> StepPlan:
+    def plan(self, prompts: StepPrompts) -> StepPlan:
         specs = [
             PromptSpec(uid, tokens, int(answer) or None, SOURCE)
             for uid, tokens, answer in zip(
@@ -150,7 +151,7 @@ class Simulator:
             self.stage.cluster,
             self.config,
             g,
-            self.billing(weights_loaded),
+            self.billing(),
             self.stage.max_response,  # as the runtime caps predictions at max_new_tokens
             baseline=self.planner_profile,  # model.tp: verl's size, whose time caps lam's N
         )
@@ -164,9 +165,8 @@ class Simulator:
             actors = self.stage.cluster.max_actors(self.planner_profile.gpus)
             piloted = pilot_prompts(self.planner_profile, self.config.length_pilot, g, context, actors)
             self.pilot(prompts, piloted)
-        first = step == 0  # the functions' start loads the run's first weights: none stream
-        plan = self.plan(prompts, first)
-        result = self.execute(step, prompts, plan, first)
+        plan = self.plan(prompts)
+        result = self.execute(step, prompts, plan)
         if piloted:
             seconds = pilot_seconds(
                 self.stage.profile, prompts.prompt_lengths[:piloted], prompts.lengths[:piloted]
@@ -223,14 +223,12 @@ class Simulator:
         self.predictor.predict(uids, answers, [SOURCE] * len(uids))
         self.predictor.update_many(uids, prompts.lengths[:count], self.stage.max_response)
 
-    def execute(
-        self, step: int, prompts: StepPrompts, plan: StepPlan, weights_loaded: bool = False
-    ) -> StepResult:
+    def execute(self, step: int, prompts: StepPrompts, plan: StepPlan) -> StepResult:
         gens = []  # one generation per part of a plan split between sizes, no migration between
         for part in plan.pools or [plan]:
             st = self.stage.at_shape(part.actors[0].gpus)  # the decode actors' size, as planned
             mine = prompts.subset(part.predicted_length) if plan.pools else prompts
-            gens.append(Generation(st, self.config, mine, part, self.serverful, weights_loaded))
+            gens.append(Generation(st, self.config, mine, part, self.serverful))
             gens[-1].run()
         st = self.stage
         runs = [r for gen in gens for r in gen.runs]
@@ -241,19 +239,21 @@ class Simulator:
         overlap = self.overlap(gens, generation, preparation, tokens)
         preparation = overlap.left_gpu_s / st.total_gpus
         total = generation + preparation + learning
+        warm, untaken, untaken_warm = [False] * len(runs), 0.0, False  # handed back to the learner
         if self.serverful:
             cost_generation = charge(st.pricing, st.total_gpus, generation)
         else:  # the prefill runs on the colocated actor's GPUs, inside its bill
+            # Each released actor's GPUs go back to the learner as the plan decided (warm or
+            # restarted, `scaling.handback`); the GPUs no actor took as its forecast time decides.
+            cold = st.cold_start_s
+            warm = [a.keep_warm for a in plan.actors]
+            untaken = float(st.total_gpus - sum(r.gpus for r in runs))
+            untaken_warm = bool(keep_warm(st.pricing, plan.predicted_time, cold, 0.0))
             cost_generation = sum(
-                charge(
-                    st.pricing,
-                    r.gpus,
-                    r.released - r.requested,
-                    cold_s=-r.requested,
-                    idle_s=generation - r.released if a.keep_warm else 0.0,
-                )
-                for r, a in zip(runs, plan.actors, strict=True)
-            )
+                charge(st.pricing, r.gpus, r.released)
+                + handback(st.pricing, r.gpus, generation - r.released, w, cold)
+                for r, w in zip(runs, warm, strict=True)
+            ) + handback(st.pricing, untaken, generation, untaken_warm, cold)
         cost_after = charge(st.pricing, st.total_gpus, preparation + learning) + overlap.billed
         cost = cost_generation + cost_after
         floor = self.floor(prompts)
@@ -289,9 +289,12 @@ class Simulator:
                     "released": r.released,
                     "migrated_in": r.migrated_in,
                     "migrated_out": r.migrated_out,
+                    "warm": w,  # kept warm from its release until the learner took it back
                 }
-                for r in runs
+                for r, w in zip(runs, warm, strict=True)
             ],
+            untaken_gpus=untaken,
+            untaken_warm=untaken_warm,
             floor_time=floor.time_s,
             floor_latency=floor.latency_s,
             floor_throughput=floor.throughput_s,
