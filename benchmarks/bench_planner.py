@@ -62,6 +62,13 @@ def main() -> None:
     lengths = np.minimum(rng.lognormal(5.5, 0.8, (args.prompts, args.group_size)), 2048).astype(int)
     for p, row in zip(prompts[::2], lengths[::2], strict=False):
         predictor.update(p.uid, row.tolist())
+    # A run past its first step times its plans with the tail it measured (`timemodel.Tail`): here,
+    # 1,024 other prompts' group maxima drawn around their planned ones.
+    planned = np.minimum(rng.lognormal(5.5, 0.8, 1024), 2048)
+    drawn = np.minimum(planned[:, None] * rng.lognormal(0.0, 0.3, (1024, args.group_size)), 2048)
+    predictor.update_many([f"t{i}" for i in range(1024)], drawn, 2048, planned.tolist())
+    first = LengthPredictor()  # the same before any tail: a run's first step
+    first.load_state_dict({**predictor.state_dict(), "max_ratios": []})
     shape = ModelShape.resolve("llama-2-7b")
     profile = roofline_profile(shape, "h100", 1)
     cluster = ClusterSpec(
@@ -94,6 +101,10 @@ def main() -> None:
         ("dedup: prefix tree (default)", run(lambda: deduplicate(packed, config.prefill_capacity, "tree"))),
         ("dedup: paper's D(L)", run(lambda: deduplicate(packed, config.prefill_capacity, "paper"))),
         ("full plan", run(lambda: plan_step(prompts, predictor, profile, cluster, config, g))),
+        (
+            "full plan, no tail yet (a first step)",
+            run(lambda: plan_step(prompts, first, profile, cluster, config, g)),
+        ),
         (
             "full plan from Python lists",
             run(lambda: plan_step(as_lists, predictor, profile, cluster, config, g)),

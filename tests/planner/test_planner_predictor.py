@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless.planner.prediction_quality import kendall_tau, prediction_quality
-from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.predictor import RATIO_POINTS, LengthPredictor
 
 
 def test_window_one_predicts_the_last_observation():
@@ -178,3 +178,17 @@ def test_a_steps_samples_over_their_planned_max_are_kept_and_survive_a_resume():
     assert len(p.overrun) == 256 and p.overrun[0] == 1.01 and p.overrun[-1] == 10.0  # quantiles, ends kept
     with pytest.raises(ValueError, match="planned: got 1 group maxima"):
         p.update_many(["a", "b"], [[1], [2]], planned=[10])
+
+
+def test_a_steps_group_maxima_over_their_planned_max_are_kept_for_the_longer_half_under_the_cap():
+    p = LengthPredictor()
+    observed = [[50, 120], [90, 75], [30, 20], [200, 200]]
+    p.update_many(["a", "b", "s", "c"], observed, cap=200, planned=[100, 60, 10, 200])
+    # a: 120 / 100, b: 90 / 60; s is in the shorter half of the plans under the cap; c was planned
+    # at the cap, which it cannot outrun
+    assert p.max_ratios == pytest.approx(np.linspace(1.2, 1.5, RATIO_POINTS).tolist())
+    q = LengthPredictor()
+    q.load_state_dict(p.state_dict())
+    assert q.max_ratios == p.max_ratios
+    p.update_many(["c"], [[200, 200]], cap=200, planned=[200])  # nothing under the cap: kept as it was
+    assert p.max_ratios == q.max_ratios

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from planner_support import make_profile
 
-from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.timemodel import RangeModel, Tail, Workload
 
 
 def workload(gmax, gmean=None, g=1, prompt=10):
@@ -82,3 +82,38 @@ def test_ranges_are_timed_independently():
     model = RangeModel(w, np.arange(4), make_profile(step_ms=10), 8)
     times = model.times(np.array([0, 2, 0]), np.array([2, 4, 4]))["decode"]
     np.testing.assert_allclose(times, [1.0, 8.0, 8.0])
+
+
+def _with_tail(w, tail):
+    return Workload(
+        w.group_max, w.group_mean, w.prompt_tokens, w.decode_prefill, w.kv_tokens, w.group_size, tail
+    )
+
+
+@pytest.mark.parametrize("n", [1, 4, 32])
+def test_a_range_is_timed_to_the_expected_longest_of_its_groups_past_its_longest_prediction(n):
+    """Observed group maxima are their predictions times ratios uniform on [0.5, 1.5]: n groups
+    predicted at 100 end, on average, at 50 + 100 n / (n + 1); the steps past 100 run alone."""
+    profile = make_profile(step_ms=10)
+    alike = workload([100] * n)
+    tail = Tail(tuple(np.linspace(0.5, 1.5, 129)))
+    extra = decode_time(_with_tail(alike, tail), profile) - decode_time(alike, profile)
+    longest = 50 + 100 * n / (n + 1)
+    assert extra == pytest.approx(max(longest - 100, 0.0) * 0.010, abs=0.01)
+
+
+def test_the_tail_stops_at_the_cap_and_a_run_without_one_is_timed_by_its_predictions():
+    profile = make_profile(step_ms=10)
+    alike = workload([100] * 32)
+    capped = Tail(tuple(np.linspace(0.5, 1.5, 129)), cap=110.0)
+    extra = decode_time(_with_tail(alike, capped), profile) - decode_time(alike, profile)
+    assert 0.0 < extra <= 0.10 + 1e-9  # at most the 10 steps to the cap
+    assert Tail.of([], 110.0) is None and Tail.of([1.0], None) is None  # no ratios, or one: no tail
+
+
+def test_exact_predictions_have_no_tail():
+    """Every group ran exactly its prediction (ratios all 1): no range is timed past its longest."""
+    profile = make_profile(step_ms=10)
+    w = workload([100, 300, 700] * 8)
+    exact = Tail(tuple([1.0] * 129), cap=1024.0)
+    assert decode_time(_with_tail(w, exact), profile) == pytest.approx(decode_time(w, profile))

@@ -21,7 +21,7 @@ import numpy as np
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.smoothing import ewma
 from rlhfless.planner.step_plan import StepPlan
-from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.timemodel import RangeModel, Tail, Workload
 from rlhfless.planner.verl_time import even_split_seconds, verl_workload
 
 ALPHA = 0.5  # weight of the newest step in every learned figure
@@ -287,12 +287,15 @@ class Shortfall:
     Each step gives a quotient (`versus_verl`: the plan over verl's plan of the step, at the
     observed lengths, over the same at the predicted ones; verl does not run, but its plan is timed
     by the same model). `factor` is their prompt-weighted mean over the last `window` steps, shrunk
-    toward 1 by a prior worth (NOISE / SPREAD)^2 prompts, and never below 1 (where verl's forecast
-    fell further short, the cap stays verl's). The run's first step is left out unless `first`: its
-    predictions knew nothing of the run. Until a quotient is measured, `factor` is `unknown`, by
-    default 1 + SPREAD / 2, the middle of where the shortfall has been measured: a first step's plan
-    rests on first-epoch estimates alone, and at 1 PPO Qwen2.5-7B LCB's (paper-physical, simulated)
-    fell 1.4% short of its forecast and generated slower than verl's."""
+    toward 1 by a prior worth (NOISE / SPREAD)^2 prompts. It falls below 1 where the plans'
+    forecasts have fallen less short than verl's, that is, been too long: their times carry the
+    run's tail (`timemodel.Tail`), which on a step of wide ranges can outweigh what it adds to
+    verl's even split. The cap then rises above verl's forecast by as much. The run's first step
+    is left out unless `first`: its predictions knew nothing of the run. Until a quotient is
+    measured, `factor` is `unknown`, by default 1 + SPREAD / 2, the middle of where the shortfall
+    has been measured: a first step's plan rests on first-epoch estimates alone, and at 1 PPO
+    Qwen2.5-7B LCB's (paper-physical, simulated) fell 1.4% short of its forecast and generated
+    slower than verl's."""
 
     window: int = 8
     quotients: list[float] | None = None
@@ -313,7 +316,7 @@ class Shortfall:
             return self.unknown
         q, p = np.asarray(self.quotients), np.asarray(self.prompts, dtype=float)
         excess = float((p * (q - 1.0)).sum() / (p.sum() + (NOISE / SPREAD) ** 2))
-        return 1.0 + max(0.0, excess)
+        return 1.0 + excess
 
     def state_dict(self) -> dict[str, Any]:
         """What the run learned (`unknown` and `first` are how it was made, not state)."""
@@ -351,13 +354,15 @@ def _actor_times(
     g: int,
     profile: Profile,
     segments: int,
+    tail: Tail | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`replay_times` from per-prompt figures in the plan's actor order."""
+    """`replay_times` from per-prompt figures in the plan's actor order (`tail`: where they are
+    predicted ones, the run's tail the plan was timed with)."""
     own = np.array([a.prefill_tokens for a in plan.actors], dtype=float)
     sizes = np.array([len(a.uids) for a in plan.actors])
     # Each actor's own prefill, spread over its prompts so that ranges sum back to it.
     per_prompt = np.repeat(own / np.maximum(sizes, 1), sizes)
-    workload = Workload(gmax, gmean, plen, per_prompt, np.zeros(plen.size), g)
+    workload = Workload(gmax, gmean, plen, per_prompt, np.zeros(plen.size), g, tail)
     model = RangeModel(workload, np.arange(plen.size), profile, segments)
     ends = np.cumsum(sizes)
     parts = model.times(ends - sizes, ends)
@@ -384,9 +389,12 @@ def versus_verl(
         return None
     plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
     ratios = []
-    for gmax, gmean in _lengths(plan, plan.predicted_mean, observed):
-        ours = _generation_s(plan, (gmax, gmean), plen, g, profile, segments)
-        verl = verl_workload(Workload(gmax, gmean, plen, plen, plen * 0.0, g))
+    for predicted, (gmax, gmean) in zip(
+        (True, False), _lengths(plan, plan.predicted_mean, observed), strict=True
+    ):
+        ours = _generation_s(plan, (gmax, gmean), plen, g, profile, segments, predicted)
+        tail = plan.tail if predicted else None
+        verl = verl_workload(Workload(gmax, gmean, plen, plen, plen * 0.0, g, tail))
         verl_s = even_split_seconds(verl, plan.verl_actors, verl_profile or profile, segments)
         ratios.append(ours / verl_s)
     return ratios[0], ratios[1]
@@ -409,9 +417,9 @@ def versus_single(
     `prompt_tokens` are in the plans' input order."""
     plen, g = np.asarray(prompt_tokens, dtype=float), observed.shape[1]
     ratios = []
-    for lengths in _lengths(split, predicted_mean, observed):
-        ours = _generation_s(split, lengths, plen, g, profile, segments)
-        ratios.append(ours / _generation_s(single, lengths, plen, g, profile, segments))
+    for predicted, lengths in zip((True, False), _lengths(split, predicted_mean, observed), strict=True):
+        ours = _generation_s(split, lengths, plen, g, profile, segments, predicted)
+        ratios.append(ours / _generation_s(single, lengths, plen, g, profile, segments, predicted))
     return ratios[0], ratios[1]
 
 
@@ -431,15 +439,20 @@ def _generation_s(
     g: int,
     profile: Profile,
     segments: int,
+    predicted: bool,
 ) -> float:
     """The plan's generation (its latest actor, start delay included) at these per-prompt group
-    max and mean (`lengths`, input order); a split's parts each timed by its own size's profile."""
+    max and mean (`lengths`, input order); a split's parts each timed by its own size's profile.
+    `predicted`: the lengths are the plan's own predictions, timed with its tail as it was."""
     gmax, gmean = lengths
     position = {u: i for i, u in enumerate(plan.predicted_length)}
     ends = []
     for part in plan.pools or [plan]:
         at = np.array([position[u] for a in part.actors for u in a.uids])
-        _, total = _actor_times(part, gmax[at], gmean[at], plen[at], g, part.profile or profile, segments)
+        tail = part.tail if predicted else None
+        _, total = _actor_times(
+            part, gmax[at], gmean[at], plen[at], g, part.profile or profile, segments, tail
+        )
         ends.append(float(total.max()))
     return max(ends)
 

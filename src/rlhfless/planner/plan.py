@@ -36,7 +36,7 @@ from rlhfless.planner.scaling import (
     width_options,
 )
 from rlhfless.planner.step_plan import ActorPlan, PromptSpec, StepPlan
-from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.timemodel import RangeModel, Tail, Workload
 from rlhfless.planner.verl_time import verl_cap, verl_workload
 
 
@@ -125,7 +125,8 @@ def plan_step(
         prompts, rule, config.prefill_capacity, group_size
     )
     prefill_s = float(profile.prefill_seconds(prefill["tokens"]))
-    workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size)
+    tail = Tail.of(predictor.max_ratios, max_length)
+    workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size, tail)
 
     ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))
     kw = {"prefill_s": prefill_s, "cluster": cluster, "billing": billing}
@@ -233,6 +234,7 @@ def plan_step(
         rank_start_s=billing.rank_start_s,
         step_options=width_options(table, billing, tokens),
         overrun=list(predictor.overrun),
+        tail=tail,
     )
 
 

@@ -20,7 +20,7 @@ from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing, CandidateTable, PlanError, choose, normalised
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
-from rlhfless.planner.timemodel import Workload
+from rlhfless.planner.timemodel import Tail, Workload
 from rlhfless.planner.verl_time import verl_cap, verl_workload
 
 TARGET_LAMS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the lams a split's parts are planned at under a target
@@ -59,7 +59,8 @@ def plan_shapes(
     predicted = _predicted(prompts, predictor, max_length) if len(profiles) > 1 else None
     verl = None
     if baseline is not None and predicted is not None and not targeted:
-        verl = _verl_cap(predicted, baseline, cluster, config, group_size, billing)
+        tail = Tail.of(predictor.max_ratios, max_length)  # as `plan_step` times its own plans
+        verl = _verl_cap(predicted, baseline, cluster, config, group_size, billing, tail)
     cap = verl[0] if verl else None
     plans, refused = [], []
     for profile in profiles:
@@ -254,14 +255,16 @@ def _verl_cap(
     config: SchedulerConfig,
     group_size: int,
     billing: Billing | None,
+    tail: Tail | None = None,
 ) -> tuple[float, int] | None:
     """verl's generation of the step at its own size, as the cap of lam's N (`verl_time.verl_cap`),
-    and verl's actor count (`predicted`: `_predicted`'s figures); None where lam is not capped."""
+    and verl's actor count (`predicted`: `_predicted`'s figures; `tail`: the run's, as lam's plans
+    are timed); None where lam is not capped."""
     if config.max_slowdown is None or config.policy != "rlhfless":
         return None
     gmax, gmean, lengths = predicted
     zeros = np.zeros_like(lengths)
-    verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size))
+    verl = verl_workload(Workload(gmax, gmean, lengths, zeros, zeros, group_size, tail))
     n = int(candidate_bounds(replace(config, gpus_per_actor=baseline.gpus), cluster, lengths.size, False)[0])
     billing = billing or Billing(config.pricing)
     return verl_cap(verl, n, baseline, config.segments, config.max_slowdown, billing), n

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import target_message
+from rlhfless.planner.timemodel import Tail
 
 
 @dataclass
@@ -100,6 +101,9 @@ class StepPlan:
     # The last step's samples over their group's planned max, as ratios (`LengthPredictor.overrun`):
     # how far a sequence that outlived its prediction is expected to run on (`remaining_tokens`)
     overrun: list[float] = field(default_factory=list)
+    # How far the run's group maxima outran their predictions, as this plan was timed with it
+    # (`timemodel.Tail`), so that its replays at the predicted lengths time it so; not in `to_dict`
+    tail: Tail | None = field(default=None, repr=False, compare=False)
 
     def missed_target(self) -> str | None:
         """One line naming the budget or deadline this plan's forecast is past, and the plan."""

@@ -21,6 +21,7 @@ def verl_workload(w: Workload) -> Workload:
         w.prompt_tokens * w.group_size,
         np.zeros_like(w.prompt_tokens),
         w.group_size,
+        w.tail,
     )
 
 
