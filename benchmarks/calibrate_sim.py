@@ -7,7 +7,9 @@ the profile the run planned with (its `runtime.profile`, or the measured table c
 runtime's own lookup), corrected as the run's own planner had corrected it
 for that step (`calibration/*` of the step before: the same time model). The simulated functions are priced by the one
 pricing model as the runtime bills them (the learner's slot held for the whole generation, every
-other decode function from its request to its release). Prints, per step, the simulated and the
+other decode function from its request to its release; cold starts are left out, as this
+machine's profile holds none). The simulator's functions take their weights with their slots
+(`Billing.handoff`), where the runtime's stream them from the learner: about 0.2 s a step here. Prints, per step, the simulated and the
 measured generation seconds and cost, and beside them the plan's own forecast error, so that the
 simulator and the runtime's forecast are judged by the same figures (goal: within 20%).
 
@@ -89,8 +91,7 @@ def replay(run_dir: Path, spec_file: Path) -> list[dict[str, float]]:
         own = [a for a in result.actors if serverful or not a["colocated"]]
         # The learner's slot is the colocated actor's: verl's held allocation counts it once.
         cost = (0.0 if serverful else charge(stage.pricing, 1.0, end)) + sum(
-            charge(stage.pricing, a["gpus"], (end if serverful else a["released"]) - a["requested"])
-            for a in own
+            charge(stage.pricing, a["gpus"], end if serverful else a["released"]) for a in own
         )
         real = measured[step]
         rows.append(

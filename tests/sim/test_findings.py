@@ -55,7 +55,7 @@ def test_without_a_cut_nothing_migrates_and_with_one_stragglers_move(cfg):
     cut = run_policy(cfg, VARIANTS["+assignment"], 2)
     assert sum(r.migrations for r in no_cut) == 0 < sum(r.migrations for r in cut)
     for r in cut:
-        assert all(a["released"] >= a["ready"] >= a["requested"] for a in r.actors)
+        assert all(a["released"] >= a["ready"] >= 0.0 for a in r.actors)
 
 
 @pytest.mark.parametrize("migration", ["gain", "gather"])
@@ -85,7 +85,7 @@ def test_no_step_streams_weights_to_gpus_the_learner_handed_over(cfg):
         for actor in (a for a in step.actors if not a["colocated"]):
             near = actor["node"] == 0
             weights = float(stage.cluster.transfer_seconds(stage.model.weight_bytes, near, actor["gpus"]))
-            assert actor["requested"] == 0.0 and actor["ready"] < weights, (step.step, actor)
+            assert actor["ready"] < weights, (step.step, actor)
 
 
 @pytest.mark.parametrize("name", ["ppo-qwen2.5-3b-lcb", "ppo-qwen2.5-7b-gpqa"])

@@ -64,8 +64,7 @@ class ActorRun:
     gpus: int
     node: int
     colocated: bool
-    requested: float
-    ready: float
+    ready: float  # every function starts at 0, on GPUs the learner handed over (`Billing.handoff`)
     slots: int
     sched: Schedule
     finished_before: int = 0
@@ -117,12 +116,11 @@ class Generation:
             colocated = bool(actor.gpu_ids) and actor.gpu_ids[0] == 0
             near = actor.node == 0  # the learner's node
             if serverful:
-                requested = ready = 0.0
+                ready = 0.0
             elif colocated:
-                requested, ready = 0.0, self.prefill_s
+                ready = self.prefill_s
             else:  # on GPUs the learner handed over, the new weights on them: only the KV streams
                 kv_bytes = stage.model.kv_bytes_per_token * float(prefix[p].sum())
-                requested = 0.0
                 ready = self.prefill_s + float(cluster.transfer_seconds(kv_bytes, near, actor.gpus))
             t0 = ready + float(profile.prefill_seconds(actor.prefill_tokens))
             sib = None
@@ -133,7 +131,7 @@ class Generation:
             cap = slot_cap(profile, context, remaining)
             sched = schedule(profile, t0, seqs, context, remaining, cap, siblings=sib)
             slots = min(cap, seqs.size)
-            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, requested, ready, slots, sched))
+            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, ready, slots, sched))
 
     def run(self) -> None:
         mode = self.plan.cut

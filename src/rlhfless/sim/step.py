@@ -284,7 +284,6 @@ class Simulator:
                     "gpus": r.gpus,
                     "node": r.node,
                     "colocated": r.colocated,
-                    "requested": r.requested,
                     "ready": r.ready,
                     "released": r.released,
                     "migrated_in": r.migrated_in,
