@@ -18,11 +18,11 @@ from rlhfless.planner.forecast import (
     PhaseModel,
     Shortfall,
     relative_error,
-    replay_times,
 )
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.replay import replay_times
 from rlhfless.planner.source_lengths import ANSWER_GROUPS
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.runtime.machine import memory_path

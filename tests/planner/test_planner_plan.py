@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
 from rlhfless.planner.config import SchedulerConfig
-from rlhfless.planner.forecast import versus_verl
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
+from rlhfless.planner.replay import versus_verl
 from rlhfless.planner.scaling import TIE, ActorEstimates, Billing, candidate_table, choose
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 

@@ -255,7 +255,7 @@ def test_a_split_taken_is_compared_with_verl_at_verls_size_too():
     """The run's shortfall against verl learns from every plan taken: a split's parts are timed
     each at its own size, verl at its own (where a split gave nothing before). At observed
     lengths equal to the predicted ones, the two quotients agree."""
-    from rlhfless.planner.forecast import versus_verl
+    from rlhfless.planner.replay import versus_verl
 
     prompts = [PromptSpec(f"p{i}", [7, 7, i % 3, i]) for i in range(2)]
     predictor = LengthPredictor()
@@ -272,7 +272,7 @@ def test_a_split_weighed_is_kept_beside_the_best_single_size_and_learns_where_it
     """The run learns how a split fares against the best single size from the step's own
     lengths (`versus_single`): the bulk's part was planned for 500-token groups, and one that ran
     to 2,000 tokens sets its end on the narrow actors, where on the wide ones it would not."""
-    from rlhfless.planner.forecast import versus_single
+    from rlhfless.planner.replay import versus_single
 
     prompts, predictor = long_and_bulk()
     got = plan_shapes(prompts, predictor, [NARROW, WIDE], CLUSTER, SchedulerConfig(lam=1.0), 2)

@@ -144,7 +144,7 @@ def test_a_budget_or_deadline_holds_rlhfless_and_leaves_the_fixed_policies_as_th
 
 def test_a_run_weighing_splits_learns_from_every_step_how_far_they_fell_short_of_a_single_size():
     """Each step where a split was weighed replays it and the best single size at the step's own
-    lengths (`forecast.versus_single`), the first step's too; the next plan weighs splits
+    lengths (`replay.versus_single`), the first step's too; the next plan weighs splits
     stretched by what was learned (before any, by `SPLIT_PRIOR`)."""
     cfg = build(
         {

@@ -99,7 +99,7 @@ class Billing:
         1.0  # generation lately took this x its forecast: verl's cap / it (`Margins`)
     )
     # A split between sizes lately fell this much further short of its forecast than the best
-    # single size would have (`forecast.versus_single`): its generation forecast is stretched by
+    # single size would have (`replay.versus_single`): its generation forecast is stretched by
     # it where the sizes are weighed (`sizes.plan_shapes`).
     split_shortfall: float = 1.0
     after_units: float = 0.0

@@ -80,7 +80,7 @@ class StepPlan:
     profile: Profile | None = field(default=None, repr=False, compare=False)
     # verl's plan of the same step that capped this one (its actor count; 0: none did), and the
     # group means predicted (input order, as `predicted_length`), so that the run can learn how far
-    # its forecasts fall short against verl's (`forecast.versus_verl`). Not part of `to_dict`.
+    # its forecasts fall short against verl's (`replay.versus_verl`). Not part of `to_dict`.
     verl_actors: int = field(default=0, compare=False)
     predicted_mean: np.ndarray | None = field(default=None, repr=False, compare=False)
     # The learning phase's width a budget or deadline chose with N (0: the phase chooses by lam),
@@ -96,7 +96,7 @@ class StepPlan:
     # A split between two sizes (`planner.pools`): each part's plan, not part of `to_dict`
     pools: list[StepPlan] = field(default_factory=list, repr=False, compare=False)
     # Where a split was weighed: the best split and the best single size, so that the run learns
-    # how much further short the split's forecast falls (`forecast.versus_single`); not in `to_dict`
+    # how much further short the split's forecast falls (`replay.versus_single`); not in `to_dict`
     split_versus: tuple[StepPlan, StepPlan] | None = field(default=None, repr=False, compare=False)
     # The last step's samples over their group's planned max, as ratios (`LengthPredictor.overrun`):
     # how far a sequence that outlived its prediction is expected to run on (`remaining_tokens`)

@@ -35,10 +35,9 @@ from rlhfless.planner.forecast import (
     PhaseModel,
     Shortfall,
     relative_error,
-    replay_times,
-    versus_verl,
 )
 from rlhfless.planner.hardware import ModelShape
+from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.planner.scaling import Billing, LearningWidth
 from rlhfless.runtime.machine import learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.samples import Sample, StepPrompt
@@ -265,7 +264,7 @@ class StepPlanner:
     def _versus_verl(
         self, plan: StepPlan, lengths: dict[str, list[int]], prompt_tokens: dict[str, int]
     ) -> tuple[float, float] | None:
-        """`forecast.versus_verl` for the step's samples (None unless every prompt has all of them)."""
+        """`replay.versus_verl` for the step's samples (None unless every prompt has all of them)."""
         uids = list(plan.predicted_length)
         if not all(len(lengths.get(u, ())) == self.group_size for u in uids):
             return None

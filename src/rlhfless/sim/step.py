@@ -18,18 +18,12 @@ import numpy as np
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
-from rlhfless.planner.forecast import (
-    SPLIT_PRIOR,
-    Margins,
-    PhaseModel,
-    Shortfall,
-    versus_single,
-    versus_verl,
-)
+from rlhfless.planner.forecast import SPLIT_PRIOR, Margins, PhaseModel, Shortfall
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge, keep_warm
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.replay import versus_single, versus_verl
 from rlhfless.planner.scaling import Billing, handback
 from rlhfless.planner.sizes import plan_shapes
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
