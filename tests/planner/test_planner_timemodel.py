@@ -2,9 +2,11 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from planner_support import make_profile
 
-from rlhfless.planner.timemodel import RangeModel, Tail, Workload
+from rlhfless.planner.timemodel import SPREAD, RangeModel, Tail, Workload, expected_end
 
 
 def workload(gmax, gmean=None, g=1, prompt=10):
@@ -117,3 +119,61 @@ def test_exact_predictions_have_no_tail():
     w = workload([100, 300, 700] * 8)
     exact = Tail(tuple([1.0] * 129), cap=1024.0)
     assert decode_time(_with_tail(w, exact), profile) == pytest.approx(decode_time(w, profile))
+
+
+def test_a_cap_far_past_the_predictions_keeps_the_tail_as_fine_as_without_one():
+    """The lengths the expected longest is integrated on end at the longest prediction times the
+    largest ratio, not at an 8k cap 80x the predictions (at the cap they were 512 tokens apart, and
+    four groups predicted at 100 came out at their bound, 150, not 130)."""
+    profile = make_profile(step_ms=10)
+    alike = workload([100] * 4)
+    ratios = tuple(np.linspace(0.5, 1.5, 129))
+    for cap in (None, 8192.0):
+        extra = decode_time(_with_tail(alike, Tail(ratios, cap)), profile) - decode_time(alike, profile)
+        assert extra == pytest.approx((50 + 100 * 4 / 5 - 100) * 0.010, abs=0.01)
+
+
+def test_a_plan_whose_actors_end_alike_ends_later_than_any_one_of_them():
+    """Eight actors of four groups each, every group predicted at 100 and observed at 100 times a
+    ratio uniform on [0.5, 1.5]; a step past 100 takes 10 ms. Each actor alone is expected to end
+    at 1 s plus its longest group's outrun; the plan ends with the last of the eight, later, as
+    Monte Carlo draws of the same groups say."""
+    profile = make_profile(step_ms=10)
+    w = _with_tail(workload([100] * 32), Tail(tuple(np.linspace(0.5, 1.5, 129))))
+    starts = np.arange(0, 32, 4)
+    parts = RangeModel(w, np.arange(32), profile, 8).times(starts, starts + 4)
+    one = expected_end(parts["decode"][:1], np.array([0]), {k: parts[k][:1] for k in SPREAD})[0]
+    eight = expected_end(parts["decode"], np.array([0]), parts)[0]
+    longest = (100 * np.random.default_rng(0).uniform(0.5, 1.5, (100_000, 8, 4))).max(axis=2)
+    ends = 1.0 + np.maximum(longest - 100, 0.0) * 0.010
+    assert one == pytest.approx(ends[:, 0].mean(), rel=0.01)
+    assert eight == pytest.approx(ends.max(axis=1).mean(), rel=0.01)
+    assert eight > parts["decode"].max() + 0.1  # the latest expected end alone misses most of it
+
+
+def test_without_a_tail_a_plan_ends_with_its_latest_actor():
+    ends = np.array([1.0, 3.0, 2.0, 5.0, 4.0])
+    np.testing.assert_array_equal(expected_end(ends, np.array([0, 3])), [3.0, 5.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 2000), min_size=1, max_size=40),
+    st.integers(1, 8),
+    st.floats(0.05, 0.6),
+    st.sampled_from([None, 1024.0, 8192.0]),
+)
+def test_a_plan_ends_no_sooner_than_its_latest_actor_and_no_later_than_any_group_can_run(
+    lengths, actors, spread, cap
+):
+    """Whatever the predictions, ratios and cap, the expected end of a plan lies between its
+    latest actor's forecast and the latest end that any of its groups' largest ratio allows."""
+    ratios = tuple(np.exp(np.random.default_rng(len(lengths)).normal(0.0, spread, 129)).round(6))
+    w = _with_tail(workload(lengths), Tail(tuple(sorted(ratios)), cap))
+    bounds = np.linspace(0, len(lengths), min(actors, len(lengths)) + 1).astype(int)
+    parts = RangeModel(w, np.arange(len(lengths)), make_profile(step_ms=10), 8).times(bounds[:-1], bounds[1:])
+    end = parts["decode"]
+    got = expected_end(end, np.array([0]), parts)[0]
+    reach = np.minimum(parts["longest"] * parts["most"], parts["tail_top"])
+    latest = (end - parts["outrun"] + np.maximum(reach - parts["longest"], 0.0) * parts["step1"]).max()
+    assert end.max() - 1e-9 <= got <= latest + 1e-9

@@ -130,9 +130,10 @@ def widen(
     starts, ends, n_of = _split(model.workload, model, ns, rounds, ranges.by_work)
     more = estimate(model, starts, ends, n_of)
     by_n = np.argsort(np.r_[actors.n_of, more.n_of], kind="stable")
-    merged = ActorEstimates(
-        *(np.r_[getattr(actors, f), getattr(more, f)][by_n] for f in ActorEstimates.__dataclass_fields__)
+    both = (
+        np.concatenate((getattr(actors, f), getattr(more, f))) for f in ActorEstimates.__dataclass_fields__
     )
+    merged = ActorEstimates(*(x[by_n] if len(x) else x for x in both))  # no tail: its fields empty
     wide = Ranges(ranges.order, model, merged.starts, merged.ends, merged.n_of, ranges.by_work)
     return wide, merged
 
@@ -168,7 +169,8 @@ def refine(
     mine = estimate(ranges.model, best[1], best[2], np.full(rows.size, n))
     fields = {f: getattr(actors, f).copy() for f in ActorEstimates.__dataclass_fields__}
     for f in fields:
-        fields[f][rows] = getattr(mine, f)
+        if len(fields[f]):  # no tail: its fields empty
+            fields[f][rows] = getattr(mine, f)
     ranges.starts, ranges.ends = ranges.starts.copy(), ranges.ends.copy()
     ranges.starts[rows], ranges.ends[rows] = best[1], best[2]
     return replace(actors, **fields)

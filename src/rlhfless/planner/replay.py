@@ -11,7 +11,7 @@ import numpy as np
 
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.step_plan import StepPlan
-from rlhfless.planner.timemodel import RangeModel, Tail, Workload
+from rlhfless.planner.timemodel import SPREAD, RangeModel, Tail, Workload, expected_end
 from rlhfless.planner.verl_time import even_split_seconds, verl_workload
 
 
@@ -31,7 +31,8 @@ def replay_times(
     lengths = [np.asarray(observed[u], dtype=float) for u in order]
     gmax, gmean = np.array([x.max() for x in lengths]), np.array([x.mean() for x in lengths])
     plen = np.array([prompt_tokens[u] for u in order], dtype=float)
-    return _actor_times(plan, gmax, gmean, plen, g, profile, segments)
+    busy, total, _ = _actor_times(plan, gmax, gmean, plen, g, profile, segments)
+    return busy, total
 
 
 def _actor_times(
@@ -43,9 +44,10 @@ def _actor_times(
     profile: Profile,
     segments: int,
     tail: Tail | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, float]:
     """`replay_times` from per-prompt figures in the plan's actor order (`tail`: where they are
-    predicted ones, the run's tail the plan was timed with)."""
+    predicted ones, the run's tail the plan was timed with), and when the last actor is expected
+    to end (`timemodel.expected_end`)."""
     own = np.array([a.prefill_tokens for a in plan.actors], dtype=float)
     sizes = np.array([len(a.uids) for a in plan.actors])
     # Each actor's own prefill, spread over its prompts so that ranges sum back to it.
@@ -56,7 +58,9 @@ def _actor_times(
     parts = model.times(ends - sizes, ends)
     busy = parts["decode"] + parts["prefill"]
     delay = np.array([a.start_delay for a in plan.actors], dtype=float)
-    return busy, busy + delay
+    spread = parts if SPREAD[0] in parts else None
+    end = float(expected_end(busy + delay, np.zeros(1, dtype=np.int64), spread)[0])
+    return busy, busy + delay, end
 
 
 def versus_verl(
@@ -138,8 +142,7 @@ def _generation_s(
     for part in plan.pools or [plan]:
         at = np.array([position[u] for a in part.actors for u in a.uids])
         tail = part.tail if predicted else None
-        _, total = _actor_times(
-            part, gmax[at], gmean[at], plen[at], g, part.profile or profile, segments, tail
+        ends.append(
+            _actor_times(part, gmax[at], gmean[at], plen[at], g, part.profile or profile, segments, tail)[2]
         )
-        ends.append(float(total.max()))
     return max(ends)

@@ -25,7 +25,7 @@ uses x / min - 1, so lam weighs relative excess time against relative excess cos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from rlhfless.planner.placement import ClusterSpec, rank_within, start_delays
 from rlhfless.planner.pricing import Pricing, charge, keep_warm
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.timemodel import RangeModel
+from rlhfless.planner.timemodel import SPREAD, RangeModel, expected_end
 
 
 class PlanError(ValueError):
@@ -170,6 +170,19 @@ class ActorEstimates:
     prefill_tokens: np.ndarray
     cold: np.ndarray
     units: np.ndarray  # billed units of its own (0: on the resident learner's)
+    # How its longest group may outrun its prediction (`timemodel.SPREAD`; empty without a tail).
+    outrun: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    longest: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step1: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tail_top: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    most: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    log_below: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+
+    def expected_ends(self, first: np.ndarray) -> np.ndarray:
+        """Per candidate N (its rows from each of `first` on): when its generation is expected to
+        end, the latest of its actors (`timemodel.expected_end`)."""
+        spread = {k: getattr(self, k) for k in SPREAD} if self.log_below.size else None
+        return expected_end(self.time, first, spread)
 
 
 def estimate_actors(
@@ -212,6 +225,7 @@ def estimate_actors(
         parts["prefill_tokens"],
         cold,
         units,
+        **{k: parts[k] for k in SPREAD if k in parts},
     )
 
 
@@ -266,7 +280,7 @@ def candidate_table(
     `after_s` is the forecast rest of the step (a released function's wait for its next use)."""
     first = np.flatnonzero(np.r_[True, actors.n_of[1:] != actors.n_of[:-1]])
     counts = np.diff(np.r_[first, actors.n_of.size])
-    time = np.maximum.reduceat(actors.time, first)
+    time = actors.expected_ends(first)
     hidden = np.logical_and.reduceat(actors.hidden, first)
     pricing = billing.pricing
     if serverful:  # every function held from its request to the end of the phase

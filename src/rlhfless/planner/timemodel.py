@@ -29,6 +29,7 @@ set of contiguous ranges (all actors of all candidate N at once) is evaluated in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -57,7 +58,11 @@ class Tail:
     def log_below(self, group_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lengths y, log P(a group's observed max <= y) per prompt and y) for predicted maxima
         `group_max`: the integrand of each range's expected longest, as prefix sums add it up."""
-        top = self.cap if self.cap is not None else float(group_max.max(initial=1.0)) * self.ratios[-1]
+        # No group outruns the longest prediction times the largest ratio, nor the cap: up to 8k
+        # caps over predictions of 300-900, the cap alone left one length per 512 tokens, and the
+        # expected longest came out at about its bound (`RangeModel._outrun`).
+        top = float(group_max.max(initial=1.0)) * self.ratios[-1]
+        top = min(top, self.cap) if self.cap is not None else top
         y = np.linspace(0.0, top, TAIL_POINTS)
         f = np.interp(
             y / np.maximum(group_max, 1.0)[:, None], self.ratios, np.linspace(0.0, 1.0, len(self.ratios))
@@ -335,9 +340,24 @@ class RangeModel:
             )
         decode = np.empty(starts.size)
         decode[by_reach] = np.einsum("ij,ij->i", steps, step_s) + late
+        spread = {}
         if self._tail is not None:
-            decode += self._outrun(starts, ends, longest) * self.profile.decode_step_seconds(
-                1.0, mean_prompt + longest
+            step1 = self.profile.decode_step_seconds(1.0, mean_prompt + longest)
+            outrun = self._outrun(starts, ends, longest) * step1
+            decode += outrun
+            spread = dict(
+                zip(
+                    SPREAD,
+                    (
+                        outrun,
+                        longest,
+                        step1,
+                        np.full(starts.size, self._tail_y[-1]),
+                        np.full(starts.size, self.workload.tail.ratios[-1]),
+                        self._tail[ends] - self._tail[starts],
+                    ),
+                    strict=True,
+                )
             )
         prefill_tokens = self._prefill[ends] - self._prefill[starts]
         return {
@@ -346,4 +366,50 @@ class RangeModel:
             "prefill_tokens": prefill_tokens,
             "kv_tokens": self._kv[ends] - self._kv[starts],
             "work": work,
+            **spread,
         }
+
+
+MAKESPAN_POINTS = 33  # times at which a plan's expected end is integrated (`expected_end`)
+# What `RangeModel.times` adds per range where the run has a tail, for `expected_end`: its expected
+# outrun (s), longest prediction, one-sequence step (s), the top of the tail's lengths, the largest
+# ratio, and log P(its longest group <= y) at TAIL_POINTS lengths evenly from 0 to that top.
+SPREAD = ("outrun", "longest", "step1", "tail_top", "most", "log_below")
+
+
+def expected_end(
+    end: np.ndarray, first: np.ndarray, spread: Mapping[str, np.ndarray] | None = None
+) -> np.ndarray:
+    """Per plan (its actors' rows from each of `first` on), when its last actor is expected to
+    end: E[max_i T_i], not max_i E[T_i]. An actor expected to end at `end` holds an expected
+    outrun of its longest group L past its longest prediction (`spread`, as `SPREAD` says), so
+    it ends at T = end - outrun + (L - longest)^+ x step1, L at most longest x the largest ratio.
+    Actors planned to end alike each risk the step's end: the plan whose actors all end at its
+    forecast ends later than one whose others end well before its longest. Without a tail
+    (`spread` None), the latest actor's `end`."""
+    latest = np.maximum.reduceat(end, first)
+    if not spread:
+        return latest
+    outrun, longest, step1, top, most, log_below = (spread[k] for k in SPREAD)
+    base = end - outrun
+    rows = np.arange(end.size)
+    plan_of = np.repeat(np.arange(first.size), np.diff(np.r_[first, end.size]))
+    lo = np.maximum.reduceat(base, first)
+    # Each actor's L has surely ended at the first length where P(L <= y) is 1, or at its bound:
+    # the integral runs to the latest such end, so its points are spent where the ends spread.
+    points = log_below.shape[1]
+    done = np.argmax(log_below >= -1e-9, axis=1)
+    done_y = np.minimum(top * done / (points - 1), longest * most)
+    high = np.maximum.reduceat(base + np.maximum(done_y - longest, 0.0) * step1, first)
+    t = lo[:, None] + (high - lo)[:, None] * np.linspace(0.0, 1.0, MAKESPAN_POINTS)
+    y = longest[:, None] + (t[plan_of] - base[:, None]) / np.maximum(step1, 1e-12)[:, None]
+    at = y / np.maximum(top, 1e-12)[:, None] * (points - 1)
+    k = np.clip(np.floor(at).astype(np.int64), 0, points - 2)
+    frac = np.clip(at - k, 0.0, 1.0)
+    lower = log_below[rows[:, None], k]
+    log_p = lower + frac * (log_below[rows[:, None], k + 1] - lower)  # log P linear between lengths
+    log_p[(at >= points - 1) | (y >= done_y[:, None])] = 0.0  # every group has ended
+    below = np.exp(np.add.reduceat(log_p, first, axis=0))  # P(every actor has ended by t)
+    gap = 1.0 - below
+    mean_gap = 0.5 * (gap[:, 1:] + gap[:, :-1]).sum(axis=1) / (MAKESPAN_POINTS - 1)
+    return np.maximum(lo + (high - lo) * mean_gap, latest)

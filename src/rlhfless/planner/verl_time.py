@@ -9,12 +9,12 @@ import numpy as np
 from rlhfless.planner.assignment import even_ranges
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import Billing
-from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.timemodel import SPREAD, RangeModel, Workload, expected_end
 
 
 def verl_workload(w: Workload) -> Workload:
     """`w` as verl runs it: each sample prefills its whole prompt, and no prefix KV arrives."""
-    return Workload(
+    verl = Workload(
         w.group_max,
         w.group_mean,
         w.prompt_tokens,
@@ -23,6 +23,9 @@ def verl_workload(w: Workload) -> Workload:
         w.group_size,
         w.tail,
     )
+    if "tail_below" in w.__dict__:  # the same predictions and tail: their log F, computed once
+        verl.__dict__["tail_below"] = w.tail_below
+    return verl
 
 
 def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) -> float:
@@ -33,7 +36,8 @@ def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) 
     model = RangeModel(verl, np.arange(verl.size), profile, segments)
     starts, ends, _ = even_ranges(verl.size, np.array([n]))
     parts = model.times(starts, ends)
-    return float((parts["prefill"] + parts["decode"]).max())
+    end = parts["prefill"] + parts["decode"]
+    return float(expected_end(end, np.zeros(1, dtype=np.int64), parts if SPREAD[0] in parts else None)[0])
 
 
 def verl_cap(
