@@ -300,9 +300,12 @@ class RangeModel:
             late[waves] = extra * self.profile.decode_step_seconds(1.0, mean_prompt[waves] + 0.5 * least)
         return steps, self.profile.decode_step_seconds(batch, context), late
 
-    def _outrun(self, starts: np.ndarray, ends: np.ndarray, longest: np.ndarray) -> np.ndarray:
-        """Each range's expected longest group past its longest prediction (`Tail`), in steps."""
-        log_p = self._tail[ends] - self._tail[starts]  # log P(the range's longest <= y)
+    def _outrun(
+        self, starts: np.ndarray, ends: np.ndarray, longest: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each range's expected longest group past its longest prediction (`Tail`), in steps, and
+        log P(its longest group <= y) at the tail's lengths."""
+        log_p = self._tail[ends] - self._tail[starts]
         p, rise = np.exp(log_p), np.diff(log_p, axis=1)
         # P is steep (a power of many F): exact for log P linear between the lengths y
         flat = np.abs(rise) < 1e-9
@@ -311,7 +314,7 @@ class RangeModel:
         # No group outruns its prediction by more than the largest ratio: where the ratios sit at
         # one value (exact predictions), the lengths' spacing would otherwise count as outrun.
         expected = np.minimum(expected, longest * self.workload.tail.ratios[-1])
-        return np.where(ends > starts, np.maximum(expected - longest, 0.0), 0.0)
+        return np.where(ends > starts, np.maximum(expected - longest, 0.0), 0.0), log_p
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
@@ -343,7 +346,8 @@ class RangeModel:
         spread = {}
         if self._tail is not None:
             step1 = self.profile.decode_step_seconds(1.0, mean_prompt + longest)
-            outrun = self._outrun(starts, ends, longest) * step1
+            steps, log_below = self._outrun(starts, ends, longest)
+            outrun = steps * step1
             decode += outrun
             spread = dict(
                 zip(
@@ -354,7 +358,7 @@ class RangeModel:
                         step1,
                         np.full(starts.size, self._tail_y[-1]),
                         np.full(starts.size, self.workload.tail.ratios[-1]),
-                        self._tail[ends] - self._tail[starts],
+                        log_below,
                     ),
                     strict=True,
                 )
@@ -370,7 +374,7 @@ class RangeModel:
         }
 
 
-MAKESPAN_POINTS = 33  # times at which a plan's expected end is integrated (`expected_end`)
+MAKESPAN_POINTS = 17  # times at which a plan's expected end is integrated (`expected_end`)
 # What `RangeModel.times` adds per range where the run has a tail, for `expected_end`: its expected
 # outrun (s), longest prediction, one-sequence step (s), the top of the tail's lengths, the largest
 # ratio, and log P(its longest group <= y) at TAIL_POINTS lengths evenly from 0 to that top.
