@@ -1,7 +1,8 @@
 """Cost-aware actor scaling: time and cost of every candidate N, and the choice between them.
 
-T_total(N) = max_i T_i, where T_i includes the actor's start delay from placement (and its cold
-start when functions start on demand). C(N) is the generation phase's bill under the one pricing
+T_total(N) = E[max_i T_i], where T_i includes the actor's start delay from placement (and its cold
+start when functions start on demand), and each actor draws its own longest group where the run
+has measured how far groups outrun their predictions (`timemodel.expected_end`; max_i T_i before). C(N) is the generation phase's bill under the one pricing
 model (`planner.pricing.charge`): each decode function from its request to its release (its cold
 start as the platform bills it), then its keep-alive idle to the end of generation when it is kept
 warm; the resident learner's units for the whole phase (the actor on them is billed through it);

@@ -19,9 +19,11 @@ Predicted lengths miss both ways, and an actor waits for the longest of its grou
 the longest prediction further the more groups it holds (`Tail`): with each group's observed max
 its prediction times an independent ratio r of the run's (`LengthPredictor.max_ratios`), a range
 ends no sooner than its expected longest, E[max] = integral of 1 - prod_i F(y / p_i) dy up to the
-cap (F: the ratios' distribution, p_i: the predicted maxima). The steps past its longest
-prediction run at batch 1. An A100 PPO step of one sample a prompt (GPQA-like, 1k cap, simulated)
-put its 176 shortest-predicted prompts on one actor: forecast 7.6 s without the tail, 8.8 s run.
+longest prediction times the largest ratio, or the cap (F: the ratios' distribution, p_i: the
+predicted maxima). The steps past its longest prediction run at batch 1. An A100 PPO step of one
+sample a prompt (GPQA-like, 1k cap, simulated) put its 176 shortest-predicted prompts on one
+actor: forecast 7.6 s without the tail, 8.8 s run. A plan of many actors ends with the last of
+them, each drawing its own longest group (`expected_end`).
 
 Every statistic an actor needs is a difference of prefix sums over prompts in a fixed order, so any
 set of contiguous ranges (all actors of all candidate N at once) is evaluated in a few numpy passes.
