@@ -2,11 +2,12 @@
 
 T_total(N) = E[max_i T_i], where T_i includes the actor's start delay from placement (and its cold
 start when functions start on demand), and each actor draws its own longest group where the run
-has measured how far groups outrun their predictions (`timemodel.expected_end`; max_i T_i before). C(N) is the generation phase's bill under the one pricing
-model (`planner.pricing.charge`): each decode function from its request to its release (its cold
-start as the platform bills it), then its keep-alive idle to the end of generation when it is kept
-warm; the resident learner's units for the whole phase (the actor on them is billed through it);
-a serverful policy's whole allocation for the whole phase. The paper's C = rho * sum G_i T_i is
+has measured how far groups outrun their predictions (`timemodel.expected_end`). C(N) is the
+generation phase's bill under the one pricing model (`planner.pricing.charge`): each decode
+function from its request to its release (its cold start as the platform bills it), then its
+keep-alive idle to the end of generation when it is kept warm; the resident learner's units for
+the whole phase (the actor on them is billed through it); a serverful policy's whole allocation
+for the whole phase. The paper's C = rho * sum G_i T_i is
 the case of no learner, no keep-alive and no cold start.
 
 The choice: with `scheduler.budget_per_step` the fastest N whose forecast step cost fits it, with
