@@ -648,8 +648,8 @@ def test_each_learning_width_is_forecast_at_its_own_rate_once_it_has_run():
 
 
 def test_the_phases_bill_is_learned_apart_where_part_of_their_work_was_hidden():
+    from rlhfless.planner.billing import Billing
     from rlhfless.planner.pricing import Pricing
-    from rlhfless.planner.scaling import Billing
 
     phases = PhaseModel()
     phases.observe(100.0, 5.0)  # nothing said of the bill: the step waited on all of it

@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
+from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.replay import versus_verl
-from rlhfless.planner.scaling import TIE, ActorEstimates, Billing, candidate_table, choose
+from rlhfless.planner.scaling import TIE, ActorEstimates, candidate_table, choose
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 
 PROFILE = make_profile(step_ms=10.0, per_seq_ms=0.05, prefill_ms_per_token=0.01)

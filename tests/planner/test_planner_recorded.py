@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.hardware import ModelShape, roofline_profile
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.scaling import Billing
 from rlhfless.planner.step_plan import PromptSpec
 
 RECORDED = Path(__file__).parent / "data" / "recorded_plans.json"

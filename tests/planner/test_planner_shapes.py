@@ -9,13 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
+from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
-from rlhfless.planner.scaling import Billing, PlanError
+from rlhfless.planner.scaling import PlanError
 from rlhfless.planner.sizes import plan_shapes
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.planner.timemodel import Workload

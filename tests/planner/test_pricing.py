@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
+from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import PRICE_SHEETS, Pricing, charge, keep_warm
-from rlhfless.planner.scaling import Billing, LearningWidth, PlanError, choose
+from rlhfless.planner.scaling import PlanError, choose
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.sim.config import build

@@ -5,13 +5,14 @@ import re
 
 import pytest
 
+from rlhfless.planner.billing import handback
 from rlhfless.planner.forecast import SPLIT_PRIOR
 from rlhfless.planner.hardware import GpuSpec, ModelShape, Roofline, decode_sizes
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.pools import split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
-from rlhfless.planner.scaling import PlanError, handback
+from rlhfless.planner.scaling import PlanError
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import VARIANTS, make_stage, make_workload, run_policy, scheduler_for

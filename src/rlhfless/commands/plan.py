@@ -178,12 +178,12 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None:
         return forecast(args)
     from rlhfless.config import ConfigError, load_config
+    from rlhfless.planner.billing import Billing
     from rlhfless.planner.forecast import SPLIT_PRIOR
     from rlhfless.planner.hardware import GpuSpec, ModelShape, decode_sizes, roofline_profile
     from rlhfless.planner.placement import ClusterSpec
     from rlhfless.planner.predictor import LengthPredictor
     from rlhfless.planner.profile import Profile
-    from rlhfless.planner.scaling import Billing
     from rlhfless.planner.sizes import plan_shapes
     from rlhfless.planner.step_plan import PromptSpec
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlhfless.planner.assignment import lpt_assign
 from rlhfless.planner.balance import between, coarse, contiguous_ranges, refine, widen
+from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
 from rlhfless.planner.floor import generation_floor
@@ -25,9 +26,7 @@ from rlhfless.planner.pricing import keep_warm
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import (
     ActorEstimates,
-    Billing,
     CandidateTable,
-    LearningWidth,
     candidate_table,
     choose,
     choose_width,

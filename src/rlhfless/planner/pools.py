@@ -18,12 +18,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.scaling import Billing, PlanError, target_of
+from rlhfless.planner.scaling import PlanError, target_of
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 from rlhfless.planner.timemodel import Workload
 

@@ -12,13 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import candidate_bounds, plan_step
 from rlhfless.planner.pools import latency_bound, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.scaling import Billing, CandidateTable, PlanError, choose, normalised
+from rlhfless.planner.scaling import CandidateTable, PlanError, choose, normalised
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 from rlhfless.planner.timemodel import Tail, Workload
 from rlhfless.planner.verl_time import verl_cap, verl_workload

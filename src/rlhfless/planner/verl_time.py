@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from rlhfless.planner.assignment import even_ranges
+from rlhfless.planner.billing import Billing
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.scaling import Billing
 from rlhfless.planner.timemodel import SPREAD, RangeModel, Workload, expected_end
 
 

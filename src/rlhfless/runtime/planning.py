@@ -26,6 +26,7 @@ from rlhfless.planner import (
     plan_step,
     prediction_quality,
 )
+from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.forecast import (
@@ -38,7 +39,6 @@ from rlhfless.planner.forecast import (
 )
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.replay import replay_times, versus_verl
-from rlhfless.planner.scaling import Billing, LearningWidth
 from rlhfless.runtime.machine import learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.samples import Sample, StepPrompt
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless.planner.billing import Billing, handback
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import Floor, generation_floor
@@ -24,7 +25,6 @@ from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge, keep_warm
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.replay import versus_single, versus_verl
-from rlhfless.planner.scaling import Billing, handback
 from rlhfless.planner.sizes import plan_shapes
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
 from rlhfless.sim.execution import schedule, slot_cap
@@ -238,7 +238,7 @@ class Simulator:
             cost_generation = charge(st.pricing, st.total_gpus, generation)
         else:  # the prefill runs on the colocated actor's GPUs, inside its bill
             # Each released actor's GPUs go back to the learner as the plan decided (warm or
-            # restarted, `scaling.handback`); the GPUs no actor took as its forecast time decides.
+            # restarted, `billing.handback`); the GPUs no actor took as its forecast time decides.
             cold = st.cold_start_s
             warm = [a.keep_warm for a in plan.actors]
             untaken = float(st.total_gpus - sum(r.gpus for r in runs))
