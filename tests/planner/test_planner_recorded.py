@@ -2,9 +2,10 @@
 
 `data/recorded_plans.json` holds, per case, the whole plan (`StepPlan.to_dict` less its
 `plan_seconds`) that commit 6a509e5 made, re-recorded when the prefix tree became the default
-dedup rule (its plans compute fewer prompt tokens) and when the time model's second wave learned
-where its K-th longest sequence ends: speed work must leave every decision, figure and rounding
-as it was. Workloads come from `random.Random(seed).random()` alone, whose stream
+dedup rule (its plans compute fewer prompt tokens), when the time model's second wave learned
+where its K-th longest sequence ends, and when verl's ranges were summed once each instead of
+differenced from prefix sums (its time cap moved by one unit in the last place): speed work must
+leave every decision, figure and rounding as it was. Workloads come from `random.Random(seed).random()` alone, whose stream
 Python keeps across versions. A change meant to change plans records them anew:
 `PYTHONPATH=src python tests/planner/test_planner_recorded.py`.
 """

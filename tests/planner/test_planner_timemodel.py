@@ -86,6 +86,32 @@ def test_ranges_are_timed_independently():
     np.testing.assert_allclose(times, [1.0, 8.0, 8.0])
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+    g=st.sampled_from([1, 4]),
+    tailed=st.booleans(),
+    kv=st.sampled_from([10**6, 2_000]),
+)
+def test_a_fixed_split_timed_in_blocks_is_timed_as_its_ranges(lengths, cuts, g, tailed, kv):
+    """`blocks` sums each range once instead of every prompt's prefix: the same figures, empty
+    ranges included (a range of no prompts takes no time)."""
+    gmax = np.array(lengths, dtype=float)
+    w = workload(gmax, gmax * 0.6 if g > 1 else None, g=g)
+    if tailed:
+        w = _with_tail(w, Tail((0.5, 0.9, 1.0, 1.4), 4000.0))
+    profile = make_profile(step_ms=10, per_seq_ms=1, max_kv_tokens=kv)
+    starts = np.array(sorted({0, *(min(c, w.size) for c in cuts)}))
+    ends = np.r_[starts[1:], w.size]
+    ranges = RangeModel(w, np.arange(w.size), profile, 8).times(starts, ends)
+    blocks = np.arange(starts.size)
+    summed = RangeModel(w, np.arange(w.size), profile, 8, blocks=starts).times(blocks, blocks + 1)
+    assert ranges.keys() == summed.keys()
+    for key, value in ranges.items():
+        np.testing.assert_allclose(summed[key], value, rtol=1e-9, atol=1e-9, err_msg=key)
+
+
 def _with_tail(w, tail):
     return Workload(
         w.group_max, w.group_mean, w.prompt_tokens, w.decode_prefill, w.kv_tokens, w.group_size, tail

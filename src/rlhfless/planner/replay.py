@@ -53,9 +53,10 @@ def _actor_times(
     # Each actor's own prefill, spread over its prompts so that ranges sum back to it.
     per_prompt = np.repeat(own / np.maximum(sizes, 1), sizes)
     workload = Workload(gmax, gmean, plen, per_prompt, np.zeros(plen.size), g, tail)
-    model = RangeModel(workload, np.arange(plen.size), profile, segments)
     ends = np.cumsum(sizes)
-    parts = model.times(ends - sizes, ends)
+    model = RangeModel(workload, np.arange(plen.size), profile, segments, blocks=ends - sizes)
+    actors = np.arange(sizes.size)
+    parts = model.times(actors, actors + 1)
     busy = parts["decode"] + parts["prefill"]
     delay = np.array([a.start_delay for a in plan.actors], dtype=float)
     spread = parts if SPREAD[0] in parts else None

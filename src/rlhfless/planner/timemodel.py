@@ -141,10 +141,30 @@ def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.nd
     return np.minimum(out, width[:, None], out=out)
 
 
+def _block_sums(x: np.ndarray, starts: np.ndarray, ufunc: np.ufunc = np.add) -> np.ndarray:
+    """`ufunc` reduced over x's rows [starts[j], starts[j + 1]) (the last to the end); an empty
+    block is 0 (`reduceat` would give its first row)."""
+    held = np.diff(np.r_[starts, x.shape[0]]) > 0
+    out = np.zeros((starts.size, *x.shape[1:]), x.dtype)
+    if held.any():
+        out[held] = ufunc.reduceat(x, starts[held], axis=0)
+    return out
+
+
 class RangeModel:
     """Prefix sums of a workload in a fixed prompt order; times any contiguous ranges of it."""
 
-    def __init__(self, workload: Workload, order: np.ndarray, profile: Profile, segments: int) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        order: np.ndarray,
+        profile: Profile,
+        segments: int,
+        blocks: np.ndarray | None = None,
+    ) -> None:
+        """`blocks`: where (in `order`) the only ranges ever timed start, back to back from 0 to
+        the end. Each is then summed once, not every prompt's prefix, and a range is given in
+        blocks: block j is [j, j + 1). A fixed split (verl's, a plan's actors) is timed so."""
         w, g = workload, workload.group_size
         self.workload, self.profile, self.group_size = w, profile, g
         longest = w.group_max[order]
@@ -162,7 +182,7 @@ class RangeModel:
             more *= g - 1
             overlap += more
             running += (g - 1) * (rest > start[:, None])
-        self._fill(order, overlap, running, longest, longest + (g - 1) * rest)
+        self._fill(order, overlap, running, longest, longest + (g - 1) * rest, blocks)
 
     def _fill(
         self,
@@ -171,27 +191,36 @@ class RangeModel:
         running: np.ndarray,
         longest: np.ndarray,
         work: np.ndarray,
+        blocks: np.ndarray | None = None,
     ) -> None:
-        """Prefix sums in `order`, given its prompts' segment tokens, sequences still running at
-        each segment's start, longest and decode tokens."""
+        """Prefix sums in `order` (of `blocks`' sums, where given), given its prompts' segment
+        tokens, sequences still running at each segment's start, longest and decode tokens."""
         w = self.workload
+
+        def rows(x: np.ndarray) -> np.ndarray:
+            return x if blocks is None else _block_sums(x, blocks)
+
         self.order, self._overlap = order, overlap
-        self._tokens = _prefix(overlap.T)
-        self._running = _prefix(running.T)
-        self._work = _prefix(work)
-        self._context = _prefix(w.prompt_tokens[order].astype(float))
-        self._prefill = _prefix(w.decode_prefill[order].astype(float))
-        self._kv = _prefix(w.kv_tokens[order].astype(float))
+        self._prompts = _prefix(rows(np.ones(order.size, dtype=np.int64)))
+        self._tokens = _prefix(rows(overlap.T))
+        self._running = _prefix(rows(running.T))
+        self._work = _prefix(rows(work))
+        self._context = _prefix(rows(w.prompt_tokens[order].astype(float)))
+        self._prefill = _prefix(rows(w.decode_prefill[order].astype(float)))
+        self._kv = _prefix(rows(w.kv_tokens[order].astype(float)))
+        if blocks is not None:
+            longest = _block_sums(longest, blocks, np.maximum)
         self._longest = longest
         self._tail_y, self._tail = None, None  # `Tail`: lengths, and prefix sums of log F over them
         if w.tail_below is not None:
             self._tail_y, below = w.tail_below
-            self._tail = _prefix(below[order])
+            self._tail = _prefix(rows(below[order]))
         # In order of length (the sorted assignment's), a range's longest sequence is its last.
         self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
 
     def reordered(self, order: np.ndarray) -> RangeModel:
-        """The same workload, segments and time table in another prompt order."""
+        """The same workload, segments and time table in another prompt order (a model of every
+        prompt, not of `blocks`)."""
         at = np.empty_like(self.order)
         at[self.order] = np.arange(self.order.size)
         rows = at[order]
@@ -219,7 +248,7 @@ class RangeModel:
 
     def in_waves(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Whether each range holds more sequences than an actor decodes at once."""
-        prompts = np.maximum(ends - starts, 1)
+        prompts = np.maximum(self._prompts[ends] - self._prompts[starts], 1)
         mean_prompt = (self._context[ends] - self._context[starts]) / prompts
         seqs = prompts * self.group_size
         return seqs > self.profile.concurrency(mean_prompt + self._work_of(starts, ends) / seqs)
@@ -233,13 +262,14 @@ class RangeModel:
         return self._work
 
     def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        if self._max_table is None:
-            return self._longest[ends - 1]
+        """Each range's longest predicted group (0 for a range of nothing)."""
         size = ends - starts
+        if self._max_table is None:
+            return np.where(size > 0, self._longest[np.maximum(ends - 1, 0)], 0.0)
         level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
-        out = np.empty(starts.size)
+        out = np.zeros(starts.size)
         for k in np.unique(level):
-            sel = level == k
+            sel = (level == k) & (size > 0)
             row = self._max_table[k]
             out[sel] = np.maximum(row[starts[sel]], row[ends[sel] - (1 << int(k))])
         return out
@@ -320,7 +350,8 @@ class RangeModel:
         # No group outruns its prediction by more than the largest ratio: where the ratios sit at
         # one value (exact predictions), the lengths' spacing would otherwise count as outrun.
         expected = np.minimum(expected, longest * self.workload.tail.ratios[-1])
-        return np.where(ends > starts, np.maximum(expected - longest, 0.0), 0.0), log_p
+        held_any = self._prompts[ends] > self._prompts[starts]
+        return np.where(held_any, np.maximum(expected - longest, 0.0), 0.0), log_p
 
     def times(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
         """Per range [start, end) of prompts: decode and prefill seconds, tokens it prefills, KV
@@ -329,7 +360,7 @@ class RangeModel:
         A segment that starts at or past a range's longest sequence has neither steps nor tokens
         (both exactly 0): ranges are timed in order of the segments they reach, each block only
         over the segments its ranges reach, the rest left 0."""
-        prompts = (ends - starts).astype(float)
+        prompts = (self._prompts[ends] - self._prompts[starts]).astype(float)
         seqs = prompts * self.group_size
         work = self._work[ends] - self._work[starts]
         mean_prompt = (self._context[ends] - self._context[starts]) / np.maximum(prompts, 1)

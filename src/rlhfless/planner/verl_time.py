@@ -33,9 +33,10 @@ def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) 
     over `n` actors (its slowest actor's prefill and decode; the executor's overhead and a first
     step's wait for the learner's decode function are added by the caller, as on every
     candidate)."""
-    model = RangeModel(verl, np.arange(verl.size), profile, segments)
-    starts, ends, _ = even_ranges(verl.size, np.array([n]))
-    parts = model.times(starts, ends)
+    starts, _, _ = even_ranges(verl.size, np.array([n]))
+    model = RangeModel(verl, np.arange(verl.size), profile, segments, blocks=starts)
+    blocks = np.arange(starts.size)
+    parts = model.times(blocks, blocks + 1)
     end = parts["prefill"] + parts["decode"]
     return float(expected_end(end, np.zeros(1, dtype=np.int64), parts if SPREAD[0] in parts else None)[0])
 
