@@ -283,10 +283,10 @@ class RangeModel:
         mean_prompt: np.ndarray,
         reached: int,
         seqs: np.ndarray,
-        share: float = 1.0,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Decode steps and seconds per step of each range in the first `reached` segments, and
-        the seconds its waves add or take off (below).
+        the steps its waves add or take off (below) with the context they run at (`times` prices
+        them, for all blocks in one lookup).
 
         Over the cap, K sequences run at a time for tokens / K steps (queued ones join later).
         A range of no prompts has no tokens, so batch 0, whose step the profile prices at 0: it
@@ -305,14 +305,11 @@ class RangeModel:
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
         tokens = self._tokens[ends, :reached]
         tokens -= self._tokens[starts, :reached]
-        if share != 1.0:
-            tokens *= share
         waves = np.flatnonzero(seqs > cap)
         if waves.size:
             running = np.subtract(
                 self._running[ends[waves], :reached], self._running[starts[waves], :reached], dtype=float
             )
-            running *= share
             k = cap[waves]
             mine = tokens[waves]
             paired = _longest_at(running, mine, k, start, width) + _longest_at(
@@ -330,11 +327,11 @@ class RangeModel:
         context = np.minimum(steps, width)
         context *= 0.5
         context += mean_prompt[:, None] + start
-        late = np.zeros(starts.size)
+        late, late_context = np.zeros(starts.size), np.zeros(starts.size)
         if waves.size:
-            extra = least - steps[waves].sum(axis=1)
-            late[waves] = extra * self.profile.decode_step_seconds(1.0, mean_prompt[waves] + 0.5 * least)
-        return steps, self.profile.decode_step_seconds(batch, context), late
+            late[waves] = least - steps[waves].sum(axis=1)
+            late_context[waves] = mean_prompt[waves] + 0.5 * least
+        return steps, self.profile.decode_step_seconds(batch, context), late, late_context
 
     def _outrun(
         self, starts: np.ndarray, ends: np.ndarray, longest: np.ndarray
@@ -370,19 +367,24 @@ class RangeModel:
         by_reach = np.argsort(reach, kind="stable")
         steps = np.zeros((starts.size, self.edges.size - 1))
         step_s = np.zeros_like(steps)
-        late = np.zeros(starts.size)
+        late = np.zeros((2, starts.size))  # waves' steps, and the context they run at
         for lo in range(0, starts.size, BLOCK):
             rows = by_reach[lo : lo + BLOCK]
             reached = int(reach[rows[-1]])
             at = (slice(lo, lo + BLOCK), slice(0, reached))
-            steps[at], step_s[at], late[lo : lo + BLOCK] = self._segments(
+            steps[at], step_s[at], late[0, lo : lo + BLOCK], late[1, lo : lo + BLOCK] = self._segments(
                 starts[rows], ends[rows], longest[rows], cap[rows], mean_prompt[rows], reached, seqs[rows]
             )
+        tailed = self._tail is not None
+        # One lookup of the one-sequence step: at the waves' contexts, and at each range's
+        # longest for the steps past it (`Tail`).
+        at_one = late[1] if not tailed else np.concatenate((late[1], mean_prompt + longest))
+        one = self.profile.decode_step_seconds(1.0, at_one)
         decode = np.empty(starts.size)
-        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s) + late
+        decode[by_reach] = np.einsum("ij,ij->i", steps, step_s) + late[0] * one[: starts.size]
         spread = {}
-        if self._tail is not None:
-            step1 = self.profile.decode_step_seconds(1.0, mean_prompt + longest)
+        if tailed:
+            step1 = one[starts.size :]
             steps, log_below = self._outrun(starts, ends, longest)
             outrun = steps * step1
             decode += outrun
