@@ -27,7 +27,7 @@ from rlhfless.planner.assignment import (
 )
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import ActorEstimates
-from rlhfless.planner.timemodel import RangeModel, Workload
+from rlhfless.planner.timemodel import PromptSegments, RangeModel, Workload
 
 DENSE = 24  # candidates all timed before the grid starts
 SPREAD = 0.005  # refining stops once the chosen N's actors are predicted this close
@@ -62,17 +62,27 @@ def _split(
     return starts, ends, n_of
 
 
-def backfill_threshold(workload: Workload, model: RangeModel, n: int, rounds: int, profile: Profile) -> float:
+def backfill_threshold(
+    workload: Workload, seg: PromptSegments, n: int, rounds: int, profile: Profile
+) -> float:
     """The predicted length under which a prompt runs in waves: the decode steps that N = `n`'s
-    slowest actor (sorted ranges, `model`'s order) takes at its full batch (an actor given
-    longer sequences than that holds fewer than its slots)."""
-    starts, ends, _ = _split(workload, model, np.array([n]), rounds, True)
-    parts = model.times(starts, ends)
+    slowest actor (sorted ranges, `seg`'s order) takes at its full batch (an actor given
+    longer sequences than that holds fewer than its slots). One N's ranges are timed as blocks
+    (`RangeModel` blocks), each round's, without every prompt's prefix sums."""
+    ns = np.array([n])
+    cum_work = np.r_[0.0, np.cumsum(seg.work)]
+    starts, ends, _ = balanced_ranges(seg.work, ns)
+    for left in range(rounds, -1, -1):
+        blocks = np.arange(starts.size)
+        parts = RangeModel.over(workload, seg, profile, starts).times(blocks, blocks + 1)
+        busy = parts["prefill"] + parts["decode"]
+        if left:
+            starts, ends, _ = retimed_ranges(cum_work, starts, ends, ns, busy)
     mean_prompt = float(workload.prompt_tokens.mean())
     mean_response = float(workload.work.mean()) / workload.group_size
     cap = float(profile.concurrency(mean_prompt + mean_response))
     step = float(profile.decode_step_seconds(cap, mean_prompt + mean_response / 2))
-    return float(np.max(parts["prefill"] + parts["decode"])) / max(step, 1e-12)
+    return float(np.max(busy)) / max(step, 1e-12)
 
 
 def contiguous_ranges(
@@ -87,12 +97,13 @@ def contiguous_ranges(
     """The order and every N's ranges: sorted (with `backfill`, its short part spread; where it
     ends is found on the sorted order's largest N alone) or the input order (even counts)."""
     order = sorted_order(workload.group_max, workload.group_mean) if sort else np.arange(workload.size)
-    model = RangeModel(workload, order, profile, segments)
+    seg = PromptSegments.of(workload, order, segments)
     if sort and backfill:
-        threshold = backfill_threshold(workload, model, int(ns.max()), rounds, profile)
+        threshold = backfill_threshold(workload, seg, int(ns.max()), rounds, profile)
         spread = backfill_order(order, workload.group_max, threshold)
         if not np.array_equal(spread, order):
-            order, model = spread, model.reordered(spread)
+            order, seg = spread, seg.reordered(spread)
+    model = RangeModel.over(workload, seg, profile)
     return Ranges(order, model, *_split(workload, model, ns, rounds, sort), by_work=sort)
 
 

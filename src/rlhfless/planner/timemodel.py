@@ -151,6 +151,56 @@ def _block_sums(x: np.ndarray, starts: np.ndarray, ufunc: np.ufunc = np.add) -> 
     return out
 
 
+@dataclass(frozen=True)
+class PromptSegments:
+    """Per prompt, in `order`: the tokens its G sequences generate in each length segment
+    [edges[k], edges[k + 1]), how many of them still run at each segment's start, its longest
+    and its decode tokens. What a `RangeModel` sums, worked out once for every order and split
+    of the same prompts."""
+
+    order: np.ndarray
+    edges: np.ndarray
+    tokens: np.ndarray  # (segments, prompts)
+    running: np.ndarray  # (segments, prompts), whole sequence counts
+    longest: np.ndarray
+    work: np.ndarray
+
+    @classmethod
+    def of(cls, workload: Workload, order: np.ndarray, segments: int) -> PromptSegments:
+        """Segments at quantiles of every predicted length (`segments` of them, at most)."""
+        g = workload.group_size
+        longest = workload.group_max[order]
+        rest = workload.rest_length[order]
+        lengths = np.concatenate((longest, rest)) if g > 1 else longest
+        edges = np.quantile(lengths, np.linspace(0.0, 1.0, segments + 1)) if lengths.size else np.zeros(2)
+        edges = np.unique(np.concatenate(([0.0], edges)))
+        if edges.size == 1:
+            edges = np.array([0.0, 1.0])
+        start, width = edges[:-1], np.diff(edges)
+        tokens = _clipped(longest, start, width)
+        running = (longest > start[:, None]).astype(np.int64)
+        if g > 1:
+            more = _clipped(rest, start, width)
+            more *= g - 1
+            tokens += more
+            running += (g - 1) * (rest > start[:, None])
+        return cls(order, edges, tokens, running, longest, longest + (g - 1) * rest)
+
+    def reordered(self, order: np.ndarray) -> PromptSegments:
+        """The same prompts and segments in another order."""
+        at = np.empty_like(self.order)
+        at[self.order] = np.arange(self.order.size)
+        rows = at[order]
+        return PromptSegments(
+            order,
+            self.edges,
+            self.tokens[:, rows],
+            self.running[:, rows],
+            self.longest[rows],
+            self.work[rows],
+        )
+
+
 class RangeModel:
     """Prefix sums of a workload in a fixed prompt order; times any contiguous ranges of it."""
 
@@ -165,51 +215,36 @@ class RangeModel:
         """`blocks`: where (in `order`) the only ranges ever timed start, back to back from 0 to
         the end. Each is then summed once, not every prompt's prefix, and a range is given in
         blocks: block j is [j, j + 1). A fixed split (verl's, a plan's actors) is timed so."""
-        w, g = workload, workload.group_size
-        self.workload, self.profile, self.group_size = w, profile, g
-        longest = w.group_max[order]
-        rest = w.rest_length[order]
-        lengths = np.concatenate((longest, rest)) if g > 1 else longest
-        edges = np.quantile(lengths, np.linspace(0.0, 1.0, segments + 1)) if lengths.size else np.zeros(2)
-        self.edges = np.unique(np.concatenate(([0.0], edges)))
-        if self.edges.size == 1:
-            self.edges = np.array([0.0, 1.0])
-        start, width = self.edges[:-1], np.diff(self.edges)
-        overlap = _clipped(longest, start, width)
-        running = (longest > start[:, None]).astype(np.int64)  # whole sequence counts
-        if g > 1:
-            more = _clipped(rest, start, width)
-            more *= g - 1
-            overlap += more
-            running += (g - 1) * (rest > start[:, None])
-        self._fill(order, overlap, running, longest, longest + (g - 1) * rest, blocks)
+        self._fill(workload, PromptSegments.of(workload, order, segments), profile, blocks)
+
+    @classmethod
+    def over(
+        cls, workload: Workload, segments: PromptSegments, profile: Profile, blocks: np.ndarray | None = None
+    ) -> RangeModel:
+        """The model of `segments` worked out already (their order, and `blocks` as above)."""
+        model = object.__new__(cls)
+        model._fill(workload, segments, profile, blocks)
+        return model
 
     def _fill(
-        self,
-        order: np.ndarray,
-        overlap: np.ndarray,
-        running: np.ndarray,
-        longest: np.ndarray,
-        work: np.ndarray,
-        blocks: np.ndarray | None = None,
+        self, workload: Workload, seg: PromptSegments, profile: Profile, blocks: np.ndarray | None
     ) -> None:
-        """Prefix sums in `order` (of `blocks`' sums, where given), given its prompts' segment
-        tokens, sequences still running at each segment's start, longest and decode tokens."""
-        w = self.workload
+        """Prefix sums of `seg`'s prompts (of `blocks`' sums, where given)."""
+        w, order = workload, seg.order
+        self.workload, self.profile, self.group_size = w, profile, w.group_size
+        self.order, self.edges, self.segments = order, seg.edges, seg
 
         def rows(x: np.ndarray) -> np.ndarray:
             return x if blocks is None else _block_sums(x, blocks)
 
-        self.order, self._overlap = order, overlap
         self._prompts = _prefix(rows(np.ones(order.size, dtype=np.int64)))
-        self._tokens = _prefix(rows(overlap.T))
-        self._running = _prefix(rows(running.T))
-        self._work = _prefix(rows(work))
+        self._tokens = _prefix(rows(seg.tokens.T))
+        self._running = _prefix(rows(seg.running.T))
+        self._work = _prefix(rows(seg.work))
         self._context = _prefix(rows(w.prompt_tokens[order].astype(float)))
         self._prefill = _prefix(rows(w.decode_prefill[order].astype(float)))
         self._kv = _prefix(rows(w.kv_tokens[order].astype(float)))
-        if blocks is not None:
-            longest = _block_sums(longest, blocks, np.maximum)
+        longest = seg.longest if blocks is None else _block_sums(seg.longest, blocks, np.maximum)
         self._longest = longest
         self._tail_y, self._tail = None, None  # `Tail`: lengths, and prefix sums of log F over them
         if w.tail_below is not None:
@@ -219,22 +254,8 @@ class RangeModel:
         self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
 
     def reordered(self, order: np.ndarray) -> RangeModel:
-        """The same workload, segments and time table in another prompt order (a model of every
-        prompt, not of `blocks`)."""
-        at = np.empty_like(self.order)
-        at[self.order] = np.arange(self.order.size)
-        rows = at[order]
-        other = object.__new__(RangeModel)
-        other.workload, other.profile, other.group_size, other.edges = (
-            self.workload,
-            self.profile,
-            self.group_size,
-            self.edges,
-        )
-        work = np.diff(self._work)[rows]
-        running = np.diff(self._running, axis=0)[rows].T
-        other._fill(order, self._overlap[:, rows], running, self._longest[rows], work)
-        return other
+        """The same workload, segments and time table in another prompt order."""
+        return RangeModel.over(self.workload, self.segments.reordered(order), self.profile)
 
     @staticmethod
     def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
