@@ -9,7 +9,7 @@ import numpy as np
 from rlhfless.planner.assignment import even_ranges
 from rlhfless.planner.billing import Billing
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.timemodel import SPREAD, RangeModel, Workload, expected_end
+from rlhfless.planner.timemodel import SPREAD, PromptSegments, RangeModel, Workload, expected_end
 
 
 def verl_workload(w: Workload) -> Workload:
@@ -28,25 +28,35 @@ def verl_workload(w: Workload) -> Workload:
     return verl
 
 
-def even_split_seconds(verl: Workload, n: int, profile: Profile, segments: int) -> float:
+def even_split_seconds(
+    verl: Workload, n: int, profile: Profile, segments: int, known: PromptSegments | None = None
+) -> float:
     """Predicted generation of what verl runs on the same step: equal prompt counts in input order
     over `n` actors (its slowest actor's prefill and decode; the executor's overhead and a first
     step's wait for the learner's decode function are added by the caller, as on every
-    candidate)."""
+    candidate). `known`: the same prompts' segments in any order, worked out already."""
     starts, _, _ = even_ranges(verl.size, np.array([n]))
-    model = RangeModel(verl, np.arange(verl.size), profile, segments, blocks=starts)
+    order = np.arange(verl.size)
+    seg = PromptSegments.of(verl, order, segments) if known is None else known.reordered(order)
     blocks = np.arange(starts.size)
-    parts = model.times(blocks, blocks + 1)
+    parts = RangeModel.over(verl, seg, profile, starts).times(blocks, blocks + 1)
     end = parts["prefill"] + parts["decode"]
     return float(expected_end(end, np.zeros(1, dtype=np.int64), parts if SPREAD[0] in parts else None)[0])
 
 
 def verl_cap(
-    verl: Workload, n: int, profile: Profile, segments: int, max_slowdown: float, billing: Billing
+    verl: Workload,
+    n: int,
+    profile: Profile,
+    segments: int,
+    max_slowdown: float,
+    billing: Billing,
+    known: PromptSegments | None = None,
 ) -> float:
     """The generation time lam's N must be within (`scheduler.max_slowdown`): verl's plan of the
     step on `n` actors of `profile` (verl's own size), with the executor's overhead and a first
     step's wait for the learner's decode function as on every candidate, times `max_slowdown`,
-    over how much further short the run's forecasts lately fell than verl's."""
-    even = even_split_seconds(verl, n, profile, segments)
+    over how much further short the run's forecasts lately fell than verl's (`known`: as
+    `even_split_seconds` takes it)."""
+    even = even_split_seconds(verl, n, profile, segments, known)
     return max_slowdown * (even + billing.overhead_s + billing.host_start_s) / billing.generation_shortfall
