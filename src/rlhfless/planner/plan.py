@@ -288,8 +288,11 @@ def _chosen_actors(
     sizes = actors.ends[rows] - actors.starts[rows]
     held = np.concatenate([order[s:e] for s, e in zip(actors.starts[rows], actors.ends[rows], strict=True)])
     if admission is not None:  # within each actor (stable: ties keep assignment order)
-        held = held[np.lexsort((-admission[held], np.repeat(np.arange(rows.size), sizes)))]
-    names = list(map(uids.__getitem__, held.tolist()))
+        longest_first = np.argsort(-admission[held], kind="stable")
+        # ... then back into actors: a stable sort of small integers is a radix sort
+        actor = np.repeat(np.arange(rows.size), sizes).astype(np.min_scalar_type(rows.size))
+        held = held[longest_first[np.argsort(actor[longest_first], kind="stable")]]
+    names = np.array(uids, dtype=object)[held].tolist()
     cuts = np.r_[0, np.cumsum(sizes)].tolist()
     floats = ("time", "cost", "delay", "work", "prefill_tokens", "cold")
     nodes, first_gpus = cluster.slot_gpus(actors.slot[rows], profile.gpus)
