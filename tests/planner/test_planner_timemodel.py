@@ -130,18 +130,6 @@ def test_a_range_is_timed_to_the_expected_longest_of_its_groups_past_its_longest
     assert extra == pytest.approx(max(longest - 100, 0.0) * 0.010, abs=0.01)
 
 
-@pytest.mark.parametrize("predicted", [50.0, 200.0])
-def test_a_tail_whose_ratios_fall_with_the_prediction_times_long_predictions_shorter(predicted):
-    """Ratios uniform on [0.5, 1.5] at a prediction of 100, falling by a slope of -0.3 in log:
-    32 groups predicted at 200 are outrun as if predicted at 200 x 2^-0.3, at 50 as at 50 x 2^0.3."""
-    profile = make_profile(step_ms=10)
-    alike = workload([predicted] * 32)
-    tail = Tail(tuple(np.linspace(0.5, 1.5, 129)), None, slope=-0.3, center=float(np.log(100.0)))
-    extra = decode_time(_with_tail(alike, tail), profile) - decode_time(alike, profile)
-    as_if = predicted * (predicted / 100.0) ** -0.3
-    assert extra == pytest.approx(max(as_if * (0.5 + 32 / 33) - predicted, 0.0) * 0.010, abs=0.01)
-
-
 def test_the_tail_stops_at_the_cap_and_a_run_without_one_is_timed_by_its_predictions():
     profile = make_profile(step_ms=10)
     alike = workload([100] * 32)

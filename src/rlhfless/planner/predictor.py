@@ -38,11 +38,6 @@ from rlhfless.planner.source_lengths import SourceLengths
 
 OVERRUN_POINTS = 256  # quantiles of a step's sample / planned group max past 1 kept (`overrun`)
 RATIO_POINTS = 129  # quantiles of a step's observed / planned group max kept (`max_ratios`)
-SLOPE_STEPS = 8  # steps pooled to fit how a ratio falls with its prediction (`ratio_slope`)
-# A prior slope of 0 worth this much of the fit's sum of (log prediction - its mean)^2: log ratios
-# scatter by about 0.15 around the line, slopes lie within about 0.075 of 0 (-0.03 to -0.06
-# measured), and (0.15 / 0.075)^2 = 4. A step of 256 groups brings about 20.
-SLOPE_PRIOR = 4.0
 
 TOLD = ("oracle", "expected")  # modes whose predictions are told, not learned
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -58,19 +53,6 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
 
 def _uid_hash(uid: str) -> int:
     return zlib.crc32(uid.encode())
-
-
-def _slope(sums: list[list[float]]) -> tuple[float, float]:
-    """(slope, center) of the least-squares line through the points whose sums [n, Σx, Σy, Σx²,
-    Σxy] are given, the slope shrunk toward 0 by `SLOPE_PRIOR` and kept in [-1, 1] (-1 would
-    time every prediction alike); the center is the mean x."""
-    n, sx, sy, sxx, sxy = np.sum(sums, axis=0) if sums else np.zeros(5)
-    if n < 1:
-        return 0.0, 0.0
-    mx = sx / n
-    spread = max(sxx - n * mx * mx, 0.0)
-    slope = (sxy - mx * sy) / (spread + SLOPE_PRIOR)
-    return float(np.clip(slope, -1.0, 1.0)), float(mx)
 
 
 class LengthPredictor:
@@ -111,10 +93,6 @@ class LengthPredictor:
         self.sources = SourceLengths(default_length, answer_length_factor)  # prompts never seen
         self.overrun: list[float] = []  # the last planned step's sample / planned max past 1, quantiles
         self.max_ratios: list[float] = []  # its observed / planned group max, quantiles at even levels
-        # log(max ratio) = a + slope x (log planned - center), least squares over the last
-        # SLOPE_STEPS steps (`timemodel.Tail`), from each step's sums [n, Σx, Σy, Σx², Σxy]
-        self.ratio_slope, self.ratio_center = 0.0, 0.0
-        self.ratio_sums: list[list[float]] = []
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -229,21 +207,13 @@ class LengthPredictor:
         groups planned in the longer half: a range's longest group is among its longest
         predictions, and short predictions scatter more (the ratios of all groups put paper-physical's
         PPO gsm8k forecasts 5% long, of the longer half 3.5%). A group planned at the cap cannot
-        outrun it, so it says nothing of how far a prediction is outrun. How log(ratio) falls with
-        log(prediction) is fitted over the last `SLOPE_STEPS` steps (one step's fit scatters by
-        about 0.04 at 256 groups, where the slope is -0.03 to -0.06), and the ratios are kept as at
-        the fit's center (`timemodel.Tail`)."""
+        outrun it, so it says nothing of how far a prediction is outrun."""
         plan = np.maximum(np.asarray(planned, dtype=float), 1.0)
         under = plan < cap if cap is not None else np.ones(plan.size, dtype=bool)
-        if not under.any():
-            return
-        under &= plan >= np.median(plan[under])
-        x = np.log(plan[under])
-        y = np.log(np.maximum(np.asarray(obs_max, dtype=float)[under], 1e-9) / plan[under])
-        self.ratio_sums = [*self.ratio_sums, [x.size, x.sum(), y.sum(), x @ x, x @ y]][-SLOPE_STEPS:]
-        self.ratio_slope, self.ratio_center = _slope(self.ratio_sums)
-        ratios = np.exp(y - self.ratio_slope * (x - self.ratio_center))
-        self.max_ratios = np.quantile(ratios, np.linspace(0.0, 1.0, RATIO_POINTS)).tolist()
+        if under.any():
+            under &= plan >= np.median(plan[under])
+            ratios = np.asarray(obs_max, dtype=float)[under] / plan[under]
+            self.max_ratios = np.quantile(ratios, np.linspace(0.0, 1.0, RATIO_POINTS)).tolist()
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -339,7 +309,6 @@ class LengthPredictor:
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
             "overrun": self.overrun,
             "max_ratios": self.max_ratios,
-            "ratio_sums": self.ratio_sums,
             **self.sources.state_dict(),
         }
 
@@ -358,8 +327,6 @@ class LengthPredictor:
         self.sources.load_state_dict(state)
         self.overrun = [float(r) for r in state.get("overrun", [])]  # older states: none measured
         self.max_ratios = [float(r) for r in state.get("max_ratios", [])]
-        self.ratio_sums = [[float(v) for v in sums] for sums in state.get("ratio_sums", [])]  # older: none
-        self.ratio_slope, self.ratio_center = _slope(self.ratio_sums)
         counts = state.get("counts", {})
         if counts:
             rows = self._rows(list(counts))

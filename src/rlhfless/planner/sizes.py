@@ -60,7 +60,7 @@ def plan_shapes(
     predicted = _predicted(prompts, predictor, max_length) if len(profiles) > 1 else None
     verl = None
     if baseline is not None and predicted is not None and not targeted:
-        tail = Tail.of(predictor.max_ratios, max_length, predictor.ratio_slope, predictor.ratio_center)
+        tail = Tail.of(predictor.max_ratios, max_length)  # as `plan_step` times its own plans
         verl = _verl_cap(predicted, baseline, cluster, config, group_size, billing, tail)
     cap = verl[0] if verl else None
     plans, refused = [], []

@@ -47,44 +47,28 @@ TAIL_POINTS = 17  # lengths at which a range's longest is integrated (`Tail`)
 class Tail:
     """How far the run's group maxima outran their predictions: `ratios`, observed over planned,
     at even quantile levels 0..1 (`LengthPredictor.max_ratios`); `cap`, the response cap (None:
-    none known). Timed with it, a range ends no sooner than its expected longest group.
-
-    A prediction is outrun less the longer it is: the longest were most often predicted from a
-    long draw, and their prompts' next groups regress toward the mean. So log(ratio) falls with
-    log(prediction) by `slope` (fitted on the run's recent steps; 0: not at all), and `ratios` are
-    those at the prediction exp(`center`): a prediction p is outrun as if it were p x exp(slope x
-    (log p - center)) (`effective`). On PPO Qwen2.5-3B GSM8K (paper-physical, simulated) the
-    longest tenth of the predictions ran at a median of 0.98x and a 90th percentile of 1.16x,
-    the rest of the longer half at 0.98-1.00x and 1.19-1.23x; the slope came out at -0.06."""
+    none known). Timed with it, a range ends no sooner than its expected longest group."""
 
     ratios: tuple[float, ...]
     cap: float | None = None
-    slope: float = 0.0
-    center: float = 0.0
 
     @classmethod
-    def of(
-        cls, ratios: list[float], cap: float | None, slope: float = 0.0, center: float = 0.0
-    ) -> Tail | None:
+    def of(cls, ratios: list[float], cap: float | None) -> Tail | None:
         """The run's tail, or None before it has measured one."""
-        return cls(tuple(ratios), cap, slope, center) if len(ratios) > 1 else None
-
-    def effective(self, group_max: np.ndarray) -> np.ndarray:
-        """The predictions as far as `ratios` outrun them (at least 1 token)."""
-        p = np.maximum(group_max, 1.0)
-        return p * np.exp(self.slope * (np.log(p) - self.center)) if self.slope else p
+        return cls(tuple(ratios), cap) if len(ratios) > 1 else None
 
     def log_below(self, group_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lengths y, log P(a group's observed max <= y) per prompt and y) for predicted maxima
         `group_max`: the integrand of each range's expected longest, as prefix sums add it up."""
-        p = self.effective(group_max)
         # No group outruns the longest prediction times the largest ratio, nor the cap: up to 8k
         # caps over predictions of 300-900, the cap alone left one length per 512 tokens, and the
         # expected longest came out at about its bound (`RangeModel._outrun`).
-        top = float(p.max(initial=1.0)) * self.ratios[-1]
+        top = float(group_max.max(initial=1.0)) * self.ratios[-1]
         top = min(top, self.cap) if self.cap is not None else top
         y = np.linspace(0.0, top, TAIL_POINTS)
-        f = np.interp(y / p[:, None], self.ratios, np.linspace(0.0, 1.0, len(self.ratios)))
+        f = np.interp(
+            y / np.maximum(group_max, 1.0)[:, None], self.ratios, np.linspace(0.0, 1.0, len(self.ratios))
+        )
         if self.cap is not None:
             f[:, -1] = 1.0  # no group runs past the cap
         return y, np.log(np.maximum(f, 1e-300))
@@ -371,11 +355,10 @@ class RangeModel:
         return steps, self.profile.decode_step_seconds(batch, context), late, late_context
 
     def _outrun(
-        self, starts: np.ndarray, ends: np.ndarray, longest: np.ndarray, most: np.ndarray
+        self, starts: np.ndarray, ends: np.ndarray, longest: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each range's expected longest group past its longest prediction (`Tail`), in steps, and
-        log P(its longest group <= y) at the tail's lengths; `most`: the largest ratio of its
-        longest prediction."""
+        log P(its longest group <= y) at the tail's lengths."""
         log_p = self._tail[ends] - self._tail[starts]
         p, rise = np.exp(log_p), np.diff(log_p, axis=1)
         # P is steep (a power of many F): exact for log P linear between the lengths y
@@ -384,7 +367,7 @@ class RangeModel:
         expected = self._tail_y[-1] - (held * np.diff(self._tail_y)).sum(axis=1)
         # No group outruns its prediction by more than the largest ratio: where the ratios sit at
         # one value (exact predictions), the lengths' spacing would otherwise count as outrun.
-        expected = np.minimum(expected, longest * most)
+        expected = np.minimum(expected, longest * self.workload.tail.ratios[-1])
         held_any = self._prompts[ends] > self._prompts[starts]
         return np.where(held_any, np.maximum(expected - longest, 0.0), 0.0), log_p
 
@@ -423,9 +406,7 @@ class RangeModel:
         spread = {}
         if tailed:
             step1 = one[starts.size :]
-            tail = self.workload.tail
-            most = tail.ratios[-1] * (tail.effective(longest) / np.maximum(longest, 1.0))
-            steps, log_below = self._outrun(starts, ends, longest, most)
+            steps, log_below = self._outrun(starts, ends, longest)
             outrun = steps * step1
             decode += outrun
             spread = dict(
@@ -436,7 +417,7 @@ class RangeModel:
                         longest,
                         step1,
                         np.full(starts.size, self._tail_y[-1]),
-                        most,
+                        np.full(starts.size, self.workload.tail.ratios[-1]),
                         log_below,
                     ),
                     strict=True,
@@ -456,8 +437,7 @@ class RangeModel:
 MAKESPAN_POINTS = 17  # times at which a plan's expected end is integrated (`expected_end`)
 # What `RangeModel.times` adds per range where the run has a tail, for `expected_end`: its expected
 # outrun (s), longest prediction, one-sequence step (s), the top of the tail's lengths, the largest
-# ratio its longest prediction is timed with (`Tail.effective`), and log P(its longest group <= y)
-# at TAIL_POINTS lengths evenly from 0 to that top.
+# ratio, and log P(its longest group <= y) at TAIL_POINTS lengths evenly from 0 to that top.
 SPREAD = ("outrun", "longest", "step1", "tail_top", "most", "log_below")
 
 

@@ -183,19 +183,6 @@ class ScaledPredictor:
         """The base predictor's: ratios of group max to planned max, which scaling leaves alone."""
         return self.base.max_ratios
 
-    @property
-    def ratio_slope(self) -> float:
-        """The base predictor's: how a group's ratio falls with its prediction."""
-        return self.base.ratio_slope
-
-    @property
-    def ratio_center(self) -> float:
-        """The base predictor's center, moved with the scaled predictions so that a scaled
-        prediction is outrun as the base one is."""
-        return (
-            self.base.ratio_center + float(np.log(self.factor)) if self.factor > 0 else self.base.ratio_center
-        )
-
 
 MISS_SAYS = {"stop": "stops the run", "nearest": "takes the plan nearest to it"}  # `target_miss`
 
