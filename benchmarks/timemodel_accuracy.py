@@ -42,7 +42,9 @@ def errors(cfg: SimConfig, ranges: int, rng: np.random.Generator, backfill: bool
     model = RangeModel(workload, order, profile, 16)
     if backfill:
         actors = stage.cluster.max_actors(profile.gpus)
-        order = backfill_order(order, gmax, backfill_threshold(workload, model.segments, actors, 1, profile))
+        order = backfill_order(
+            order, gmax, backfill_threshold(workload, model.prompt_segments, actors, 1, profile)
+        )
         model = model.reordered(order)
     rest = workload.rest_length
     slots = float(profile.concurrency(prompt.mean() + gmean.mean()))

@@ -177,7 +177,7 @@ def plan_step(
                     config.segments,
                     config.max_slowdown,
                     billing,
-                    ranges.model.segments if ranges is not None else None,
+                    ranges.model.prompt_segments if ranges is not None else None,
                 )
                 if cap is None
                 else cap

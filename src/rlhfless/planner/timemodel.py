@@ -232,7 +232,7 @@ class RangeModel:
         """Prefix sums of `seg`'s prompts (of `blocks`' sums, where given)."""
         w, order = workload, seg.order
         self.workload, self.profile, self.group_size = w, profile, w.group_size
-        self.order, self.edges, self.segments = order, seg.edges, seg
+        self.order, self.edges, self.prompt_segments = order, seg.edges, seg
 
         def rows(x: np.ndarray) -> np.ndarray:
             return x if blocks is None else _block_sums(x, blocks)
@@ -255,7 +255,7 @@ class RangeModel:
 
     def reordered(self, order: np.ndarray) -> RangeModel:
         """The same workload, segments and time table in another prompt order."""
-        return RangeModel.over(self.workload, self.segments.reordered(order), self.profile)
+        return RangeModel.over(self.workload, self.prompt_segments.reordered(order), self.profile)
 
     @staticmethod
     def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
