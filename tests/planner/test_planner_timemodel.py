@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_support import make_profile
 
-from rlhfless.planner.timemodel import SPREAD, RangeModel, Tail, Workload, expected_end
+from rlhfless.planner.timemodel import SPREAD, PromptSegments, RangeModel, Tail, Workload, expected_end
 
 
 def workload(gmax, gmean=None, g=1, prompt=10):
@@ -84,6 +84,31 @@ def test_ranges_are_timed_independently():
     model = RangeModel(w, np.arange(4), make_profile(step_ms=10), 8)
     times = model.times(np.array([0, 2, 0]), np.array([2, 4, 4]))["decode"]
     np.testing.assert_allclose(times, [1.0, 8.0, 8.0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=2, max_size=40),
+    seed=st.integers(0, 2**16),
+    g=st.sampled_from([1, 4]),
+    tailed=st.booleans(),
+)
+def test_segments_reordered_time_ranges_as_a_model_built_in_that_order(lengths, seed, g, tailed):
+    """`PromptSegments.reordered` (the backfilled order's model, verl's input order) gives the
+    very figures a model built from scratch in that order gives."""
+    gmax = np.array(lengths, dtype=float)
+    w = workload(gmax, gmax * 0.6 if g > 1 else None, g=g)
+    if tailed:
+        w = _with_tail(w, Tail((0.5, 0.9, 1.0, 1.4), 4000.0))
+    profile = make_profile(step_ms=10, per_seq_ms=1, max_kv_tokens=2_000)
+    rng = np.random.default_rng(seed)
+    first, then = rng.permutation(w.size), rng.permutation(w.size)
+    starts = np.sort(rng.integers(0, w.size, 5))
+    ends = np.minimum(starts + rng.integers(1, w.size + 1, 5), w.size)
+    built = RangeModel(w, then, profile, 8).times(starts, ends)
+    moved = RangeModel.over(w, PromptSegments.of(w, first, 8).reordered(then), profile).times(starts, ends)
+    for key, value in built.items():
+        np.testing.assert_array_equal(moved[key], value, err_msg=key)
 
 
 @settings(max_examples=40, deadline=None)
