@@ -194,8 +194,8 @@ class PromptSegments:
         return PromptSegments(
             order,
             self.edges,
-            self.tokens[:, rows],
-            self.running[:, rows],
+            self.tokens.take(rows, axis=1),  # `take`: a third of fancy indexing's time here
+            self.running.take(rows, axis=1),
             self.longest[rows],
             self.work[rows],
         )
@@ -249,7 +249,7 @@ class RangeModel:
         self._tail_y, self._tail = None, None  # `Tail`: lengths, and prefix sums of log F over them
         if w.tail_below is not None:
             self._tail_y, below = w.tail_below
-            self._tail = _prefix(rows(below[order]))
+            self._tail = _prefix(rows(below.take(order, axis=0)))
         # In order of length (the sorted assignment's), a range's longest sequence is its last.
         self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
 
@@ -324,12 +324,14 @@ class RangeModel:
         counted beyond (or short of) that are taken off (or added) at their fixed part, the
         one-sequence step time, since every token is already counted at its batch."""
         start, width = self.edges[:reached], np.diff(self.edges[: reached + 1])
-        tokens = self._tokens[ends, :reached]
-        tokens -= self._tokens[starts, :reached]
+        tokens = self._tokens[:, :reached].take(ends, axis=0)
+        tokens -= self._tokens[:, :reached].take(starts, axis=0)
         waves = np.flatnonzero(seqs > cap)
         if waves.size:
             running = np.subtract(
-                self._running[ends[waves], :reached], self._running[starts[waves], :reached], dtype=float
+                self._running[:, :reached].take(ends[waves], axis=0),
+                self._running[:, :reached].take(starts[waves], axis=0),
+                dtype=float,
             )
             k = cap[waves]
             mine = tokens[waves]
@@ -359,7 +361,7 @@ class RangeModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each range's expected longest group past its longest prediction (`Tail`), in steps, and
         log P(its longest group <= y) at the tail's lengths."""
-        log_p = self._tail[ends] - self._tail[starts]
+        log_p = self._tail.take(ends, axis=0) - self._tail.take(starts, axis=0)
         p, rise = np.exp(log_p), np.diff(log_p, axis=1)
         # P is steep (a power of many F): exact for log P linear between the lengths y
         flat = np.abs(rise) < 1e-9
