@@ -62,7 +62,7 @@ def main() -> None:
     lengths = np.minimum(rng.lognormal(5.5, 0.8, (args.prompts, args.group_size)), 2048).astype(int)
     for p, row in zip(prompts[::2], lengths[::2], strict=False):
         predictor.update(p.uid, row.tolist())
-    # A run past its first step times its plans with the tail it measured (`timemodel.Tail`): here,
+    # A run past its first step times its plans with the tail it measured (`tail.Tail`): here,
     # 1,024 other prompts' group maxima drawn around their planned ones.
     planned = np.minimum(rng.lognormal(5.5, 0.8, 1024), 2048)
     drawn = np.minimum(planned[:, None] * rng.lognormal(0.0, 0.3, (1024, args.group_size)), 2048)

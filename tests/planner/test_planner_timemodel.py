@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_support import make_profile
 
-from rlhfless.planner.timemodel import SPREAD, PromptSegments, RangeModel, Tail, Workload, expected_end
+from rlhfless.planner.tail import SPREAD, Tail, expected_end
+from rlhfless.planner.timemodel import PromptSegments, RangeModel, Workload
 
 
 def workload(gmax, gmean=None, g=1, prompt=10):

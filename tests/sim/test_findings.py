@@ -142,9 +142,9 @@ def test_the_gain_rule_is_told_how_long_generation_ran_and_each_actors_slots(cfg
 def test_a_forecast_reaches_the_longest_of_many_noisy_lengths_with_the_runs_tail(monkeypatch):
     """PPO, one sample a prompt: rlhfless's actor of the 170-odd shortest-predicted GPQA-like
     prompts ran 16% past its forecast, because the longest of many noisy lengths outruns the
-    longest prediction. Timed with the run's tail (`timemodel.Tail`), generation falls short of
+    longest prediction. Timed with the run's tail (`tail.Tail`), generation falls short of
     its forecast by less than half as much as without, after the first step."""
-    from rlhfless.planner import timemodel
+    from rlhfless.planner import tail
 
     scenario = build(
         {
@@ -160,5 +160,5 @@ def test_a_forecast_reaches_the_longest_of_many_noisy_lengths_with_the_runs_tail
         return float(np.mean([s.generation / s.predicted_time - 1.0 for s in steps]))
 
     with_tail = shortfall()
-    monkeypatch.setattr(timemodel.Tail, "of", classmethod(lambda cls, ratios, cap: None))
+    monkeypatch.setattr(tail.Tail, "of", classmethod(lambda cls, ratios, cap: None))
     assert 0.0 <= with_tail < shortfall() / 2

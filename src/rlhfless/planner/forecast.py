@@ -285,7 +285,7 @@ class Shortfall:
     by the same model). `factor` is their prompt-weighted mean over the last `window` steps, shrunk
     toward 1 by a prior worth (NOISE / SPREAD)^2 prompts. It falls below 1 where the plans'
     forecasts have fallen less short than verl's, that is, been too long: their times carry the
-    run's tail (`timemodel.Tail`), which on a step of wide ranges can outweigh what it adds to
+    run's tail (`tail.Tail`), which on a step of wide ranges can outweigh what it adds to
     verl's even split. The cap then rises above verl's forecast by as much. The run's first step
     is left out unless `first`: its predictions knew nothing of the run. Until a quotient is
     measured, `factor` is `unknown`, by default 1 + SPREAD / 2, the middle of where the shortfall

@@ -35,7 +35,8 @@ from rlhfless.planner.scaling import (
     width_options,
 )
 from rlhfless.planner.step_plan import ActorPlan, PromptSpec, StepPlan
-from rlhfless.planner.timemodel import RangeModel, Tail, Workload
+from rlhfless.planner.tail import Tail
+from rlhfless.planner.timemodel import RangeModel, Workload
 from rlhfless.planner.verl_time import verl_cap, verl_workload
 
 

@@ -11,7 +11,7 @@ Each step's samples over their group's planned max, as ratios to it (`overrun`),
 sequence that outlived its prediction tends to run on (`planner.migration.remaining_tokens`). Its
 groups' observed max over their planned max (`max_ratios`: the longer half of those planned under
 the cap) say how far the longest of many groups outruns the longest prediction
-(`planner.timemodel.Tail`).
+(`planner.tail.Tail`).
 
 Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `expected` (told
 each coming prompt's expected group max and mean via `reveal_expected`: what its length

@@ -11,7 +11,8 @@ import numpy as np
 
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.step_plan import StepPlan
-from rlhfless.planner.timemodel import SPREAD, RangeModel, Tail, Workload, expected_end
+from rlhfless.planner.tail import Tail, plan_end
+from rlhfless.planner.timemodel import RangeModel, Workload
 from rlhfless.planner.verl_time import even_split_seconds, verl_workload
 
 
@@ -47,7 +48,7 @@ def _actor_times(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """`replay_times` from per-prompt figures in the plan's actor order (`tail`: where they are
     predicted ones, the run's tail the plan was timed with), and when the last actor is expected
-    to end (`timemodel.expected_end`)."""
+    to end (`tail.expected_end`)."""
     own = np.array([a.prefill_tokens for a in plan.actors], dtype=float)
     sizes = np.array([len(a.uids) for a in plan.actors])
     # Each actor's own prefill, spread over its prompts so that ranges sum back to it.
@@ -59,9 +60,7 @@ def _actor_times(
     parts = model.times(actors, actors + 1)
     busy = parts["decode"] + parts["prefill"]
     delay = np.array([a.start_delay for a in plan.actors], dtype=float)
-    spread = parts if SPREAD[0] in parts else None
-    end = float(expected_end(busy + delay, np.zeros(1, dtype=np.int64), spread)[0])
-    return busy, busy + delay, end
+    return busy, busy + delay, plan_end(busy + delay, parts)
 
 
 def versus_verl(

@@ -2,7 +2,7 @@
 
 T_total(N) = E[max_i T_i], where T_i includes the actor's start delay from placement (and its cold
 start when functions start on demand), and each actor draws its own longest group where the run
-has measured how far groups outrun their predictions (`timemodel.expected_end`). C(N) is the
+has measured how far groups outrun their predictions (`tail.expected_end`). C(N) is the
 generation phase's bill under the one pricing model (`planner.pricing.charge`): each decode
 function from its request to its release (its cold start as the platform bills it), then its
 keep-alive idle to the end of generation when it is kept warm; the resident learner's units for
@@ -35,7 +35,8 @@ from rlhfless.planner.billing import Billing, LearningWidth, handback
 from rlhfless.planner.placement import ClusterSpec, rank_within, start_delays
 from rlhfless.planner.pricing import charge, keep_warm
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.timemodel import SPREAD, RangeModel, expected_end
+from rlhfless.planner.tail import SPREAD, expected_end
+from rlhfless.planner.timemodel import RangeModel
 
 
 class PlanError(ValueError):
@@ -71,7 +72,7 @@ class ActorEstimates:
     prefill_tokens: np.ndarray
     cold: np.ndarray
     units: np.ndarray  # billed units of its own (0: on the resident learner's)
-    # How its longest group may outrun its prediction (`timemodel.SPREAD`; empty without a tail).
+    # How its longest group may outrun its prediction (`tail.SPREAD`; empty without a tail).
     outrun: np.ndarray = field(default_factory=lambda: np.zeros(0))
     longest: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step1: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -81,7 +82,7 @@ class ActorEstimates:
 
     def expected_ends(self, first: np.ndarray) -> np.ndarray:
         """Per candidate N (its rows from each of `first` on): when its generation is expected to
-        end, the latest of its actors (`timemodel.expected_end`)."""
+        end, the latest of its actors (`tail.expected_end`)."""
         spread = {k: getattr(self, k) for k in SPREAD} if self.log_below.size else None
         return expected_end(self.time, first, spread)
 

@@ -21,7 +21,8 @@ from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import CandidateTable, PlanError, choose, normalised
 from rlhfless.planner.step_plan import PromptSpec, StepPlan
-from rlhfless.planner.timemodel import Tail, Workload
+from rlhfless.planner.tail import Tail
+from rlhfless.planner.timemodel import Workload
 from rlhfless.planner.verl_time import verl_cap, verl_workload
 
 TARGET_LAMS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the lams a split's parts are planned at under a target

@@ -11,7 +11,7 @@ import numpy as np
 
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.scaling import target_message
-from rlhfless.planner.timemodel import Tail
+from rlhfless.planner.tail import Tail
 
 
 @dataclass
@@ -102,7 +102,7 @@ class StepPlan:
     # how far a sequence that outlived its prediction is expected to run on (`remaining_tokens`)
     overrun: list[float] = field(default_factory=list)
     # How far the run's group maxima outran their predictions, as this plan was timed with it
-    # (`timemodel.Tail`), so that its replays at the predicted lengths time it so; not in `to_dict`
+    # (`tail.Tail`), so that its replays at the predicted lengths time it so; not in `to_dict`
     tail: Tail | None = field(default=None, repr=False, compare=False)
 
     def missed_target(self) -> str | None:

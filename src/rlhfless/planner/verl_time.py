@@ -9,7 +9,8 @@ import numpy as np
 from rlhfless.planner.assignment import even_ranges
 from rlhfless.planner.billing import Billing
 from rlhfless.planner.profile import Profile
-from rlhfless.planner.timemodel import SPREAD, PromptSegments, RangeModel, Workload, expected_end
+from rlhfless.planner.tail import plan_end
+from rlhfless.planner.timemodel import PromptSegments, RangeModel, Workload
 
 
 def verl_workload(w: Workload) -> Workload:
@@ -41,7 +42,7 @@ def even_split_seconds(
     blocks = np.arange(starts.size)
     parts = RangeModel.over(verl, seg, profile, starts).times(blocks, blocks + 1)
     end = parts["prefill"] + parts["decode"]
-    return float(expected_end(end, np.zeros(1, dtype=np.int64), parts if SPREAD[0] in parts else None)[0])
+    return plan_end(end, parts)
 
 
 def verl_cap(
