@@ -10,7 +10,9 @@ The sort is most-significant-chunk first, in numpy: the prompts' first `FIRST_CH
 sorted as rows of token id + 1 (zero past the end), and only prompts still tied with a
 neighbour read their next chunk (twice as long), and so on. Tokens past the
 point where a prompt differs from every other are never read, which matters when prompts come
-as Python lists (a tokenizer's output): converting an int costs more than comparing it.
+as Python lists (a tokenizer's output): converting an int costs more than comparing it. A list
+at most `WHOLE_READ` first chunks long is read whole in the first round all the same: slicing
+it costs more than reading the rest (`_first_reads`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rlhfless.planner.ordering import lex_order
 from rlhfless.planner.prefix_tree import Levels
 
 FIRST_CHUNK = 64  # tokens per prompt read in the first round (then 2x, 4x, ... for ties)
+WHOLE_READ = 3  # a Python list at most this many first chunks long is read whole in one go
 PACKED_COLUMNS = 8  # rows of at most this many varying columns sort as bit-packed uint64 keys
 
 
@@ -56,7 +59,7 @@ class PackedPrompts:
         lcp = np.full(max(n - 1, 0), longest + 1, dtype=np.int64)
         # Sorted positions still tied with a neighbour, and the run of equal rows each is in.
         tied, run = np.arange(n), np.zeros(n, dtype=np.int64)
-        reader = _TokenReader(token_lists, lengths)
+        reader = _TokenReader(token_lists, lengths, first_chunk)
         depth, chunk = 0, first_chunk
         while tied.size > 1 and depth < longest:
             rows = order[tied]
@@ -106,33 +109,41 @@ def _stable_rank(run: np.ndarray, columns: np.ndarray) -> np.ndarray:
 
 class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
-    past the end). Python lists (a tokenizer's output) are read in place, only the windows asked
-    for: touching an int object is what costs. Each window is sliced and appended, in C, by
-    `array.fromlist` as unsigned ints, which takes only integers (a float, a string or None is
-    a TypeError, a negative id or one past 2**32 - 1 an OverflowError); whatever it refuses, or
-    the id 2**32 - 1, is read again by the checked reader, which names it. Numpy arrays of one
-    dtype are joined as bytes (anything else is concatenated) and checked once."""
+    past the end), cut from `flat`, the prompts end to end (`starts`; `stored` tokens of each).
+    Numpy arrays of one dtype are joined as bytes (anything else is concatenated) and checked
+    once. Python lists (a tokenizer's output) are read in C by `array.fromlist` as unsigned ints,
+    which takes only integers (a float, a string or None is a TypeError, a negative id or one
+    past 2**32 - 1 an OverflowError): `_first_reads` stores the first chunk of each; a window
+    past what is stored is sliced from the lists and read then. Whatever `fromlist` refuses, or
+    the id 2**32 - 1, is read again by the checked reader, which names it, in the windows asked
+    for only."""
 
-    def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray) -> None:
+    def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray, first_chunk: int) -> None:
         self.lengths = lengths
         kinds = set(map(type, token_lists))
         self.lists = token_lists if kinds == {list} else None
-        if self.lists is None:
-            rows = list(itertools.compress(token_lists, lengths))
-            if kinds != {np.ndarray}:
-                rows = list(map(np.asarray, rows))
-            longest = int(lengths.max()) if lengths.size else 0
-            # Zeros after the last prompt: a window may run past it (what it reads there is cut).
-            self.flat = _joined(rows, longest)
-            _checked(self.flat)
-            self.starts = np.cumsum(lengths) - lengths
+        if self.lists is not None:
+            first = _first_reads(self.lists, lengths, first_chunk)
+            self.flat, self.starts, self.stored = first if first else (None, None, None)
+            return
+        rows = list(itertools.compress(token_lists, lengths))
+        if kinds != {np.ndarray}:
+            rows = list(map(np.asarray, rows))
+        longest = int(lengths.max()) if lengths.size else 0
+        # Zeros after the last prompt: a window may run past it (what it reads there is cut).
+        self.flat = _checked(_joined(rows, longest))
+        self.starts = np.cumsum(lengths) - lengths
+        self.stored = lengths
 
     def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
-        counts = np.clip(self.lengths[rows] - depth, 0, width)
+        lengths = self.lengths[rows]
+        counts = np.clip(lengths - depth, 0, width)
         full = counts.min() == width  # every window inside its prompt: no cut to make
-        if self.lists is None:  # each row's window of the concatenation, cut at the row's end
+        in_flat = self.stored is not None and (self.stored[rows] >= np.minimum(lengths, depth + width)).all()
+        if in_flat:  # each row's window of the concatenation, cut at the row's end
             span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
-            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth].astype(np.uint32)
+            window = sliding_window_view(self.flat, span)[self.starts[rows] + depth]
+            window = window.astype(np.uint32, copy=False)
             window += 1
             if full and span == width:
                 return window
@@ -140,7 +151,6 @@ class _TokenReader:
             keys = np.zeros((rows.size, width), dtype=np.uint32)
             keys[:, :span] = window
             return keys
-        # The first round (depth 0) reads every prompt in input order: the lists as they are.
         lists = self.lists if depth == 0 else list(map(self.lists.__getitem__, rows.tolist()))
         cut = itertools.repeat(slice(depth, depth + width))
         read = array("I")  # unsigned int: an id past 2**32 - 1 is an OverflowError
@@ -158,6 +168,34 @@ class _TokenReader:
         keys = np.zeros((rows.size, width), dtype=np.uint32)
         keys[np.arange(width) < counts[:, None]] = tokens
         return keys
+
+
+def _first_reads(
+    lists: Sequence[list[Any]], lengths: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The first round's tokens of Python lists, end to end (then `width` zeros), with each
+    one's start and the tokens stored: a list at most `WHOLE_READ * width` long whole, since
+    `fromlist` reads a list in place (~3 ns a token here) but a slice first copies it, touching
+    every int twice (~10 ns a token); a longer one's first `width`. None where `fromlist`
+    refuses an item or an id is 2**32 - 1: the first round then reads its windows as later ones
+    do, checked."""
+    whole = lengths <= WHOLE_READ * width
+    read = array("I")
+    try:
+        any(map(read.fromlist, itertools.compress(lists, whole.tolist())))
+        cut = itertools.repeat(slice(0, width))
+        any(map(read.fromlist, map(getitem, itertools.compress(lists, (~whole).tolist()), cut)))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    read.frombytes(bytes(width * read.itemsize))  # a window may run past the last prompt
+    flat = np.frombuffer(read, dtype=f"u{read.itemsize}")
+    if flat.size and flat.max() >= 2**32 - 1:
+        return None
+    stored = np.where(whole, lengths, width)
+    starts = np.empty_like(lengths)
+    starts[whole] = np.cumsum(lengths[whole]) - lengths[whole]
+    starts[~whole] = int(lengths[whole].sum()) + width * np.arange(lengths.size - int(whole.sum()))
+    return flat, starts, stored
 
 
 def _joined(rows: list[np.ndarray], zeros: int) -> np.ndarray:

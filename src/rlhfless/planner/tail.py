@@ -85,12 +85,29 @@ def expected_end(
     done_y = np.minimum(top * done / (points - 1), longest * most)
     high = np.maximum.reduceat(base + np.maximum(done_y - longest, 0.0) * step1, first)
     t = lo[:, None] + (high - lo)[:, None] * np.linspace(0.0, 1.0, MAKESPAN_POINTS)
-    y = longest[:, None] + (t[plan_of] - base[:, None]) / np.maximum(step1, 1e-12)[:, None]
-    at = y / np.maximum(top, 1e-12)[:, None] * (points - 1)
-    k = np.clip(np.floor(at).astype(np.int64), 0, points - 2)
-    frac = np.clip(at - k, 0.0, 1.0)
-    lower = log_below[rows[:, None], k]
-    log_p = lower + frac * (log_below[rows[:, None], k + 1] - lower)  # log P linear between lengths
+    # Per actor and time t, its longest group's length y at which it ends at t, and log P(L <= y)
+    # between the tail's lengths. In place and by `take` (a (rows, 17) table per candidate table):
+    # the same roundings as the plain expressions, in a third of their time.
+    y = t.take(plan_of, axis=0)
+    y -= base[:, None]
+    y /= np.maximum(step1, 1e-12)[:, None]
+    y += longest[:, None]
+    at = y / np.maximum(top, 1e-12)[:, None]
+    at *= points - 1
+    k = at.astype(np.int64)  # truncated: floored where at >= 0, and clipped to 0 below
+    np.maximum(k, 0, out=k)
+    np.minimum(k, points - 2, out=k)
+    frac = at - k
+    np.maximum(frac, 0.0, out=frac)
+    np.minimum(frac, 1.0, out=frac)
+    k += (rows * points)[:, None]
+    flat = log_below.ravel()
+    lower = flat.take(k)
+    k += 1
+    log_p = flat.take(k)
+    log_p -= lower
+    log_p *= frac
+    log_p += lower  # log P linear between lengths
     log_p[(at >= points - 1) | (y >= done_y[:, None])] = 0.0  # every group has ended
     below = np.exp(np.add.reduceat(log_p, first, axis=0))  # P(every actor has ended by t)
     gap = 1.0 - below
