@@ -84,11 +84,11 @@ class _Cells:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.below is None or x.ndim == 0:  # no table, or one x
             return np.searchsorted(self.inner, x, side="right")
-        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN land in an end bucket
-            at = np.multiply(x, self.scale)
-            at += self.shift
-            np.clip(at, 0.0, self.buckets, out=at)
-            bucket = at.astype(np.intp)
+        at = np.multiply(x, self.scale)
+        at += self.shift
+        np.fmax(at, 0.0, out=at)  # fmax and fmin take the number over NaN: NaN and inf land
+        np.fmin(at, self.buckets, out=at)  # in an end bucket, and no cast warns
+        bucket = at.astype(np.intp)
         count = self.below.take(bucket, mode="clip")
         count += x >= self.point.take(bucket, mode="clip")  # x >= NaN: never
         return count
@@ -180,7 +180,9 @@ class Profile:
 
     def decode_step_seconds(self, batch: Any, context: Any) -> np.ndarray:
         """Seconds for one decode step of `batch` sequences of mean length `context` (broadcasts)."""
-        b, c = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(context, dtype=float))
+        b, c = np.asarray(batch, dtype=float), np.asarray(context, dtype=float)
+        if b.shape != c.shape:
+            b, c = np.broadcast_arrays(b, c)
         shape, b, c = b.shape, b.ravel(), c.ravel()
         bi, db = _cell(self.decode_batch, b, self._cells[0])
         ci, dc = _cell(self.decode_context, c, self._cells[1])

@@ -104,6 +104,16 @@ def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.nd
     return np.minimum(out, width[:, None], out=out)
 
 
+def _rising_from(x: np.ndarray) -> int:
+    """The first index from which `x` never falls and nothing before exceeds: every range that
+    ends past it has its largest value last."""
+    falls = np.flatnonzero(x[1:] < x[:-1])
+    if not falls.size:
+        return 0
+    start = int(falls[-1]) + 1
+    return start + int(np.searchsorted(x[start:], x[:start].max(), side="left"))
+
+
 def _block_sums(x: np.ndarray, starts: np.ndarray, ufunc: np.ufunc = np.add) -> np.ndarray:
     """`ufunc` reduced over x's rows [starts[j], starts[j + 1]) (the last to the end); an empty
     block is 0 (`reduceat` would give its first row)."""
@@ -213,21 +223,24 @@ class RangeModel:
         if w.tail_below is not None:
             self._tail_y, below = w.tail_below
             self._tail = _prefix(rows(below.take(order, axis=0)))
-        # In order of length (the sorted assignment's), a range's longest sequence is its last.
-        self._max_table = None if np.all(longest[1:] >= longest[:-1]) else self._sparse_max(longest)
+        # In order of length (the sorted assignment's), a range's longest sequence is its last;
+        # so from `_rising` on (a backfilled order's sorted part), a table covers what is before.
+        self._rising = _rising_from(longest)
+        self._max_table = self._sparse_max(longest[: self._rising]) if self._rising else None
 
     def reordered(self, order: np.ndarray) -> RangeModel:
         """The same workload, segments and time table in another prompt order."""
         return RangeModel.over(self.workload, self.prompt_segments.reordered(order), self.profile)
 
     @staticmethod
-    def _sparse_max(x: np.ndarray) -> list[np.ndarray]:
-        table = [x]
-        step = 1
-        while 2 * step <= x.size:
-            prev = table[-1]
-            table.append(np.maximum(prev[:-step], prev[step:]))
-            step *= 2
+    def _sparse_max(x: np.ndarray) -> np.ndarray:
+        """Row k: the largest of x[i : i + 2**k] at i (valid to i = x.size - 2**k)."""
+        levels = x.size.bit_length()
+        table = np.empty((levels, x.size))
+        table[0] = x
+        for k in range(1, levels):
+            step = 1 << (k - 1)
+            np.maximum(table[k - 1, :-step], table[k - 1, step:], out=table[k, :-step])
         return table
 
     def in_waves(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -248,14 +261,17 @@ class RangeModel:
     def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Each range's longest predicted group (0 for a range of nothing)."""
         size = ends - starts
+        out = np.where(size > 0, self._longest[np.maximum(ends - 1, 0)], 0.0)
         if self._max_table is None:
-            return np.where(size > 0, self._longest[np.maximum(ends - 1, 0)], 0.0)
-        level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
-        out = np.zeros(starts.size)
-        for k in np.unique(level):
-            sel = (level == k) & (size > 0)
-            row = self._max_table[k]
-            out[sel] = np.maximum(row[starts[sel]], row[ends[sel] - (1 << int(k))])
+            return out
+        inside = np.flatnonzero((ends <= self._rising) & (size > 0))
+        starts, ends = starts[inside], ends[inside]
+        level = np.floor(np.log2(ends - starts)).astype(np.int64)
+        row = level * self._max_table.shape[1]
+        table = self._max_table.ravel()
+        low = table.take(row + starts)
+        np.maximum(low, table.take(row + ends - np.left_shift(1, level)), out=low)
+        out[inside] = low
         return out
 
     def _segments(
@@ -324,12 +340,17 @@ class RangeModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each range's expected longest group past its longest prediction (`Tail`), in steps, and
         log P(its longest group <= y) at the tail's lengths."""
-        log_p = self._tail.take(ends, axis=0) - self._tail.take(starts, axis=0)
+        log_p = self._tail.take(ends, axis=0)
+        log_p -= self._tail.take(starts, axis=0)
         p, rise = np.exp(log_p), np.diff(log_p, axis=1)
-        # P is steep (a power of many F): exact for log P linear between the lengths y
+        # P is steep (a power of many F): exact for log P linear between the lengths y (in place)
         flat = np.abs(rise) < 1e-9
-        held = np.where(flat, p[:, :-1], np.diff(p, axis=1) / np.where(flat, 1.0, rise))
-        expected = self._tail_y[-1] - (held * np.diff(self._tail_y)).sum(axis=1)
+        rise[flat] = 1.0
+        held = np.diff(p, axis=1)
+        held /= rise
+        np.copyto(held, p[:, :-1], where=flat)
+        held *= np.diff(self._tail_y)
+        expected = self._tail_y[-1] - held.sum(axis=1)
         # No group outruns its prediction by more than the largest ratio: where the ratios sit at
         # one value (exact predictions), the lengths' spacing would otherwise count as outrun.
         expected = np.minimum(expected, longest * self.workload.tail.ratios[-1])
