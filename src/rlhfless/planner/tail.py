@@ -36,9 +36,10 @@ class Tail:
         """The run's tail, or None before it has measured one."""
         return cls(tuple(ratios), cap) if len(ratios) > 1 else None
 
-    def log_below(self, group_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(lengths y, log P(a group's observed max <= y) per prompt and y) for predicted maxima
-        `group_max`: the integrand of each range's expected longest, as prefix sums add it up."""
+    def log_below(self, group_max: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lengths y, log P(a group's observed max <= y) per distinct predicted maximum and y, and
+        each prompt's row of it) for predicted maxima `group_max`: the integrand of each range's
+        expected longest, as prefix sums add it up."""
         # No group outruns the longest prediction times the largest ratio, nor the cap: up to 8k
         # caps over predictions of 300-900, the cap alone left one length per 512 tokens, and the
         # expected longest came out at about its bound (`RangeModel._outrun`).
@@ -46,14 +47,15 @@ class Tail:
         top = min(top, self.cap) if self.cap is not None else top
         y = np.linspace(0.0, top, TAIL_POINTS)
         # Predicted maxima are whole token counts and repeat (16,384 prompts, 1,698 values in
-        # `bench_planner`): each value is interpolated once, a binary search per point.
+        # `bench_planner`): each value is interpolated once, a binary search per point, and a
+        # prompt order's rows are gathered from the small table, which stays in cache.
         values, inverse = np.unique(group_max, return_inverse=True)
         f = np.interp(
             y / np.maximum(values, 1.0)[:, None], self.ratios, np.linspace(0.0, 1.0, len(self.ratios))
         )
         if self.cap is not None:
             f[:, -1] = 1.0  # no group runs past the cap
-        return y, np.log(np.maximum(f, 1e-300)).take(inverse.ravel(), axis=0)
+        return y, np.log(np.maximum(f, 1e-300)), inverse.ravel()
 
 
 MAKESPAN_POINTS = 17  # times at which a plan's expected end is integrated (`expected_end`)

@@ -50,7 +50,7 @@ class Workload:
     tail: Tail | None = None  # timed by its expected longest, where the run measured one
 
     @cached_property
-    def tail_below(self) -> tuple[np.ndarray, np.ndarray] | None:
+    def tail_below(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """`Tail.log_below` of every prompt (input order), once for every order that times it."""
         return None if self.tail is None else self.tail.log_below(self.group_max)
 
@@ -228,8 +228,8 @@ class RangeModel:
         self._longest = longest
         self._tail_y, self._tail = None, None  # `Tail`: lengths, and prefix sums of log F over them
         if w.tail_below is not None:
-            self._tail_y, below = w.tail_below
-            self._tail = _prefix(rows(below.take(order, axis=0)))
+            self._tail_y, below, row_of = w.tail_below
+            self._tail = _prefix(rows(below.take(row_of[order], axis=0)))
         # In order of length (the sorted assignment's), a range's longest sequence is its last;
         # so from `_rising` on (a backfilled order's sorted part), a table covers what is before.
         self._rising = _rising_from(longest)
