@@ -242,12 +242,11 @@ class RangeModel:
     @staticmethod
     def _sparse_max(x: np.ndarray) -> np.ndarray:
         """Row k: the largest of x[i : i + 2**k] at i (valid to i = x.size - 2**k)."""
-        levels = x.size.bit_length()
-        table = np.empty((levels, x.size))
+        table = np.zeros((x.size.bit_length(), x.size))
         table[0] = x
-        for k in range(1, levels):
-            step = 1 << (k - 1)
-            np.maximum(table[k - 1, :-step], table[k - 1, step:], out=table[k, :-step])
+        for k in range(1, table.shape[0]):
+            valid, step = x.size - (1 << k) + 1, 1 << (k - 1)
+            np.maximum(table[k - 1, :valid], table[k - 1, step : step + valid], out=table[k, :valid])
         return table
 
     def in_waves(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
