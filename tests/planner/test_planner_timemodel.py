@@ -138,25 +138,6 @@ def test_a_fixed_split_timed_in_blocks_is_timed_as_its_ranges(lengths, cuts, g, 
         np.testing.assert_allclose(summed[key], value, rtol=1e-9, atol=1e-9, err_msg=key)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=40),
-    spread=st.integers(0, 40),
-    seed=st.integers(0, 2**16),
-)
-def test_a_range_s_longest_is_its_largest_prediction_in_any_order(lengths, spread, seed):
-    """Ascending, a range's longest is its last; a backfilled order (its first prompts
-    shuffled, the rest ascending) or any other looks the rest up: every range, empty ones 0."""
-    gmax = np.sort(np.array(lengths, dtype=float))
-    rng = np.random.default_rng(seed)
-    k = min(spread, gmax.size)
-    order = np.r_[rng.permutation(k), np.arange(k, gmax.size)] if seed % 3 else rng.permutation(gmax.size)
-    model = RangeModel(workload(gmax), order, make_profile(step_ms=10), 4)
-    starts, ends = np.triu_indices(gmax.size + 1)
-    expected = [gmax[order[a:b]].max(initial=0.0) for a, b in zip(starts, ends, strict=True)]
-    np.testing.assert_array_equal(model.range_max(starts, ends), expected)
-
-
 def _with_tail(w, tail):
     return Workload(
         w.group_max, w.group_mean, w.prompt_tokens, w.decode_prefill, w.kv_tokens, w.group_size, tail

@@ -32,6 +32,7 @@ from functools import cached_property
 import numpy as np
 
 from rlhfless.planner.profile import Profile
+from rlhfless.planner.range_max import RangeMax
 from rlhfless.planner.tail import SPREAD, Tail
 
 BLOCK = 1024  # ranges timed at once (their temporaries stay in cache)
@@ -111,16 +112,6 @@ def _clipped(lengths: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.nd
     out = np.subtract(lengths, start[:, None])
     np.maximum(out, 0.0, out=out)
     return np.minimum(out, width[:, None], out=out)
-
-
-def _rising_from(x: np.ndarray) -> int:
-    """The first index from which `x` never falls and nothing before exceeds: every range that
-    ends past it has its largest value last."""
-    falls = np.flatnonzero(x[1:] < x[:-1])
-    if not falls.size:
-        return 0
-    start = int(falls[-1]) + 1
-    return start + int(np.searchsorted(x[start:], x[:start].max(), side="left"))
 
 
 def _block_sums(x: np.ndarray, starts: np.ndarray, ufunc: np.ufunc = np.add) -> np.ndarray:
@@ -227,29 +218,15 @@ class RangeModel:
         self._prefill = _prefix(rows(w.decode_prefill[order].astype(float)))
         self._kv = _prefix(rows(w.kv_tokens[order].astype(float)))
         longest = seg.longest if blocks is None else _block_sums(seg.longest, blocks, np.maximum)
-        self._longest = longest
+        self.range_max = RangeMax(longest)  # each range's longest predicted group
         self._tail_y, self._tail = None, None  # `Tail`: lengths, and prefix sums of log F over them
         if w.tail_below is not None:
             self._tail_y, below, row_of = w.tail_below
             self._tail = _prefix(rows(below.take(row_of[order], axis=0)))
-        # In order of length (the sorted assignment's), a range's longest sequence is its last;
-        # so from `_rising` on (a backfilled order's sorted part), a table covers what is before.
-        self._rising = _rising_from(longest)
-        self._max_table = self._sparse_max(longest[: self._rising]) if self._rising else None
 
     def reordered(self, order: np.ndarray) -> RangeModel:
         """The same workload, segments and time table in another prompt order."""
         return RangeModel.over(self.workload, self.prompt_segments.reordered(order), self.profile)
-
-    @staticmethod
-    def _sparse_max(x: np.ndarray) -> np.ndarray:
-        """Row k: the largest of x[i : i + 2**k] at i (valid to i = x.size - 2**k)."""
-        table = np.zeros((x.size.bit_length(), x.size))
-        table[0] = x
-        for k in range(1, table.shape[0]):
-            valid, step = x.size - (1 << k) + 1, 1 << (k - 1)
-            np.maximum(table[k - 1, :valid], table[k - 1, step : step + valid], out=table[k, :valid])
-        return table
 
     def in_waves(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Whether each range holds more sequences than an actor decodes at once."""
@@ -265,22 +242,6 @@ class RangeModel:
     def cum_work(self) -> np.ndarray:
         """Prefix sums of predicted decode tokens in this model's prompt order."""
         return self._work
-
-    def range_max(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Each range's longest predicted group (0 for a range of nothing)."""
-        size = ends - starts
-        out = np.where(size > 0, self._longest[np.maximum(ends - 1, 0)], 0.0)
-        if self._max_table is None:
-            return out
-        inside = np.flatnonzero((ends <= self._rising) & (size > 0))
-        starts, ends = starts[inside], ends[inside]
-        level = np.floor(np.log2(ends - starts)).astype(np.int64)
-        row = level * self._max_table.shape[1]
-        table = self._max_table.ravel()
-        low = table.take(row + starts)
-        np.maximum(low, table.take(row + ends - np.left_shift(1, level)), out=low)
-        out[inside] = low
-        return out
 
     def _segments(
         self,
