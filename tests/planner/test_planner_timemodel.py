@@ -156,6 +156,23 @@ def test_a_range_is_timed_to_the_expected_longest_of_its_groups_past_its_longest
     assert extra == pytest.approx(max(longest - 100, 0.0) * 0.010, abs=0.01)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    maxima=st.lists(st.integers(1, 60) | st.floats(1.0, 60.0), min_size=1, max_size=30),
+    cap=st.sampled_from([None, 50.0]),
+)
+def test_each_prompt_s_tail_row_is_its_own_prediction_s(maxima, cap):
+    """Repeated whole counts share one row of log P (interpolated once), smoothed values have
+    rows of their own: either way a prompt's row is what its prediction alone would give."""
+    tail = Tail((0.5, 0.9, 1.0, 1.4), cap)
+    group_max = np.array(maxima, dtype=float)
+    y, rows, row_of = tail.log_below(group_max)
+    for i, p in enumerate(group_max):
+        alone_y, alone, _ = tail.log_below(np.array([p, group_max.max()]))
+        np.testing.assert_array_equal(alone_y, y)
+        np.testing.assert_array_equal(rows[row_of[i]], alone[0])
+
+
 def test_the_tail_stops_at_the_cap_and_a_run_without_one_is_timed_by_its_predictions():
     profile = make_profile(step_ms=10)
     alike = workload([100] * 32)

@@ -46,10 +46,14 @@ class Tail:
         top = float(group_max.max(initial=1.0)) * self.ratios[-1]
         top = min(top, self.cap) if self.cap is not None else top
         y = np.linspace(0.0, top, TAIL_POINTS)
-        # Predicted maxima are whole token counts and repeat (16,384 prompts, 1,698 values in
+        # Predicted maxima that are whole token counts repeat (16,384 prompts, 1,698 values in
         # `bench_planner`): each value is interpolated once, a binary search per point, and a
-        # prompt order's rows are gathered from the small table, which stays in cache.
-        values, inverse = np.unique(group_max, return_inverse=True)
+        # prompt order's rows are gathered from the small table, which stays in cache. Smoothed
+        # ones (an EWMA over epochs) rarely repeat, and sorting them would cost more than it saves.
+        if np.array_equal(group_max, np.floor(group_max)):
+            values, inverse = np.unique(group_max, return_inverse=True)
+        else:
+            values, inverse = group_max, np.arange(group_max.size)
         f = np.interp(
             y / np.maximum(values, 1.0)[:, None], self.ratios, np.linspace(0.0, 1.0, len(self.ratios))
         )
