@@ -109,9 +109,9 @@ def _stable_rank(run: np.ndarray, columns: np.ndarray) -> np.ndarray:
 
 class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
-    past the end), cut from `flat`, the prompts end to end (`starts`; `stored` tokens of each).
-    Numpy arrays of one dtype are joined as bytes (anything else is concatenated) and checked
-    once. Python lists (a tokenizer's output) are read in C by `array.fromlist` as unsigned ints,
+    past the end), cut from `flat`, the prompts end to end (`starts`; `stored`: the tokens held of
+    each, None where every prompt is held whole). Numpy arrays of one dtype are joined as bytes
+    (anything else is concatenated) and checked once. Python lists (a tokenizer's output) are read in C by `array.fromlist` as unsigned ints,
     which takes only integers (a float, a string or None is a TypeError, a negative id or one
     past 2**32 - 1 an OverflowError): `_first_reads` stores the first chunk of each; a window
     past what is stored is sliced from the lists and read then. Whatever `fromlist` refuses, or
@@ -133,13 +133,15 @@ class _TokenReader:
         # Zeros after the last prompt: a window may run past it (what it reads there is cut).
         self.flat = _checked(_joined(rows, longest))
         self.starts = np.cumsum(lengths) - lengths
-        self.stored = lengths
+        self.stored = None
 
     def keys(self, rows: np.ndarray, depth: int, width: int) -> np.ndarray:
         lengths = self.lengths[rows]
         counts = np.clip(lengths - depth, 0, width)
         full = counts.min() == width  # every window inside its prompt: no cut to make
-        in_flat = self.stored is not None and (self.stored[rows] >= np.minimum(lengths, depth + width)).all()
+        in_flat = self.flat is not None and (
+            self.stored is None or bool((self.stored[rows] >= np.minimum(lengths, depth + width)).all())
+        )
         if in_flat:  # each row's window of the concatenation, cut at the row's end
             span = min(width, self.flat.size - int(self.starts[rows].max()) - depth)
             window = sliding_window_view(self.flat, span)[self.starts[rows] + depth]
