@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, getitem
 from typing import Any
@@ -111,12 +111,10 @@ class _TokenReader:
     """Windows [depth, depth + width) of chosen prompts' tokens as key rows (token id + 1, zero
     past the end), cut from `flat`, the prompts end to end (`starts`; `stored`: the tokens held of
     each, None where every prompt is held whole). Numpy arrays of one dtype are joined as bytes
-    (anything else is concatenated) and checked once. Python lists (a tokenizer's output) are read in C by `array.fromlist` as unsigned ints,
-    which takes only integers (a float, a string or None is a TypeError, a negative id or one
-    past 2**32 - 1 an OverflowError): `_first_reads` stores the first chunk of each; a window
-    past what is stored is sliced from the lists and read then. Whatever `fromlist` refuses, or
-    the id 2**32 - 1, is read again by the checked reader, which names it, in the windows asked
-    for only."""
+    (anything else is concatenated) and checked once. Python lists (a tokenizer's output) are
+    read in C (`_read_ids`): `_first_reads` holds the first chunk of each, and a window past what
+    is held is sliced from the lists and read then. What `_read_ids` refuses is read again by the
+    checked reader, which names it, in the windows asked for only."""
 
     def __init__(self, token_lists: Sequence[Any], lengths: np.ndarray, first_chunk: int) -> None:
         self.lengths = lengths
@@ -154,14 +152,8 @@ class _TokenReader:
             keys[:, :span] = window
             return keys
         lists = self.lists if depth == 0 else list(map(self.lists.__getitem__, rows.tolist()))
-        cut = itertools.repeat(slice(depth, depth + width))
-        read = array("I")  # unsigned int: an id past 2**32 - 1 is an OverflowError
-        try:
-            any(map(read.fromlist, map(getitem, lists, cut)))
-            tokens = np.frombuffer(read, dtype=f"u{read.itemsize}")
-        except (TypeError, ValueError, OverflowError):
-            tokens = None
-        if tokens is None or (tokens.size and tokens.max() >= 2**32 - 1):
+        tokens = _read_ids(map(getitem, lists, itertools.repeat(slice(depth, depth + width))))
+        if tokens is None:
             tokens = _checked(_read_windows(lists, depth, width, int(counts.sum())))
         tokens = tokens.astype(np.uint32, copy=False)
         tokens += 1
@@ -182,22 +174,31 @@ def _first_reads(
     refuses an item or an id is 2**32 - 1: the first round then reads its windows as later ones
     do, checked."""
     whole = lengths <= WHOLE_READ * width
-    read = array("I")
-    try:
-        any(map(read.fromlist, itertools.compress(lists, whole.tolist())))
-        cut = itertools.repeat(slice(0, width))
-        any(map(read.fromlist, map(getitem, itertools.compress(lists, (~whole).tolist()), cut)))
-    except (TypeError, ValueError, OverflowError):
-        return None
-    read.frombytes(bytes(width * read.itemsize))  # a window may run past the last prompt
-    flat = np.frombuffer(read, dtype=f"u{read.itemsize}")
-    if flat.size and flat.max() >= 2**32 - 1:
+    cut = itertools.repeat(slice(0, width))
+    heads = map(getitem, itertools.compress(lists, (~whole).tolist()), cut)
+    flat = _read_ids(itertools.chain(itertools.compress(lists, whole.tolist()), heads), width)
+    if flat is None:
         return None
     stored = np.where(whole, lengths, width)
     starts = np.empty_like(lengths)
     starts[whole] = np.cumsum(lengths[whole]) - lengths[whole]
     starts[~whole] = int(lengths[whole].sum()) + width * np.arange(lengths.size - int(whole.sum()))
     return flat, starts, stored
+
+
+def _read_ids(lists: Iterable[list[Any]], zeros: int = 0) -> np.ndarray | None:
+    """`lists` end to end (then `zeros` zeros) as unsigned ints, read in C by `array.fromlist`,
+    which takes only integers (a float, a string or None is a TypeError, a negative id or one
+    past 2**32 - 1 an OverflowError). None where it refuses an item or an id is 2**32 - 1 (its
+    key, id + 1, would wrap): the checked reader then reads the windows asked for, and names it."""
+    read = array("I")
+    try:
+        any(map(read.fromlist, lists))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    read.frombytes(bytes(zeros * read.itemsize))
+    ids = np.frombuffer(read, dtype=f"u{read.itemsize}")
+    return None if ids.size and ids.max() >= 2**32 - 1 else ids
 
 
 def _joined(rows: list[np.ndarray], zeros: int) -> np.ndarray:
