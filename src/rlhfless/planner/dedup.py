@@ -283,7 +283,7 @@ class Dedup:
         order = has[np.argsort(self.node_of[has], kind="stable")]
         nodes = self.node_of[order]
         cuts = np.flatnonzero(np.diff(nodes)) + 1
-        names = np.array(uids, dtype=object)[order].tolist()
+        names = np.asarray(uids, dtype=object)[order].tolist()
         bounds = np.r_[0, cuts, order.size].tolist()
         groups = [names[a:b] for a, b in itertools.pairwise(bounds)] if order.size else []
         rank = sorted(range(len(groups)), key=lambda j: (-len(groups[j]), groups[j][0]))

@@ -197,14 +197,15 @@ def plan_step(
             pick, width = pick_n(table)
         orders = [ranges.order] * table.n.size
     admission = gmax if feats["longest_first"] else None
-    chosen = _chosen_actors(actors, table, pick, orders[pick], uids, cluster, profile, admission)
+    names = np.array(uids, dtype=object)  # gathered per actor and per prefix group alike
+    chosen = _chosen_actors(actors, table, pick, orders[pick], names, cluster, profile, admission)
     rest = (billing.at_width(width) if width else billing).after_generation(tokens, table.n[pick])
     step_time = float(table.time[pick] + rest[0])
     unused_warm = serverful or bool(keep_warm(billing.pricing, step_time, profile.cold_start_s, config.lam))
     step_cost = float(table.cost[pick] + table.warm_after[pick] + rest[1])
     target = target_of(config.budget_per_step, config.deadline_per_step, step_time, step_cost)
 
-    prefix_groups, prefix_tree = dedup.layout(uids) if dedup else ([], [])
+    prefix_groups, prefix_tree = dedup.layout(names) if dedup else ([], [])
     return StepPlan(
         policy=config.policy,
         n_actors=int(table.n[pick]),
@@ -278,13 +279,14 @@ def _chosen_actors(
     table: CandidateTable,
     pick: int,
     order: np.ndarray,
-    uids: list[str],
+    uids: np.ndarray,
     cluster: ClusterSpec,
     profile: Profile,
     admission: np.ndarray | None,
 ) -> list[ActorPlan]:
-    """The chosen N's actors; each actor's uids in admission order: longest `admission` (predicted
-    group max) first when given, else assignment order."""
+    """The chosen N's actors (`uids`: an object array, input order); each actor's uids in
+    admission order: longest `admission` (predicted group max) first when given, else assignment
+    order."""
     rows = np.flatnonzero(actors.n_of == table.n[pick])
     sizes = actors.ends[rows] - actors.starts[rows]
     held = np.concatenate([order[s:e] for s, e in zip(actors.starts[rows], actors.ends[rows], strict=True)])
@@ -293,7 +295,7 @@ def _chosen_actors(
         # ... then back into actors: a stable sort of small integers is a radix sort
         actor = np.repeat(np.arange(rows.size), sizes).astype(np.min_scalar_type(rows.size))
         held = held[longest_first[np.argsort(actor[longest_first], kind="stable")]]
-    names = np.array(uids, dtype=object)[held].tolist()
+    names = uids[held].tolist()
     cuts = np.r_[0, np.cumsum(sizes)].tolist()
     floats = ("time", "cost", "delay", "work", "prefill_tokens", "cold")
     nodes, first_gpus = cluster.slot_gpus(actors.slot[rows], profile.gpus)
