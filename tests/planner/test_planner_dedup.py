@@ -224,6 +224,16 @@ def test_numpy_and_list_tokens_pack_the_same():
         assert p.lengths.tolist() == [4, 2, 1, 4, 0]
 
 
+def test_a_later_window_over_a_whole_list_reads_past_the_last_prompt_s_start():
+    """Lists read whole in the first round: a tied prompt's later window is cut where the data
+    ends, never short of its own tokens, though a shorter prompt comes last."""
+    prompts = [[7] * 64, [7] * 128, [7] * 128 + [0], [7] * 64]
+    for tokens in (prompts, [np.array(p, dtype=np.int32) for p in prompts]):
+        packed = PackedPrompts.pack(tokens)
+        assert packed.order.tolist() == [0, 3, 1, 2]
+        assert packed.lcp.tolist() == [130, 64, 128]
+
+
 @pytest.mark.parametrize("bad", [2.5, 2.0, "3", None, np.float64(2.0), 2**70])
 def test_non_integer_token_ids_are_refused(bad):
     with pytest.raises(ValueError, match="prompt_tokens"):

@@ -167,19 +167,23 @@ class _TokenReader:
 def _first_reads(
     lists: Sequence[list[Any]], lengths: np.ndarray, width: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The first round's tokens of Python lists, end to end (then `width` zeros), with each
+    """The first round's tokens of Python lists, end to end (then zeros), with each
     one's start and the tokens stored: a list at most `WHOLE_READ * width` long whole, since
     `fromlist` reads a list in place (~3 ns a token here) but a slice first copies it, touching
     every int twice (~10 ns a token); a longer one's first `width`. None where `fromlist`
     refuses an item or an id is 2**32 - 1: the first round then reads its windows as later ones
     do, checked."""
     whole = lengths <= WHOLE_READ * width
+    stored = np.where(whole, lengths, width)
     cut = itertools.repeat(slice(0, width))
     heads = map(getitem, itertools.compress(lists, (~whole).tolist()), cut)
-    flat = _read_ids(itertools.chain(itertools.compress(lists, whole.tolist()), heads), width)
+    # Zeros after the last prompt, as many as the longest held: a later round's window over a
+    # whole prompt may run that far past the last one's start (what it reads there is cut).
+    flat = _read_ids(
+        itertools.chain(itertools.compress(lists, whole.tolist()), heads), int(stored.max(initial=0))
+    )
     if flat is None:
         return None
-    stored = np.where(whole, lengths, width)
     starts = np.empty_like(lengths)
     starts[whole] = np.cumsum(lengths[whole]) - lengths[whole]
     starts[~whole] = int(lengths[whole].sum()) + width * np.arange(lengths.size - int(whole.sum()))
