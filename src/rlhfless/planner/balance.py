@@ -14,7 +14,7 @@ chosen N's ranges then take more rounds alone, which cost little for one N.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -141,10 +141,7 @@ def widen(
     starts, ends, n_of = _split(model.workload, model, ns, rounds, ranges.by_work)
     more = estimate(model, starts, ends, n_of)
     by_n = np.argsort(np.r_[actors.n_of, more.n_of], kind="stable")
-    both = (
-        np.concatenate((getattr(actors, f), getattr(more, f))) for f in ActorEstimates.__dataclass_fields__
-    )
-    merged = ActorEstimates(*(x[by_n] if len(x) else x for x in both))  # no tail: its fields empty
+    merged = ActorEstimates.concat([actors, more]).take(by_n)
     wide = Ranges(ranges.order, model, merged.starts, merged.ends, merged.n_of, ranges.by_work)
     return wide, merged
 
@@ -178,10 +175,6 @@ def refine(
     if best[1] is ranges.starts[rows] or np.array_equal(best[1], ranges.starts[rows]):
         return actors
     mine = estimate(ranges.model, best[1], best[2], np.full(rows.size, n))
-    fields = {f: getattr(actors, f).copy() for f in ActorEstimates.__dataclass_fields__}
-    for f in fields:
-        if len(fields[f]):  # no tail: its fields empty
-            fields[f][rows] = getattr(mine, f)
     ranges.starts, ranges.ends = ranges.starts.copy(), ranges.ends.copy()
     ranges.starts[rows], ranges.ends[rows] = best[1], best[2]
-    return replace(actors, **fields)
+    return actors.put(rows, mine)

@@ -84,10 +84,7 @@ def _lpt_estimates(
         n_of = np.full(int(n), n)
         parts.append(estimate_actors(model, bounds[:-1], bounds[1:], n_of, profile=profile, **kw))
         orders.append(order)
-    merged = ActorEstimates(
-        *(np.concatenate([getattr(p, f) for p in parts]) for f in ActorEstimates.__dataclass_fields__)
-    )
-    return orders, merged
+    return orders, ActorEstimates.concat(parts)
 
 
 def plan_step(

@@ -80,6 +80,26 @@ class ActorEstimates:
     most: np.ndarray = field(default_factory=lambda: np.zeros(0))
     log_below: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
+    @classmethod
+    def concat(cls, parts: list[ActorEstimates]) -> ActorEstimates:
+        """`parts`' actors one after the other."""
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
+
+    def take(self, rows: np.ndarray) -> ActorEstimates:
+        """These actors' `rows`, in that order (a tail's fields stay empty where there is none)."""
+        return ActorEstimates(*(x[rows] if len(x) else x for x in self._columns()))
+
+    def put(self, rows: np.ndarray, other: ActorEstimates) -> ActorEstimates:
+        """A copy with `rows` taken from `other`'s actors, in order."""
+        columns = [x.copy() for x in self._columns()]
+        for x, y in zip(columns, other._columns(), strict=True):
+            if len(x):
+                x[rows] = y
+        return ActorEstimates(*columns)
+
+    def _columns(self) -> list[np.ndarray]:
+        return [getattr(self, f) for f in self.__dataclass_fields__]
+
     def expected_ends(self, first: np.ndarray) -> np.ndarray:
         """Per candidate N (its rows from each of `first` on): when its generation is expected to
         end, the latest of its actors (`tail.expected_end`)."""
