@@ -47,3 +47,32 @@ def test_no_spinner_without_a_terminal():
 def test_a_forecast_under_ten_seconds_keeps_two_digits_rather_than_rounding_to_zero():
     tiny = FORECAST | {"time_s": 0.214, "time_range_s": [0.15, 0.3]}
     assert forecast_line(tiny).startswith("forecast for 3 step(s): 0.21 s (0.15-0.3), ")
+
+
+STEP = {
+    "step": 1,
+    "reward/mean": 0.0234375,
+    "response_length/mean": 45.2,
+    "response_length/max": 160,
+    "kl/mean": 0.0,
+    "loss/policy": -0.21875,
+    "grad_norm": 1.57,
+    "time/generation": 46.3,
+    "time/preparation": 0.0123,
+    "time/learning": 27.6,
+    "time/step": 74.1,
+}
+
+
+def test_a_log_of_80_columns_keeps_every_figure_whole():
+    out = io.StringIO()
+    display = Display(Console(file=out, width=80, color_system=None), enabled=False)
+    display("start", {"output_dir": "runs/x", "steps": 1, "start": 0})
+    display("step", STEP)
+    display.finish()
+    text = out.getvalue()
+    assert "…" not in text
+    step_line = next(line for line in text.splitlines() if line.startswith("step    1 |"))
+    assert step_line.endswith("| step s 74.1")  # one line, not wrapped at the console's width
+    for figure in ("0.0234", "-0.219", "0.0123", "74.1"):
+        assert f" {figure} " in text

@@ -97,7 +97,8 @@ class Display:
             self.rows.append(info)
             self.progress.update(self.task, advance=1, phase="")
             parts = [f"{label} {info[key]:.3g}" for key, label in SUMMARY_KEYS if info.get(key) is not None]
-            self.progress.console.print(f"step {info['step']:>4} | " + " | ".join(parts))
+            # One line whatever the console's width: a log file's console is 80 columns wide.
+            self.progress.console.print(f"step {info['step']:>4} | " + " | ".join(parts), soft_wrap=True)
 
     def _stop_status(self) -> None:
         if self.status is not None:
@@ -118,7 +119,15 @@ class Display:
                 str(row["step"]),
                 *(f"{row[k]:.3g}" if row.get(k) is not None else "-" for k, _ in SUMMARY_KEYS),
             )
-        self.console.print(table)
+        # As wide as its figures need: a narrower console (a log file's: 80 columns) cuts them.
+        width = self.console.width
+        self.console.width = max(
+            width, self.console.measure(table, options=self.console.options.update_width(999)).maximum
+        )
+        try:
+            self.console.print(table)
+        finally:
+            self.console.width = width
 
 
 def _load(path: str | None, preset: str | None, overrides: tuple[str, ...]) -> Config:
