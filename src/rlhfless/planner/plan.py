@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rlhfless.planner.assignment import lpt_assign
-from rlhfless.planner.balance import between, coarse, contiguous_ranges, refine, widen
+from rlhfless.planner.balance import alternatives, between, coarse, contiguous_ranges, refine, widen
 from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.dedup import Dedup, PackedPrompts, deduplicate, tree_tokens
@@ -85,6 +85,28 @@ def _lpt_estimates(
         parts.append(estimate_actors(model, bounds[:-1], bounds[1:], n_of, profile=profile, **kw))
         orders.append(order)
     return orders, ActorEstimates.concat(parts)
+
+
+def _weighed(
+    actors: ActorEstimates,
+    n: int,
+    others: list[tuple[ActorEstimates, np.ndarray | None]],
+    scored: tuple,
+) -> tuple[ActorEstimates, np.ndarray | None]:
+    """`actors` with N = n's rows taken from the one of `others` (`balance.alternatives`) that
+    lam scores best at that N against its own (its time and cost relative to theirs, weighed
+    lam and 1 - lam), with that one's prompt order; else `actors` and None. An assignment that
+    ends sooner may cost more: every actor then runs until nearly the end."""
+    rows = np.flatnonzero(actors.n_of == n)
+    lam = scored[2]
+    own = candidate_table(actors.take(rows), *scored)
+    best, pick = 0.0, (actors, None)
+    for other, order in others:
+        table = candidate_table(other, *scored)
+        score = lam * (table.time[0] / own.time[0] - 1) + (1 - lam) * (table.cost[0] / own.cost[0] - 1)
+        if score < best:
+            best, pick = score, (actors.put(rows, other), order)
+    return pick
 
 
 def plan_step(
@@ -188,11 +210,17 @@ def plan_step(
         if extra.size:
             ranges, actors = widen(ranges, actors, extra, rounds, estimate)
         more = config.refine_rounds if rounds else 0  # balanced plans only (not verl's even split)
+        mixed = None
         if extra.size or more:
-            actors = refine(ranges, actors, int(table.n[pick]), more, estimate)
+            n = int(table.n[pick])
+            actors = refine(ranges, actors, n, more, estimate)
+            if more:
+                actors, mixed = _weighed(actors, n, alternatives(ranges, actors, n, estimate), scored)
             table = candidate_table(actors, *scored)
             pick, width = pick_n(table)
         orders = [ranges.order] * table.n.size
+        if mixed is not None:
+            orders[int(np.flatnonzero(table.n == n)[0])] = mixed
     admission = gmax if feats["longest_first"] else None
     names = np.array(uids, dtype=object)  # gathered per actor and per prefix group alike
     chosen = _chosen_actors(actors, table, pick, orders[pick], names, cluster, profile, admission)
