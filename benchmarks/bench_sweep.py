@@ -7,8 +7,8 @@ fit its tensor-parallel size is refused, as `rlhfless simulate` refuses it. Each
 verl and rlhfless for `--steps` steps on the same workload and prints generation over its floor
 (verl's, rlhfless's), rlhfless's generation and whole-step speedup and cost reduction against
 verl, and flags a scenario where rlhfless generates slower (under 0.995x) or costs more. Each
-seed's summary counts them; several seeds (`--seed 1 2 3`) are one sweep each, their summaries
-printed together at the end.
+seed's summary counts them, and the scenarios whose generation is within 1.25x its floor;
+several seeds (`--seed 1 2 3`) are one sweep each, their summaries printed together at the end.
 
     .venv/bin/python benchmarks/bench_sweep.py [--count 60] [--steps 8] [--seed 1 [2 ...]]
 """
@@ -95,9 +95,12 @@ def sweep(seed: int, count: int, steps: int) -> str:
         return ""
     speed = [r["generation_speedup"] for r in rows]
     cheaper = [r["generation_cost_reduction"] for r in rows]
+    over = [r["generation_over_floor"] for r in rows]
     return (
         f"seed {seed}, {len(rows)} scenarios: generation {statistics.geometric_mean(speed):.3f}x verl's speed "
         f"(geometric mean; least {min(speed):.2f}x), {100 * statistics.fmean(cheaper):.1f}% cheaper (mean); "
+        f"{statistics.geometric_mean(over):.3f}x its floor (geometric mean; within 1.25x in "
+        f"{sum(x <= 1.25 for x in over)}); "
         f"slower than verl in {sum(x < 0.995 for x in speed)}, dearer in {sum(x < 0 for x in cheaper)}; "
         f"whole step {statistics.geometric_mean([r['speedup'] for r in rows]):.3f}x, "
         f"{100 * statistics.fmean(r['cost_reduction'] for r in rows):.1f}% cheaper"
