@@ -26,8 +26,7 @@ set of contiguous ranges (all actors of all candidate N at once) is evaluated in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,11 +48,15 @@ class Workload:
     kv_tokens: np.ndarray  # prefix tokens whose KV the decode actor receives
     group_size: int
     tail: Tail | None = None  # timed by its expected longest, where the run measured one
+    # `tail_below`, where a workload of the same predictions and tail worked it out already
+    known_tail: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
-    @cached_property
+    @property
     def tail_below(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """`Tail.log_below` of every prompt (input order), once for every order that times it."""
-        return None if self.tail is None else self.tail.log_below(self.group_max)
+        if self.known_tail is None and self.tail is not None:
+            self.known_tail = self.tail.log_below(self.group_max)
+        return self.known_tail
 
     @property
     def size(self) -> int:

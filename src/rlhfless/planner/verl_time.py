@@ -15,7 +15,7 @@ from rlhfless.planner.timemodel import PromptSegments, RangeModel, Workload
 
 def verl_workload(w: Workload) -> Workload:
     """`w` as verl runs it: each sample prefills its whole prompt, and no prefix KV arrives."""
-    verl = Workload(
+    return Workload(
         w.group_max,
         w.group_mean,
         w.prompt_tokens,
@@ -23,10 +23,8 @@ def verl_workload(w: Workload) -> Workload:
         np.zeros_like(w.prompt_tokens),
         w.group_size,
         w.tail,
+        w.tail_below,  # the same predictions and tail: their log F, computed once
     )
-    if "tail_below" in w.__dict__:  # the same predictions and tail: their log F, computed once
-        verl.__dict__["tail_below"] = w.tail_below
-    return verl
 
 
 def even_split_seconds(
