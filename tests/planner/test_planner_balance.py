@@ -54,11 +54,12 @@ def test_settling_keeps_every_prompt_on_one_actor_and_never_ends_later(case):
     w = lumpy(np.array(rows, dtype=float), 8)
     ranges, starts, ends = _ranges(w, n)
     busy = _busy(ranges.model, starts, ends)
-    new_starts, new_ends = settle(ranges.model, starts, ends, busy, 4 * n)
+    (new_starts, new_ends), new_busy = settle(ranges.model, starts, ends, busy, 4 * n)
     assert new_starts[0] == 0 and new_ends[-1] == w.size
     assert np.array_equal(new_starts[1:], new_ends[:-1])  # contiguous, in order
     assert (new_ends > new_starts).all()  # no actor left empty
-    assert _busy(ranges.model, new_starts, new_ends).max() <= busy.max() + 1e-9
+    assert np.allclose(new_busy, _busy(ranges.model, new_starts, new_ends), rtol=1e-12)
+    assert new_busy.max() <= busy.max()
 
 
 @settings(max_examples=60, deadline=None)

@@ -58,10 +58,7 @@ def _split(
     else:
         starts, ends, n_of = even_ranges(workload.size, ns)
     for _ in range(rounds):
-        parts = model.times(starts, ends)
-        starts, ends, n_of = retimed_ranges(
-            model.cum_work, starts, ends, ns, parts["prefill"] + parts["decode"]
-        )
+        starts, ends, n_of = retimed_ranges(model.cum_work, starts, ends, ns, _busy(model, starts, ends))
     return starts, ends, n_of
 
 
@@ -77,8 +74,7 @@ def backfill_threshold(
     starts, ends, _ = balanced_ranges(seg.work, ns)
     for left in range(rounds, -1, -1):
         blocks = np.arange(starts.size)
-        parts = RangeModel.over(workload, seg, profile, starts).times(blocks, blocks + 1)
-        busy = parts["prefill"] + parts["decode"]
+        busy = _busy(RangeModel.over(workload, seg, profile, starts), blocks, blocks + 1)
         if left:
             starts, ends, _ = retimed_ranges(cum_work, starts, ends, ns, busy)
     mean_prompt = float(workload.prompt_tokens.mean())
@@ -163,13 +159,11 @@ def refine(
         return actors
     ns = np.array([n])
     starts, ends = ranges.starts[rows], ranges.ends[rows]
-    parts = ranges.model.times(starts, ends)
-    busy = parts["prefill"] + parts["decode"]
+    busy = _busy(ranges.model, starts, ends)
     best = (float(busy.max()), starts, ends)
     for _ in range(rounds):
         starts, ends, _ = retimed_ranges(ranges.model.cum_work, starts, ends, ns, busy)
-        parts = ranges.model.times(starts, ends)
-        busy = parts["prefill"] + parts["decode"]
+        busy = _busy(ranges.model, starts, ends)
         if busy.max() >= best[0] * (1 - STALL) or busy.max() <= busy.min() * (1 + SPREAD):
             if busy.max() < best[0]:
                 best = (float(busy.max()), starts, ends)
@@ -208,8 +202,8 @@ def alternatives(
         return []
     busy = _busy(model, starts, ends)
     found = []
-    settled = settle(model, starts, ends, busy, MOVES * rows.size)
-    if not np.array_equal(settled[0], starts):
+    settled, settled_busy = settle(model, starts, ends, busy, MOVES * rows.size)
+    if settled_busy.max() < busy.max():
         found.append((estimate(model, *settled, np.full(n, n)), None))
     if workload.size <= LUMPY * n:
         actor = lpt_assign(workload.work, n)
@@ -223,10 +217,11 @@ def alternatives(
 
 def settle(
     model: RangeModel, starts: np.ndarray, ends: np.ndarray, busy: np.ndarray, moves: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """One N's consecutive ranges after up to `moves` single-prompt moves: the slowest actor
-    hands its first prompt to the actor before it, or its last to the one after, whichever
-    leaves the two sooner done, while that is sooner than it alone now ends."""
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """One N's consecutive ranges (starts, ends), and their predicted seconds, after up to
+    `moves` single-prompt moves: the slowest actor hands its first prompt to the actor before it,
+    or its last to the one after, whichever leaves the two sooner done, while that is sooner than
+    it alone now ends."""
     starts, ends, busy = starts.copy(), ends.copy(), busy.copy()
     last = starts.size - 1
     for _ in range(moves):
@@ -245,7 +240,7 @@ def settle(
         left, right = min(i, pairs[k][0]), max(i, pairs[k][0])
         ends[left] = starts[right] = pairs[k][1]
         busy[left], busy[right] = times[0, k], times[1, k]
-    return starts, ends
+    return (starts, ends), busy
 
 
 def _busy(model: RangeModel, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
