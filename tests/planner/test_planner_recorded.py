@@ -3,10 +3,12 @@
 `data/recorded_plans.json` holds, per case, the whole plan (`StepPlan.to_dict` less its
 `plan_seconds`) that commit 6a509e5 made, re-recorded when the prefix tree became the default
 dedup rule (its plans compute fewer prompt tokens), when the time model's second wave learned
-where its K-th longest sequence ends, and when verl's ranges were summed once each instead of
-differenced from prefix sums (its time cap moved by one unit in the last place): speed work must
-leave every decision, figure and rounding as it was. Workloads come from `random.Random(seed).random()` alone, whose stream
-Python keeps across versions. A change meant to change plans records them anew:
+where its K-th longest sequence ends, when verl's ranges were summed once each instead of
+differenced from prefix sums (its time cap moved by one unit in the last place), and when the
+chosen N's ranges were settled a prompt at a time (`balance.settle`: `fixed_n` 0.25% sooner done
+at the same cost). Speed work must leave every decision, figure and rounding as it was.
+Workloads come from `random.Random(seed).random()` alone, whose stream Python keeps across
+versions. A change meant to change plans records them anew:
 `PYTHONPATH=src python tests/planner/test_planner_recorded.py`.
 """
 

@@ -284,9 +284,9 @@ def test_a_split_weighed_is_kept_beside_the_best_single_size_and_learns_where_it
     observed = np.array([[2000, 1900]] + [[500, 480]] * 400)  # each group's max and mean as predicted
     predicted, seen = versus_single(split, single, got.predicted_mean, observed, tokens, NARROW)
     assert predicted == pytest.approx(seen) and predicted < 1.0
-    observed[200] = [2000, 1900]
+    observed[200] = [2000, 1900]  # a bulk group on a narrow actor, predicted 500
     _, longer = versus_single(split, single, got.predicted_mean, observed, tokens, NARROW)
-    assert longer > 1.2 * seen
+    assert longer > 1.05 * seen  # 1.10x (1.33x before the ranges were settled, `balance.settle`)
 
 
 def test_a_split_is_weighed_with_its_generation_stretched_by_how_far_splits_fell_short():

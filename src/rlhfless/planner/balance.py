@@ -182,14 +182,17 @@ def alternatives(
 ) -> list[tuple[ActorEstimates, np.ndarray | None]]:
     """Other assignments of N = n's prompts, each predicted to end sooner than `actors`' own,
     as that N's actor estimates (in `actors`' row order) and their prompt order (None: the
-    ranges' own), for the caller to weigh by lam, since either may cost more than it saves; only
-    where some of the N's actors run in waves, as in `refine`.
+    ranges' own), for the caller to weigh by lam, since either may cost more than it saves.
     - `settle`: the ranges' ends moved a prompt at a time. The share of predicted time that
       `retimed_ranges` cuts at assumes time spread evenly over a range's work; with few prompts an
       actor, each a group of G long samples, the cut overshoots and the rounds stop with one actor
-      behind.
-    - LPT (heaviest predicted prompt first onto the least loaded actor), where N's actors hold
-      `LUMPY` prompts or fewer: there the sorted order's last ranges hold only long prompts, whose
+      behind. Where no actor runs in waves `refine` does nothing (a single-wave actor's time
+      follows its longest sequence, which predictions miss); a move there is weighed by lam as
+      any other, and on paper-physical's GRPO gsm8k it took generation from 1.13x to 1.08x its
+      floor, 1.7 points cheaper.
+    - LPT (heaviest predicted prompt first onto the least loaded actor), where some of N's
+      actors run in waves and all hold `LUMPY` prompts or fewer: there the sorted order's last
+      ranges hold only long prompts, whose
       few concurrent sequences (an actor's batch is set by its sequences' mean length) leave
       those actors far behind, while LPT gives each actor long and short prompts alike (A100,
       Llama-2-70B at TP 2, 64 GPQA-like prompts x 16 on 12 actors: 376 s against 155 s for the
@@ -198,14 +201,15 @@ def alternatives(
     rows = np.flatnonzero(actors.n_of == n)
     model, workload = ranges.model, ranges.model.workload
     starts, ends = actors.starts[rows], actors.ends[rows]
-    if rows.size < 2 or not model.in_waves(starts, ends).any():
+    if rows.size < 2:
         return []
+    waves = model.in_waves(starts, ends).any()
     busy = _busy(model, starts, ends)
     found = []
     settled, settled_busy = settle(model, starts, ends, busy, MOVES * rows.size)
     if settled_busy.max() < busy.max():
         found.append((estimate(model, *settled, np.full(n, n)), None))
-    if workload.size <= LUMPY * n:
+    if waves and workload.size <= LUMPY * n:
         actor = lpt_assign(workload.work, n)
         order = np.lexsort((workload.group_max, actor))
         bounds = np.r_[0, np.cumsum(np.bincount(actor, minlength=n))]
