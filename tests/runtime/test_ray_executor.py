@@ -106,8 +106,10 @@ def tokens(samples) -> list[tuple]:
 
 RLHFLESS = ("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false")
 # Steps 1 and 2: one decode function slowed (the colocated one, then the remote one), so that the
-# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless).
-TAIL = "[{kind: slow, step: 1, actor: 0, after: 2, seconds: 2}, {kind: slow, step: 2, actor: 1, after: 2, seconds: 2}]"
+# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless). Plan
+# indices: the colocated function is step 1's actor 0 and step 2's actor 1 (placement puts the
+# heavier actor nearer), so the remote one is step 2's actor 0.
+TAIL = "[{kind: slow, step: 1, actor: 0, after: 2, seconds: 2}, {kind: slow, step: 2, actor: 0, after: 2, seconds: 2}]"
 # Step 3: the remote decode function (actor 1) killed, the colocated one slowed, the prepare
 # function killed.
 KILLED_AND_SLOWED = (
