@@ -42,17 +42,17 @@ groups = st.integers(4, 40).flatmap(
 )
 
 
-def _ranges(w: Workload, n: int):
-    ranges = contiguous_ranges(w, np.array([n]), KV_BOUND, 8, 1, True, True)
-    return ranges, ranges.starts, ranges.ends
+def _ranges(rows: list[list[int]], n: int):
+    """A drawn case's workload (G = 8), N, and its sorted, backfilled ranges for that N."""
+    w = lumpy(np.array(rows, dtype=float), 8)
+    return w, n, contiguous_ranges(w, np.array([n]), KV_BOUND, 8, 1, True, True)
 
 
 @settings(max_examples=60, deadline=None)
 @given(groups)
 def test_settling_keeps_every_prompt_on_one_actor_and_never_ends_later(case):
-    rows, n = case
-    w = lumpy(np.array(rows, dtype=float), 8)
-    ranges, starts, ends = _ranges(w, n)
+    w, n, ranges = _ranges(*case)
+    starts, ends = ranges.starts, ranges.ends
     busy = _busy(ranges.model, starts, ends)
     (new_starts, new_ends), new_busy = settle(ranges.model, starts, ends, busy, 4 * n)
     assert new_starts[0] == 0 and new_ends[-1] == w.size
@@ -65,9 +65,7 @@ def test_settling_keeps_every_prompt_on_one_actor_and_never_ends_later(case):
 @settings(max_examples=60, deadline=None)
 @given(groups)
 def test_every_alternative_assigns_each_prompt_once_and_ends_sooner(case):
-    rows, n = case
-    w = lumpy(np.array(rows, dtype=float), 8)
-    ranges, _, _ = _ranges(w, n)
+    w, n, ranges = _ranges(*case)
     profile, cluster = KV_BOUND, make_cluster(4, 8)
     estimate = partial(estimate_actors, prefill_s=0.0, cluster=cluster, profile=profile, billing=BILLING)
     actors = estimate(ranges.model, ranges.starts, ranges.ends, ranges.n_of)
