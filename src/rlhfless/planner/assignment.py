@@ -2,7 +2,8 @@
 
 `sorted` (RLHFless) and `even` (VERL) give each actor a contiguous range of one fixed prompt order,
 so they return boundaries for many N at once. `lpt` (longest processing time first onto the least
-loaded actor) balances predicted work without contiguity; it exists for comparison.
+loaded actor) balances predicted work without contiguity: an assignment method for comparison, and
+weighed against the ranges where the chosen N's actors hold few prompts (`balance.alternatives`).
 """
 
 from __future__ import annotations
@@ -83,15 +84,18 @@ def even_ranges(total: int, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return _with_ends(_strictly_increasing(cuts, ns, total), ns, total)
 
 
-def lpt_assign(work: np.ndarray, n: int) -> np.ndarray:
-    """Actor index per prompt: heaviest prompt first onto the least loaded actor."""
+def lpt_ranges(work: np.ndarray, group_max: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LPT (heaviest prompt first onto the least loaded actor) as contiguous ranges of a prompt
+    order: the order (actor by actor, each actor's prompts by predicted group max), and each
+    actor's [start, end)."""
     heap = [(0.0, i) for i in range(n)]
     actor = np.empty(work.size, dtype=np.int64)
     for p in np.lexsort((np.arange(work.size), -work)):
         load, i = heapq.heappop(heap)
         actor[p] = i
         heapq.heappush(heap, (load + float(work[p]), i))
-    return actor
+    bounds = np.r_[0, np.cumsum(np.bincount(actor, minlength=n))]
+    return np.lexsort((group_max, actor)), bounds[:-1], bounds[1:]
 
 
 def retimed_ranges(

@@ -22,7 +22,7 @@ from rlhfless.planner.assignment import (
     backfill_order,
     balanced_ranges,
     even_ranges,
-    lpt_assign,
+    lpt_ranges,
     retimed_ranges,
     sorted_order,
 )
@@ -190,11 +190,10 @@ def alternatives(
       follows its longest sequence, which predictions miss); a move there is weighed by lam as
       any other, and on paper-physical's GRPO gsm8k it took generation from 1.13x to 1.08x its
       floor, 1.7 points cheaper.
-    - LPT (heaviest predicted prompt first onto the least loaded actor), where some of N's
-      actors run in waves and all hold `LUMPY` prompts or fewer: there the sorted order's last
-      ranges hold only long prompts, whose
-      few concurrent sequences (an actor's batch is set by its sequences' mean length) leave
-      those actors far behind, while LPT gives each actor long and short prompts alike (A100,
+    - LPT (`assignment.lpt_ranges`), where some of N's actors run in waves and all hold `LUMPY`
+      prompts or fewer: there the sorted order's last ranges hold only long prompts, whose few
+      concurrent sequences (an actor's batch is set by its sequences' mean length) leave those
+      actors far behind, while LPT gives each actor long and short prompts alike (A100,
       Llama-2-70B at TP 2, 64 GPQA-like prompts x 16 on 12 actors: 376 s against 155 s for the
       ranges' fastest, from exact lengths; LPT's slowest 304 s). Its Python heap costs about a
       microsecond a prompt."""
@@ -210,12 +209,10 @@ def alternatives(
     if settled_busy.max() < busy.max():
         found.append((estimate(model, *settled, np.full(n, n)), None))
     if waves and workload.size <= LUMPY * n:
-        actor = lpt_assign(workload.work, n)
-        order = np.lexsort((workload.group_max, actor))
-        bounds = np.r_[0, np.cumsum(np.bincount(actor, minlength=n))]
+        order, lpt_starts, lpt_ends = lpt_ranges(workload.work, workload.group_max, n)
         mixed = model.reordered(order)
-        if _busy(mixed, bounds[:-1], bounds[1:]).max() < busy.max():
-            found.append((estimate(mixed, bounds[:-1], bounds[1:], np.full(n, n)), order))
+        if _busy(mixed, lpt_starts, lpt_ends).max() < busy.max():
+            found.append((estimate(mixed, lpt_starts, lpt_ends, np.full(n, n)), order))
     return found
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless.planner.assignment import lpt_assign
+from rlhfless.planner.assignment import lpt_ranges
 from rlhfless.planner.balance import alternatives, between, coarse, contiguous_ranges, refine, widen
 from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.config import SchedulerConfig
@@ -77,12 +77,10 @@ def _lpt_estimates(
     """LPT breaks contiguity: per N, reorder prompts actor by actor and time those ranges."""
     orders, parts = [], []
     for n in ns:
-        actor = lpt_assign(workload.work, int(n))
-        order = np.lexsort((workload.group_max, actor))
-        bounds = np.r_[0, np.cumsum(np.bincount(actor, minlength=int(n)))]
+        order, starts, ends = lpt_ranges(workload.work, workload.group_max, int(n))
         model = RangeModel(workload, order, profile, config.segments)
         n_of = np.full(int(n), n)
-        parts.append(estimate_actors(model, bounds[:-1], bounds[1:], n_of, profile=profile, **kw))
+        parts.append(estimate_actors(model, starts, ends, n_of, profile=profile, **kw))
         orders.append(order)
     return orders, ActorEstimates.concat(parts)
 
@@ -91,6 +89,7 @@ def _weighed(
     actors: ActorEstimates,
     n: int,
     others: list[tuple[ActorEstimates, np.ndarray | None]],
+    lam: float,
     scored: tuple,
 ) -> tuple[ActorEstimates, np.ndarray | None]:
     """`actors` with N = n's rows taken from the one of `others` (`balance.alternatives`) that
@@ -98,7 +97,6 @@ def _weighed(
     lam and 1 - lam), with that one's prompt order; else `actors` and None. An assignment that
     ends sooner may cost more: every actor then runs until nearly the end."""
     rows = np.flatnonzero(actors.n_of == n)
-    lam = scored[2]
     own = candidate_table(actors.take(rows), *scored)
     best, pick = 0.0, (actors, None)
     for other, order in others:
@@ -215,7 +213,9 @@ def plan_step(
             n = int(table.n[pick])
             actors = refine(ranges, actors, n, more, estimate)
             if more:
-                actors, mixed = _weighed(actors, n, alternatives(ranges, actors, n, estimate), scored)
+                actors, mixed = _weighed(
+                    actors, n, alternatives(ranges, actors, n, estimate), config.lam, scored
+                )
             table = candidate_table(actors, *scored)
             pick, width = pick_n(table)
         orders = [ranges.order] * table.n.size
