@@ -13,7 +13,7 @@ from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import plan_step
-from rlhfless.planner.pools import latency_bound, split_plans
+from rlhfless.planner.pools import latency_bound, places, split_plans
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.scaling import PlanError
@@ -171,6 +171,72 @@ def test_a_split_is_taken_only_where_it_beats_every_single_size(step, lam):
     mine = lam * (got.predicted_step_time / t.min() - 1) + (1 - lam) * (got.predicted_step_cost / c.min() - 1)
     assert mine == pytest.approx(score.min())
     assert bool(got.pools) == (len(got.shape_options) == 3 and int(np.argmin(score)) == 2)
+
+
+def test_a_split_runs_on_whole_nodes_or_within_the_learners_node():
+    two_nodes = ClusterSpec(nodes=2, gpus_per_node=8)
+    whole, within = places(two_nodes, large=4, small=2)
+    assert (whole[0].nodes, whole[1].nodes, whole[2]) == (1, 1, (1, 8))
+    # one 4-GPU actor on the learner's node; its other 4 GPUs and the second node for the bulk
+    assert (within[0].nodes, within[0].total_gpus) == (1, 4)
+    assert (within[1].node_gpus, within[2]) == ((4, 8), (0, 4))
+    assert places(two_nodes, large=4, small=2, within=False) == [whole]
+    # one or half a node's worth of 2-GPU actors; none of 8 GPUs, which leave the node nothing
+    one_node = ClusterSpec(nodes=1, gpus_per_node=8)
+    assert [p[0].total_gpus for p in places(one_node, large=2, small=1)] == [2, 4]
+    assert places(one_node, large=8, small=4) == []
+
+
+ONE_NODE = ClusterSpec(nodes=1, gpus_per_node=8, model_bytes=10**9, kv_bytes_per_token=1000)
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps(), st.floats(0.0, 1.0))
+def test_a_split_within_a_node_gives_the_larger_actors_its_first_gpus_and_the_bulk_the_rest(step, lam):
+    prompts, predictor = step
+    config = SchedulerConfig(lam=lam)
+    gmax, _ = predictor.predict([p.uid for p in prompts])
+
+    def part(subset, profile, nodes, cfg):
+        return plan_step(subset, predictor, profile, nodes, cfg, 2, floor_shapes=SHAPES)
+
+    whole = part(prompts, ONE, ONE_NODE, config)
+    args = (prompts, gmax, TWO, ONE, ONE_NODE, config, 2, Billing(config.pricing), whole, part)
+    assert split_plans(*args) == []  # one node: no whole node to give the larger actors
+    splits = split_plans(*args, within=True)
+    assert splits
+    for plan in splits:
+        assert sorted(u for a in plan.actors for u in a.uids) == sorted(plan.predicted_length)
+        large, small = plan.pools
+        taken = sum(a.gpus for a in large.actors)
+        assert {a.node for a in plan.actors} == {0}
+        assert all(g < taken for a in large.actors for g in a.gpu_ids)
+        gpus = [g for a in small.actors for g in a.gpu_ids]
+        assert len(gpus) == len(set(gpus)) and min(gpus) >= taken and max(gpus) < 8
+        shortest_long = min(plan.predicted_length[u] for u in large.predicted_length)
+        assert all(plan.predicted_length[u] <= shortest_long for u in small.predicted_length)
+
+
+def test_on_one_node_no_split_puts_the_bulk_on_actors_smaller_than_the_best_single_size():
+    """One long prompt among ten short ones: the wide actors are the best single size, and a
+    split would leave the bulk on narrow ones, where a sequence that outruns its prediction would
+    set the step's end with no wide actor of its part to move to. On one node none is weighed."""
+    prompts = [PromptSpec(f"p{i}", [7, 7, i]) for i in range(11)]
+    predictor = LengthPredictor()
+    for i, p in enumerate(prompts):
+        predictor.update(p.uid, [2000, 1900] if i == 0 else [100, 90])
+    got = plan_shapes(prompts, predictor, [NARROW, WIDE], ONE_NODE, SchedulerConfig(lam=1.0), 2)
+    times = {o["gpus"]: o["step_time"] for o in got.shape_options}
+    assert times[2] < times[1] and got.split_versus is None and not got.pools
+    assert {a.gpus for a in got.actors} == {2}
+
+
+def test_one_long_prompt_on_one_node_runs_on_larger_actors_than_the_bulk():
+    prompts, predictor = long_and_bulk()
+    got = plan_shapes(prompts, predictor, [NARROW, WIDE], ONE_NODE, SchedulerConfig(lam=1.0), 2)
+    singles = [o["step_time"] for o in got.shape_options if "pools" not in o]
+    assert got.pools and got.predicted_step_time < min(singles)
+    assert "p0" in got.pools[0].predicted_length and {a.gpus for a in got.pools[0].actors} == {2}
 
 
 def test_a_split_is_weighed_only_where_the_smaller_size_would_wait_on_its_longest_sequence():

@@ -1,14 +1,15 @@
-"""A step's decode actors in two sizes: the longest predicted prompts on actors of the largest
-size, which decode each token fastest, and the rest on actors of a smaller one, which decode the
-most tokens per GPU.
+"""A step's decode actors in two sizes: the longest predicted prompts on actors of a larger size,
+which decode each token faster, and the rest on actors of a smaller one, which decode the most
+tokens per GPU.
 
 An actor of the smaller size that holds the step's longest prompts can set the step's end, since
 each of its tokens takes longer; on actors of the larger size those prompts finish sooner, while
-the bulk keeps the smaller size's throughput. Each part is planned by `plan_step` on nodes of its
-own (the largest size on the first `k`, the learner's among them), and the step's plan is the two
-side by side (`StepPlan.pools`). Splits tried: the longest `SHARES` of the prompts on `NODES`
-nodes, only where the smaller size alone would be latency-bound (`latency_bound`); the caller
-keeps one only where it beats every single size.
+the bulk keeps the smaller size's throughput. Each part is planned by `plan_step` on GPUs of its
+own (the larger size on the learner's node, first), and the step's plan is the two side by side
+(`StepPlan.pools`). Splits tried: the longest `SHARES` of the prompts on `NODES` whole nodes, or
+on one or half a node's worth of larger actors within the learner's node (`places`), only where
+the smaller size alone would be latency-bound (`latency_bound`); the caller keeps one only where
+it beats every single size.
 """
 
 from __future__ import annotations
@@ -71,12 +72,14 @@ def split_plans(
     billing: Billing,
     whole: StepPlan,
     plan_part: PartPlanner,
+    within: bool = False,
 ) -> list[StepPlan]:
-    """Every split's plan (none on a single node or on nodes of unequal GPUs), each with the
-    floor and unique prompt tokens of `whole`, a plan of the whole step at one size. Each part is
-    planned without the step's budget or deadline, which the joined plan is held to."""
+    """Every split's plan (none on nodes of unequal GPUs), each with the floor and unique prompt
+    tokens of `whole`, a plan of the whole step at one size; within the learner's node too where
+    `within` (`places`). Each part is planned without the step's budget or deadline, which the
+    joined plan is held to."""
     n = len(prompts)
-    if cluster.nodes < 2 or cluster.node_gpus or n < 2:
+    if cluster.node_gpus or n < 2:
         return []
     free = replace(config, budget_per_step=None, deadline_per_step=None)
     order = np.argsort(-np.asarray(group_max, dtype=float), kind="stable")
@@ -84,23 +87,44 @@ def split_plans(
     uids = [p.uid for p in prompts]
     counts = sorted({min(max(1, round(share * n)), n - 1) for share in SHARES})
     out = []
-    for k in (k for k in NODES if k < cluster.nodes and large.gpus <= cluster.gpus_per_node):
+    for ours, theirs, offset in places(cluster, large.gpus, small.gpus, within):
         for m in counts:
             long, rest = [prompts[i] for i in order[:m]], [prompts[i] for i in order[m:]]
             try:
-                a = plan_part(
-                    long, large, replace(cluster, nodes=k), replace(free, gpus_per_actor=large.gpus)
-                )
-                b = plan_part(
-                    rest,
-                    small,
-                    replace(cluster, nodes=cluster.nodes - k),
-                    replace(free, gpus_per_actor=small.gpus),
-                )
+                a = plan_part(long, large, ours, replace(free, gpus_per_actor=large.gpus))
+                b = plan_part(rest, small, theirs, replace(free, gpus_per_actor=small.gpus))
             except PlanError:
                 continue
-            plan = joined(uids, a, b, (k, k * cluster.gpus_per_node), unique, config, group_size, billing)
+            plan = joined(uids, a, b, offset, unique, config, group_size, billing)
             out.append(replace(plan, floor=whole.floor))
+    return out
+
+
+def places(
+    cluster: ClusterSpec, large: int, small: int, within: bool = True
+) -> list[tuple[ClusterSpec, ClusterSpec, tuple[int, int]]]:
+    """Where a split's two parts may run on uniform nodes, as (the larger actors' GPUs, the
+    smaller's, the nodes and GPUs before the smaller's): `NODES` whole nodes of larger actors and,
+    where `within`, one or half a node's worth of them on the learner's node, its other GPUs and
+    the other nodes left to the smaller. Within a node, a single node's step can still put its
+    longest prompts on faster actors (one 8-GPU A100 node, Qwen2.5-3B, LCB at an 8k cap: its
+    longest sequence decodes alone in 42 s at TP 2, 32 s at TP 4)."""
+    gpn = cluster.gpus_per_node
+    out = [
+        (replace(cluster, nodes=k), replace(cluster, nodes=cluster.nodes - k), (k, k * gpn))
+        for k in NODES
+        if k < cluster.nodes and large <= gpn
+    ]
+    if not within:
+        return out
+    for j in sorted({1, gpn // large // 2}):
+        taken = j * large
+        if j < 1 or gpn - taken < small:
+            continue
+        rest = (gpn - taken,) + (gpn,) * (cluster.nodes - 1)
+        out.append(
+            (replace(cluster, nodes=1, gpus_per_node=taken), replace(cluster, node_gpus=rest), (0, taken))
+        )
     return out
 
 
