@@ -46,6 +46,10 @@ SCHEDULED = ("decode_exit", "slow", "prepare_exit", "prepare_slow")
 # What it may draw: a node's loss too (plan node 1; none on a one-node cluster, where it never fires).
 SCHEDULABLE = (*SCHEDULED, "node_exit")
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "rng.json", "trainer_state.json")
+# A decode function named by its role instead of its plan index: the one on the learner's slot
+# (or GPUs), or the first elsewhere. Placement decides which plan index each has, so a test that
+# means one of them says so, and still means it when the placement rule changes.
+ROLES = ("colocated", "remote")
 EXIT_CODE = 137  # what a shell reports for a process killed with -9
 
 
@@ -55,7 +59,7 @@ class Fault:
 
     kind: str
     step: int
-    actor: int = 0  # plan index of the decode function, taken modulo the step's plan size
+    actor: int | str = 0  # plan index of the decode function (modulo the plan's size), or a role
     node: int = 1  # plan node index (node_exit)
     after: int = 1  # decode iterations of this step before it fires
     seconds: float = 1.0  # slow, prepare_slow
@@ -118,18 +122,20 @@ class FaultPlan:
         return bool(self.listed) or (self.schedule is not None and self.schedule.rate > 0)
 
     def decode(
-        self, step: int, actors: list[tuple[int, int]], driver_node: int | None
+        self, step: int, actors: list[tuple[int, int, bool]], driver_node: int | None
     ) -> dict[int, list[DecodeFault]]:
-        """Faults of step `step`'s decode functions by plan actor; `actors` is (actor, plan node)
-        in plan order. A node fault goes to the first function on its node, never the driver's."""
+        """Faults of step `step`'s decode functions by plan actor; `actors` is (actor, plan node,
+        colocated with the learner) in plan order. A role goes to the first function that has it,
+        if any; a node fault to the first function on its node, never the driver's."""
         armed: dict[int, list[DecodeFault]] = {}
         for f in self.at(step):
             if f.kind in ("decode_exit", "slow") and actors:
-                actor = actors[f.actor % len(actors)][0]
+                actor = _target(f.actor, actors)
                 seconds = f.seconds if f.kind == "slow" else 0.0
-                armed.setdefault(actor, []).append(DecodeFault(f.kind, f.after, seconds))
+                if actor is not None:
+                    armed.setdefault(actor, []).append(DecodeFault(f.kind, f.after, seconds))
             elif f.kind == "node_exit" and f.node != driver_node:
-                on_node = [a for a, node in actors if node == f.node]
+                on_node = [a for a, node, _ in actors if node == f.node]
                 if on_node:
                     armed.setdefault(on_node[0], []).append(DecodeFault(f.kind, f.after))
         return armed
@@ -143,6 +149,13 @@ class FaultPlan:
     def checkpoint_file(self, step: int) -> str | None:
         """The file after which step `step`'s checkpoint write exits the driver, if any."""
         return next((f.file for f in self.at(step) if f.kind == "checkpoint_exit"), None)
+
+
+def _target(actor: int | str, actors: list[tuple[int, int, bool]]) -> int | None:
+    """The plan actor a decode fault names: by index (modulo the plan's size) or by role."""
+    if isinstance(actor, int):
+        return actors[actor % len(actors)][0]
+    return next((a for a, _, colocated in actors if colocated == (actor == "colocated")), None)
 
 
 def exit_after(file: str | None) -> Callable[[str], None]:
@@ -203,6 +216,8 @@ def parse_fault(raw: Any, where: str) -> Fault:
             values[key] = _seconds(at, value)
         elif key == "file":
             values[key] = _kind(at, value, CHECKPOINT_FILES)
+        elif key == "actor" and isinstance(value, str):
+            values[key] = _kind(at, value, ROLES)
         else:
             values[key] = _int(at, value, {"actor": 0, "node": 1, "after": 1}[key])
     return Fault(kind, **values)

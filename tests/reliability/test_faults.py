@@ -59,7 +59,7 @@ def test_decode_faults_go_to_the_actor_modulo_the_plan_and_node_faults_never_to_
         ],
         {},
     )
-    actors = [(0, 0), (1, 0), (2, 1), (3, 1)]  # (plan actor, plan node)
+    actors = [(0, 0, True), (1, 0, False), (2, 1, False), (3, 1, False)]  # (plan actor, node, colocated)
     assert plan.decode(1, actors[:2], driver_node=0) == {1: [DecodeFault("decode_exit", 5)]}
     assert plan.decode(1, actors, driver_node=0) == {
         3: [DecodeFault("decode_exit", 5)],
@@ -70,11 +70,34 @@ def test_decode_faults_go_to_the_actor_modulo_the_plan_and_node_faults_never_to_
     assert plan.decode(3, actors, driver_node=0) == {}
 
 
+def test_a_decode_fault_may_name_the_colocated_or_the_first_remote_function_wherever_the_plan_puts_it():
+    plan = parse_faults(
+        [
+            {"kind": "slow", "step": 1, "actor": "colocated", "seconds": 0.5},
+            {"kind": "decode_exit", "step": 1, "actor": "remote", "after": 4},
+        ],
+        {},
+    )
+    heavier_first = [(0, 0, True), (1, 0, False), (2, 1, False)]
+    heavier_second = [(0, 1, False), (1, 0, True), (2, 0, False)]
+    assert plan.decode(1, heavier_first, driver_node=0) == {
+        0: [DecodeFault("slow", 1, 0.5)],
+        1: [DecodeFault("decode_exit", 4)],
+    }
+    assert plan.decode(1, heavier_second, driver_node=0) == {
+        1: [DecodeFault("slow", 1, 0.5)],
+        0: [DecodeFault("decode_exit", 4)],
+    }
+    # a plan with no colocated function (verl's), or none elsewhere: that fault does not fire
+    assert plan.decode(1, [(0, 0, False)], driver_node=0) == {0: [DecodeFault("decode_exit", 4)]}
+    assert plan.decode(1, [(0, 0, True)], driver_node=0) == {0: [DecodeFault("slow", 1, 0.5)]}
+
+
 def test_a_schedule_draws_a_nodes_loss_only_when_its_kinds_list_it_and_never_on_one_node():
     plan = parse_faults([], {"seed": 3, "rate": 1.0, "kinds": ["node_exit"]})
     drawn = [f for step in range(1, 21) for f in plan.at(step)]
     assert len(drawn) == 20 and {(f.kind, f.node) for f in drawn} == {("node_exit", 1)}
-    two_nodes, one_node = [(0, 0), (1, 0), (2, 1)], [(0, 0), (1, 0)]
+    two_nodes, one_node = [(0, 0, True), (1, 0, False), (2, 1, False)], [(0, 0, True), (1, 0, False)]
     assert plan.decode(4, two_nodes, driver_node=0) == {2: [DecodeFault("node_exit", plan.at(4)[0].after)]}
     assert plan.decode(4, one_node, driver_node=0) == {}  # no plan node 1: nothing to kill
 
@@ -88,6 +111,10 @@ def test_a_schedule_draws_a_nodes_loss_only_when_its_kinds_list_it_and_never_on_
         ("runtime.faults=[{kind: slow, step: 1, file: x}]", "runtime.faults[0].file: unknown key"),
         ("runtime.faults=[{kind: slow, step: 1, seconds: -1}]", "runtime.faults[0].seconds: got -1"),
         ("runtime.faults=[{kind: node_exit, step: 1, node: 0}]", "runtime.faults[0].node: got 0"),
+        (
+            "runtime.faults=[{kind: slow, step: 1, actor: learner}]",
+            "runtime.faults[0].actor: got 'learner', expected one of colocated, remote",
+        ),
         (
             "runtime.faults=[{kind: checkpoint_exit, step: 1, file: x.pt}]",
             "runtime.faults[0].file: got 'x.pt'",

@@ -106,15 +106,15 @@ def tokens(samples) -> list[tuple]:
 
 RLHFLESS = ("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false")
 # Steps 1 and 2: one decode function slowed (the colocated one, then the remote one), so that the
-# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless). Plan
-# indices: the colocated function is step 1's actor 0 and step 2's actor 1 (placement puts the
-# heavier actor nearer), so the remote one is step 2's actor 0.
-TAIL = "[{kind: slow, step: 1, actor: 0, after: 2, seconds: 2}, {kind: slow, step: 2, actor: 0, after: 2, seconds: 2}]"
-# Step 3: the remote decode function (actor 1) killed, the colocated one slowed, the prepare
-# function killed.
+# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless).
+TAIL = (
+    "[{kind: slow, step: 1, actor: colocated, after: 2, seconds: 2},"
+    " {kind: slow, step: 2, actor: remote, after: 2, seconds: 2}]"
+)
+# Step 3: the remote decode function killed, the colocated one slowed, the prepare function killed.
 KILLED_AND_SLOWED = (
-    "[{kind: decode_exit, step: 3, actor: 1, after: 12},"
-    " {kind: slow, step: 3, actor: 0, after: 2, seconds: 0.2}, {kind: prepare_exit, step: 3}]"
+    "[{kind: decode_exit, step: 3, actor: remote, after: 12},"
+    " {kind: slow, step: 3, actor: colocated, after: 2, seconds: 0.2}, {kind: prepare_exit, step: 3}]"
 )
 
 
@@ -139,9 +139,9 @@ def free_cold_starts():
     )
 
 
-# Step 3's held decode function (its actor 1: step 3 plans the colocated one first) dies, after 12
-# iterations of its own.
-HELD_LOST = "[{kind: decode_exit, step: 3, actor: 1, after: 12}]"
+# Step 3's held decode function (the one not on the learner's slot) dies, after 12 iterations of
+# its own.
+HELD_LOST = "[{kind: decode_exit, step: 3, actor: remote, after: 12}]"
 
 
 @pytest.fixture(scope="module")
@@ -444,7 +444,7 @@ def test_groups_learned_ahead_on_an_early_rank_make_the_update_the_learner_would
         "runtime.learner_width=2",
         # A rank starts in the pause: ~8 s alone on a 2-core CPU, up to twice that beside the other
         # test worker (with a 6 s pause it once joined only after generation, learning none ahead).
-        "runtime.faults=[{kind: slow, step: 1, actor: 0, after: 60, seconds: 20}]",
+        "runtime.faults=[{kind: slow, step: 1, actor: colocated, after: 60, seconds: 20}]",
     )
     (step,) = run(*overrides, setup=measured)
     cfg = load_config(preset="tiny", overrides=(*BASE, *overrides))

@@ -157,7 +157,9 @@ class DecodeRound(Recovery):
         """Queue each function's prompts (their prefix KV views the bundle) and start its first slice."""
         node_of = {self.view.node_id(i % len(self.view.nodes)): i for i in range(len(self.view.nodes))}
         armed = self.rt.fault_plan.decode(
-            self.step, [(a.actor, a.node) for a in self.plan.actors], node_of.get(self.view.driver)
+            self.step,
+            [(a.actor, a.node, run.colocated) for run, a in zip(self.runs, self.plan.actors, strict=True)],
+            node_of.get(self.view.driver),
         )
         for run, a in zip(self.runs, self.plan.actors, strict=True):
             work: list[Work] = []
