@@ -131,9 +131,9 @@ def assert_whole(plan):
     assert len(gpus) == len(set(gpus)) and max(gpus) < CLUSTER.total_gpus
 
 
-@settings(max_examples=25, deadline=None)
-@given(steps(), st.floats(0.0, 1.0))
-def test_every_split_holds_the_longest_prompts_on_the_largest_size_and_every_prompt_once(step, lam):
+def splits_of(step, lam, cluster, within=False):
+    """(ONE's plan of the whole step, `split_plans` of TWO for the longest prompts and ONE for the
+    rest), each part planned by `plan_step`."""
     prompts, predictor = step
     config = SchedulerConfig(lam=lam)
     gmax, _ = predictor.predict([p.uid for p in prompts])
@@ -141,8 +141,16 @@ def test_every_split_holds_the_longest_prompts_on_the_largest_size_and_every_pro
     def part(subset, profile, nodes, cfg):
         return plan_step(subset, predictor, profile, nodes, cfg, 2, floor_shapes=SHAPES)
 
-    whole = part(prompts, ONE, CLUSTER, config)
-    splits = split_plans(prompts, gmax, TWO, ONE, CLUSTER, config, 2, Billing(config.pricing), whole, part)
+    whole = part(prompts, ONE, cluster, config)
+    return whole, split_plans(
+        prompts, gmax, TWO, ONE, cluster, config, 2, Billing(config.pricing), whole, part, within
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps(), st.floats(0.0, 1.0))
+def test_every_split_holds_the_longest_prompts_on_the_largest_size_and_every_prompt_once(step, lam):
+    whole, splits = splits_of(step, lam, CLUSTER)
     assert splits  # 4 nodes: every split tried plans
     for plan in splits:
         assert_whole(plan)
@@ -193,17 +201,8 @@ ONE_NODE = ClusterSpec(nodes=1, gpus_per_node=8, model_bytes=10**9, kv_bytes_per
 @settings(max_examples=25, deadline=None)
 @given(steps(), st.floats(0.0, 1.0))
 def test_a_split_within_a_node_gives_the_larger_actors_its_first_gpus_and_the_bulk_the_rest(step, lam):
-    prompts, predictor = step
-    config = SchedulerConfig(lam=lam)
-    gmax, _ = predictor.predict([p.uid for p in prompts])
-
-    def part(subset, profile, nodes, cfg):
-        return plan_step(subset, predictor, profile, nodes, cfg, 2, floor_shapes=SHAPES)
-
-    whole = part(prompts, ONE, ONE_NODE, config)
-    args = (prompts, gmax, TWO, ONE, ONE_NODE, config, 2, Billing(config.pricing), whole, part)
-    assert split_plans(*args) == []  # one node: no whole node to give the larger actors
-    splits = split_plans(*args, within=True)
+    assert splits_of(step, lam, ONE_NODE)[1] == []  # one node: no whole node to give the larger actors
+    _, splits = splits_of(step, lam, ONE_NODE, within=True)
     assert splits
     for plan in splits:
         assert sorted(u for a in plan.actors for u in a.uids) == sorted(plan.predicted_length)
