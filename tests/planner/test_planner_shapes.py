@@ -183,16 +183,16 @@ def test_a_split_is_taken_only_where_it_beats_every_single_size(step, lam):
 
 def test_a_split_runs_on_whole_nodes_or_within_the_learners_node():
     two_nodes = ClusterSpec(nodes=2, gpus_per_node=8)
-    whole, within = places(two_nodes, large=4, small=2)
+    whole, within = places(two_nodes, large=4, small=2, within=True)
     assert (whole[0].nodes, whole[1].nodes, whole[2]) == (1, 1, (1, 8))
     # one 4-GPU actor on the learner's node; its other 4 GPUs and the second node for the bulk
     assert (within[0].nodes, within[0].total_gpus) == (1, 4)
     assert (within[1].node_gpus, within[2]) == ((4, 8), (0, 4))
-    assert places(two_nodes, large=4, small=2, within=False) == [whole]
+    assert places(two_nodes, large=4, small=2) == [whole]
     # one or half a node's worth of 2-GPU actors; none of 8 GPUs, which leave the node nothing
     one_node = ClusterSpec(nodes=1, gpus_per_node=8)
-    assert [p[0].total_gpus for p in places(one_node, large=2, small=1)] == [2, 4]
-    assert places(one_node, large=8, small=4) == []
+    assert [p[0].total_gpus for p in places(one_node, large=2, small=1, within=True)] == [2, 4]
+    assert places(one_node, large=8, small=4, within=True) == []
 
 
 ONE_NODE = ClusterSpec(nodes=1, gpus_per_node=8, model_bytes=10**9, kv_bytes_per_token=1000)

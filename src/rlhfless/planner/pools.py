@@ -101,7 +101,7 @@ def split_plans(
 
 
 def places(
-    cluster: ClusterSpec, large: int, small: int, within: bool = True
+    cluster: ClusterSpec, large: int, small: int, within: bool = False
 ) -> list[tuple[ClusterSpec, ClusterSpec, tuple[int, int]]]:
     """Where a split's two parts may run on uniform nodes, as (the larger actors' GPUs, the
     smaller's, the nodes and GPUs before the smaller's): `NODES` whole nodes of larger actors and,
@@ -117,9 +117,9 @@ def places(
     ]
     if not within:
         return out
-    for j in sorted({1, gpn // large // 2}):
+    for j in sorted({1, gpn // large // 2} - {0}):
         taken = j * large
-        if j < 1 or gpn - taken < small:
+        if gpn - taken < small:
             continue
         rest = (gpn - taken,) + (gpn,) * (cluster.nodes - 1)
         out.append(
