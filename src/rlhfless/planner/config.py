@@ -208,7 +208,8 @@ class SchedulerConfig:
         metadata={
             "help": "actor scaling over several decode actor sizes (the simulator's model.decode_tp, "
             "rlhfless plan --decode-tp): a step may also be split, its longest predicted prompts on "
-            "actors of the largest size and the rest on a smaller one, where that beats every "
+            "actors of a larger size (on whole nodes, or within the learner's node where the rest "
+            "run at the best single size) and the rest on a smaller one, where that beats every "
             "single size with its generation stretched by how much further short of their forecasts "
             "the run's splits fell than the best single size (under budget_per_step or "
             "deadline_per_step, its parts planned at lams from 0 to 1, so the target chooses among "
