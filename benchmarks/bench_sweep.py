@@ -6,8 +6,10 @@ Each scenario is drawn from a seed: GPU (H100, A100, L40S, H200), 1-4 nodes of 8
 fit its tensor-parallel size is refused, as `rlhfless simulate` refuses it. Each scenario runs
 verl and rlhfless for `--steps` steps on the same workload and prints generation over its floor
 (verl's, rlhfless's), rlhfless's generation and whole-step speedup and cost reduction against
-verl, and flags a scenario where rlhfless generates slower (under 0.995x) or costs more. Each
-seed's summary counts them, and the scenarios whose generation is within 1.25x its floor;
+verl, the error of rlhfless's generation forecasts after the first step (actual over forecast,
+less 1: the mean and the mean |error|), and flags a scenario where rlhfless generates slower
+(under 0.995x) or costs more. Each seed's summary counts them, and the scenarios whose generation
+is within 1.25x its floor, and pools the forecast errors;
 several seeds (`--seed 1 2 3`) are one sweep each, their summaries printed together at the end.
 
     .venv/bin/python benchmarks/bench_sweep.py [--count 60] [--steps 8] [--seed 1 [2 ...]]
@@ -48,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         f"{'scenario (simulated)':52s} {'verl/fl':>7s} {'rlhf/fl':>7s} {'gen x':>6s} {'gen $-%':>8s} "
-        f"{'step x':>7s} {'step $-%':>9s} {'N':>5s}"
+        f"{'step x':>7s} {'step $-%':>9s} {'N':>5s} {'fc %':>6s} {'|fc| %':>6s}"
     )
     summaries = [sweep(seed, args.count, args.steps) for seed in args.seed]
     print("\n".join(line for line in summaries if line))
@@ -83,12 +85,16 @@ def sweep(seed: int, count: int, steps: int) -> str:
             )
             if bad
         ]
-        rows.append(r)
+        errors = [
+            x.generation / x.predicted_time - 1.0 for x in results["rlhfless"][1:] if x.predicted_time > 0
+        ]
+        fc = (statistics.fmean(errors), statistics.fmean(map(abs, errors))) if errors else (0.0, 0.0)
+        rows.append(r | {"forecast_error": fc[0], "forecast_abs_error": fc[1]})
         print(
             f"{name:52s} {v['generation_over_floor']:6.2f}x {r['generation_over_floor']:6.2f}x "
             f"{r['generation_speedup']:5.2f}x {100 * r['generation_cost_reduction']:7.1f}% "
             f"{r['speedup']:6.2f}x {100 * r['cost_reduction']:8.1f}% {r['mean_actors']:5.1f} "
-            f"{' '.join(flags)} ({time.perf_counter() - t0:.1f} s)",
+            f"{100 * fc[0]:6.1f} {100 * fc[1]:6.1f} {' '.join(flags)} ({time.perf_counter() - t0:.1f} s)",
             flush=True,
         )
     if not rows:
@@ -103,7 +109,9 @@ def sweep(seed: int, count: int, steps: int) -> str:
         f"{sum(x <= 1.25 for x in over)}); "
         f"slower than verl in {sum(x < 0.995 for x in speed)}, dearer in {sum(x < 0 for x in cheaper)}; "
         f"whole step {statistics.geometric_mean([r['speedup'] for r in rows]):.3f}x, "
-        f"{100 * statistics.fmean(r['cost_reduction'] for r in rows):.1f}% cheaper"
+        f"{100 * statistics.fmean(r['cost_reduction'] for r in rows):.1f}% cheaper; generation forecast "
+        f"error {100 * statistics.fmean(r['forecast_error'] for r in rows):+.1f}% "
+        f"(mean |error| {100 * statistics.fmean(r['forecast_abs_error'] for r in rows):.1f}%)"
     )
 
 
