@@ -8,9 +8,9 @@ verl and rlhfless for `--steps` steps on the same workload and prints generation
 (verl's, rlhfless's), rlhfless's generation and whole-step speedup and cost reduction against
 verl, the error of rlhfless's generation forecasts after the first step (actual over forecast,
 less 1: the mean and the mean |error|), and flags a scenario where rlhfless generates slower
-(under 0.995x) or costs more. Each seed's summary counts them, and the scenarios whose generation
-is within 1.25x its floor, and pools the forecast errors;
-several seeds (`--seed 1 2 3`) are one sweep each, their summaries printed together at the end.
+(under 0.995x) or costs more. Each seed's summary counts them and the scenarios whose generation
+is within 1.25x its floor, and pools the forecast errors; several seeds (`--seed 1 2 3`) are one
+sweep each, their summaries printed together at the end.
 
     .venv/bin/python benchmarks/bench_sweep.py [--count 60] [--steps 8] [--seed 1 [2 ...]]
 """

@@ -198,17 +198,16 @@ def alternatives(
       ranges' fastest, from exact lengths; LPT's slowest 304 s). Its Python heap costs about a
       microsecond a prompt."""
     rows = np.flatnonzero(actors.n_of == n)
-    model, workload = ranges.model, ranges.model.workload
-    starts, ends = actors.starts[rows], actors.ends[rows]
     if rows.size < 2:
         return []
-    waves = model.in_waves(starts, ends).any()
+    model, workload = ranges.model, ranges.model.workload
+    starts, ends = actors.starts[rows], actors.ends[rows]
     busy = _busy(model, starts, ends)
     found = []
     settled, settled_busy = settle(model, starts, ends, busy, MOVES * rows.size)
     if settled_busy.max() < busy.max():
         found.append((estimate(model, *settled, np.full(n, n)), None))
-    if waves and workload.size <= LUMPY * n:
+    if workload.size <= LUMPY * n and model.in_waves(starts, ends).any():
         order, lpt_starts, lpt_ends = lpt_ranges(workload.work, workload.group_max, n)
         mixed = model.reordered(order)
         if _busy(mixed, lpt_starts, lpt_ends).max() < busy.max():
