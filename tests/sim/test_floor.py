@@ -1,8 +1,10 @@
 """No simulated generation beats its own floor, under any policy, cluster or length shape."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlhfless.sim import experiments
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import VARIANTS, run_policy
 
@@ -33,3 +35,22 @@ def test_generation_is_never_shorter_than_its_floor(
         assert step.generation >= step.floor_time * (1 - 1e-9) > 0
         assert step.cost_generation >= step.floor_cost * (1 - 1e-9)
         assert step.floor_time == max(step.floor_latency, step.floor_throughput)
+
+
+@pytest.mark.parametrize("dataset", ["gsm8k", "lcb"])
+def test_no_variant_beats_verl_by_more_than_the_generation_bound(dataset):
+    """The bound is verl's generation over the floors: what a schedule at its floors would give."""
+    cfg = build(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100"},
+            "model": {"name": "qwen2.5-3b", "tp": 1},
+            "workload": {"dataset": dataset, "prompts_per_step": 24, "samples": 4, "max_response": 2048},
+        }
+    )
+    summary = experiments.summarize(experiments.compare(cfg, ("verl", "rlhfless", "+dedup"), 2))
+    verl = summary["verl"]
+    for row in summary.values():
+        assert row["generation_bound_speedup"] == pytest.approx(verl["generation_over_floor"])
+        assert row["generation_bound_cost_reduction"] == pytest.approx(1 - 1 / verl["cost_over_floor"])
+        assert row["generation_speedup"] <= row["generation_bound_speedup"] * (1 + 1e-9)
+        assert row["generation_cost_reduction"] <= row["generation_bound_cost_reduction"] + 1e-9

@@ -21,8 +21,9 @@ NODES = (1, 2, 5, 10, 20)
 
 def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float]]:
     """Per variant: mean step time and cost, generation time and cost over their floors, and
-    speedup / cost reduction against verl for the whole step, for the generation phase alone and
-    for the whole step with generation at its floor (the bound a schedule can reach)."""
+    speedup / cost reduction against verl for the whole step, for the generation phase alone, and
+    the bounds a schedule can reach: the whole step with generation at its floor, and generation
+    itself at its floors (time, and work for cost), against verl's generation."""
     base = results.get("verl")
     out = {}
     for name, steps in results.items():
@@ -60,6 +61,11 @@ def summarize(results: dict[str, list[StepResult]]) -> dict[str, dict[str, float
             row["bound_speedup"] = mean_of(base, "time") / (row["mean_floor_time"] + after)
             row["bound_cost_reduction"] = 1.0 - (row["mean_floor_cost"] + mean_of(steps, "cost_after")) / (
                 mean_of(base, "cost")
+            )
+            # The generation bound: what no schedule's generation beats, against verl's.
+            row["generation_bound_speedup"] = mean_of(base, "generation") / row["mean_floor_time"]
+            row["generation_bound_cost_reduction"] = 1.0 - row["mean_floor_cost"] / mean_of(
+                base, "cost_generation"
             )
         out[name] = row
     return out
