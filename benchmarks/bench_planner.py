@@ -68,7 +68,7 @@ def main() -> None:
     drawn = np.minimum(planned[:, None] * rng.lognormal(0.0, 0.3, (1024, args.group_size)), 2048)
     predictor.update_many([f"t{i}" for i in range(1024)], drawn, 2048, planned.tolist())
     first = LengthPredictor()  # the same before any tail: a run's first step
-    first.load_state_dict({**predictor.state_dict(), "max_ratios": []})
+    first.load_state_dict({**predictor.state_dict(), "max_ratios": [], "source_ratios": []})
     shape = ModelShape.resolve("llama-2-7b")
     profile = roofline_profile(shape, "h100", 1)
     cluster = ClusterSpec(

@@ -180,6 +180,30 @@ def test_a_steps_samples_over_their_planned_max_are_kept_and_survive_a_resume():
         p.update_many(["a", "b"], [[1], [2]], planned=[10])
 
 
+def test_a_step_of_unseen_prompts_is_timed_by_its_sources_scatter_not_by_how_far_it_was_missed():
+    """A first step planned from a poor source estimate (here the default) outruns it many times;
+    the next unseen prompts take the source's new estimate, so their tail is the scatter around it.
+    A step of prompts seen before keeps the ratios over what each was planned with."""
+    p = LengthPredictor(default_length=10)
+    uids = [f"q{k}" for k in range(8)]
+    planned, _ = p.predict(uids, None, ["lcb"] * 8)
+    lengths = 100 * np.arange(1, 9)
+    p.update_many(uids, lengths[:, None], cap=8192, planned=planned.tolist())
+    assert p.max_ratios[-1] == 80.0  # 800 over the default's 10
+    estimate = np.quantile(lengths, 8 / 9)  # what 8 unseen prompts of the source now take
+    scatter = np.quantile(lengths / estimate, np.linspace(0, 1, RATIO_POINTS))  # alike planned: all kept
+    assert p.source_ratios == pytest.approx(scatter.tolist())
+    assert p.tail_ratios([f"new{k}" for k in range(8)]) == p.source_ratios
+    assert p.tail_ratios(uids) == p.max_ratios
+    q = LengthPredictor()
+    q.load_state_dict(p.state_dict())
+    assert q.source_ratios == p.source_ratios
+    # seen prompts, planned from their own lengths: their ratios, and no source ratios from them
+    p.update_many(["q0", "q1"], [[150], [300]], cap=8192, planned=[100, 200])
+    assert p.max_ratios == pytest.approx([1.5] * RATIO_POINTS)
+    assert p.source_ratios == q.source_ratios
+
+
 def test_a_steps_group_maxima_over_their_planned_max_are_kept_for_the_longer_half_under_the_cap():
     p = LengthPredictor()
     observed = [[50, 120], [90, 75], [30, 20], [200, 200]]

@@ -142,7 +142,7 @@ def plan_step(
         prompts, rule, config.prefill_capacity, group_size
     )
     prefill_s = float(profile.prefill_seconds(prefill["tokens"]))
-    tail = Tail.of(predictor.max_ratios, max_length)
+    tail = Tail.of(predictor.tail_ratios(uids), max_length)
     workload = Workload(gmax, gmean, lengths, decode_prefill, kv_tokens, group_size, tail)
 
     ns = candidate_bounds(config, cluster, n_prompts, bool(feats["actor_scaling"]))

@@ -11,7 +11,8 @@ Each step's samples over their group's planned max, as ratios to it (`overrun`),
 sequence that outlived its prediction tends to run on (`planner.migration.remaining_tokens`). Its
 groups' observed max over their planned max (`max_ratios`: the longer half of those planned under
 the cap) say how far the longest of many groups outruns the longest prediction
-(`planner.tail.Tail`).
+(`planner.tail.Tail`); for prompts never seen, over what their source estimates once the step is
+folded in (`source_ratios`), since that estimate is what the next unseen prompts take.
 
 Modes: `ewma`; `oracle` (told the true lengths of the coming step via `reveal`); `expected` (told
 each coming prompt's expected group max and mean via `reveal_expected`: what its length
@@ -55,6 +56,21 @@ def _uid_hash(uid: str) -> int:
     return zlib.crc32(uid.encode())
 
 
+def _ratio_quantiles(obs_max: np.ndarray, planned: Any, cap: float | None) -> list[float]:
+    """Group maxima over their planned max as `RATIO_POINTS` quantiles, of the groups planned in
+    the longer half: a range's longest group is among its longest predictions, and short
+    predictions scatter more (the ratios of all groups put paper-physical's PPO gsm8k forecasts 5%
+    long, of the longer half 3.5%). A group planned at the cap cannot outrun it, so it says nothing
+    of how far a prediction is outrun. Empty where every group was planned at the cap."""
+    plan = np.maximum(np.asarray(planned, dtype=float), 1.0)
+    under = plan < cap if cap is not None else np.ones(plan.size, dtype=bool)
+    if not under.any():
+        return []
+    under &= plan >= np.median(plan[under])
+    ratios = np.asarray(obs_max, dtype=float)[under] / plan[under]
+    return np.quantile(ratios, np.linspace(0.0, 1.0, RATIO_POINTS)).tolist()
+
+
 class LengthPredictor:
     """Predicts each prompt's group max and group mean response length from its history.
 
@@ -93,6 +109,7 @@ class LengthPredictor:
         self.sources = SourceLengths(default_length, answer_length_factor)  # prompts never seen
         self.overrun: list[float] = []  # the last planned step's sample / planned max past 1, quantiles
         self.max_ratios: list[float] = []  # its observed / planned group max, quantiles at even levels
+        self.source_ratios: list[float] = []  # ... of the groups planned unseen, over their source's estimate
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -143,7 +160,7 @@ class LengthPredictor:
         response cap they were sampled under; a group that reached it says only that its length is
         at least the cap, so it teaches no answer ratio. `planned`: the group max each uid was
         planned with; the samples over it, as ratios to it, become `overrun`, and the groups'
-        maxima over it `max_ratios`."""
+        maxima over it `max_ratios` (and `source_ratios`)."""
         if isinstance(observed_lengths, np.ndarray) and observed_lengths.ndim == 2:
             if observed_lengths.shape[0] != len(uids) or observed_lengths.shape[1] == 0:
                 raise ValueError(
@@ -166,10 +183,12 @@ class LengthPredictor:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
+        unseen = [i for i, u in enumerate(uids) if self._from_source(u)] if planned is not None else []
+        self.sources.observe(uids, obs_max, obs_mean, cap)
         if planned is not None:
             self._overrun(observed_lengths, planned)
-            self._max_ratios(obs_max, planned, cap)
-        self.sources.observe(uids, obs_max, obs_mean, cap)
+            self.max_ratios = _ratio_quantiles(obs_max, planned, cap) or self.max_ratios
+            self.source_ratios = self._source_ratios(uids, obs_max, unseen, cap) or self.source_ratios
         rows = self._rows(uids)
         order = np.arange(rows.size)
         while order.size:  # each pass records at most one observation per row, in input order
@@ -202,18 +221,30 @@ class LengthPredictor:
             ratios = np.quantile(ratios, np.linspace(0.0, 1.0, OVERRUN_POINTS))
         self.overrun = np.sort(ratios).tolist()
 
-    def _max_ratios(self, obs_max: np.ndarray, planned: Sequence[float], cap: float | None) -> None:
-        """Keep the step's group maxima over their planned max as `RATIO_POINTS` quantiles, of the
-        groups planned in the longer half: a range's longest group is among its longest
-        predictions, and short predictions scatter more (the ratios of all groups put paper-physical's
-        PPO gsm8k forecasts 5% long, of the longer half 3.5%). A group planned at the cap cannot
-        outrun it, so it says nothing of how far a prediction is outrun."""
-        plan = np.maximum(np.asarray(planned, dtype=float), 1.0)
-        under = plan < cap if cap is not None else np.ones(plan.size, dtype=bool)
-        if under.any():
-            under &= plan >= np.median(plan[under])
-            ratios = np.asarray(obs_max, dtype=float)[under] / plan[under]
-            self.max_ratios = np.quantile(ratios, np.linspace(0.0, 1.0, RATIO_POINTS)).tolist()
+    def _source_ratios(
+        self, uids: Sequence[str], obs_max: np.ndarray, unseen: list[int], cap: float | None
+    ) -> list[float]:
+        """`_ratio_quantiles` of the groups planned unseen (positions `unseen`), over what their
+        source estimates now, this step's groups folded in: the next unseen prompts take that
+        estimate, so their tail is how far a source's groups scatter around it, not how far the
+        last estimate missed. A first step planned from a pilot of two groups outran its plan up to
+        7-fold, and those ratios put the next step's forecast 2x long (one H100 node, Llama-2-7B
+        TP 2, 64 LCB-like prompts of one sample, simulated). Empty where none had a known source."""
+        now, known = self.sources.hindcast([uids[i] for i in unseen])
+        if not known.any():
+            return []
+        now = np.minimum(now[known], cap) if cap is not None else now[known]
+        return _ratio_quantiles(obs_max[np.asarray(unseen)[known]], now, cap)
+
+    def _from_source(self, uid: str) -> bool:
+        """Whether `uid` is predicted from its source: never seen, nor told (`TOLD` modes)."""
+        return uid not in self._row and not (self.mode in TOLD and uid in self._truth)
+
+    def tail_ratios(self, uids: Sequence[str]) -> list[float]:
+        """The ratios a step of `uids` is timed with (`Tail`): `source_ratios` where most of its
+        prompts were never seen, once measured; else `max_ratios`."""
+        unseen = sum(map(self._from_source, uids))
+        return self.source_ratios if self.source_ratios and 2 * unseen > len(uids) else self.max_ratios
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
@@ -309,6 +340,7 @@ class LengthPredictor:
             "counts": dict(zip(self._uids, self._count[:n].tolist(), strict=True)),
             "overrun": self.overrun,
             "max_ratios": self.max_ratios,
+            "source_ratios": self.source_ratios,
             **self.sources.state_dict(),
         }
 
@@ -327,6 +359,7 @@ class LengthPredictor:
         self.sources.load_state_dict(state)
         self.overrun = [float(r) for r in state.get("overrun", [])]  # older states: none measured
         self.max_ratios = [float(r) for r in state.get("max_ratios", [])]
+        self.source_ratios = [float(r) for r in state.get("source_ratios", [])]
         counts = state.get("counts", {})
         if counts:
             rows = self._rows(list(counts))

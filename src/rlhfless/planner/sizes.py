@@ -61,7 +61,9 @@ def plan_shapes(
     predicted = _predicted(prompts, predictor, max_length) if len(profiles) > 1 else None
     verl = None
     if baseline is not None and predicted is not None and not targeted:
-        tail = Tail.of(predictor.max_ratios, max_length)  # as `plan_step` times its own plans
+        tail = Tail.of(
+            predictor.tail_ratios([p.uid for p in prompts]), max_length
+        )  # as `plan_step` times them
         verl = _verl_cap(predicted, baseline, cluster, config, group_size, billing, tail)
     cap = verl[0] if verl else None
     plans, refused = [], []

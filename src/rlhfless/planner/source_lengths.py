@@ -137,6 +137,17 @@ class SourceLengths:
             default[answered] = False
         return out_max, out_mean, default
 
+    def hindcast(self, uids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(group max `estimate` gives now, whether the uid's source is known) for uids told with a
+        source, their answers as told: what an unseen prompt like each would be planned with."""
+        known = np.array([u in self._source_of for u in uids], dtype=bool)
+        named = [u for u, k in zip(uids, known, strict=True) if k]
+        out = np.zeros(len(uids))
+        if named:
+            answers = [self._answer_of.get(u) for u in named]
+            out[known] = self.estimate(named, answers, [self._source_of[u] for u in named])[0]
+        return out, known
+
     def answers_fit(self, source: str) -> bool:
         """Whether `source`'s answers stand in for its unseen prompts' lengths: their learned ratio
         has fitted its groups within `ANSWER_FIT`, with at most `ANSWER_GAIN` of the error of the

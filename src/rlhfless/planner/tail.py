@@ -2,7 +2,7 @@
 
 Predicted lengths miss both ways, and an actor waits for the longest of its groups, which outruns
 the longest prediction further the more groups it holds (`Tail`): with each group's observed max
-its prediction times an independent ratio r of the run's (`LengthPredictor.max_ratios`), a range
+its prediction times an independent ratio r of the run's (`LengthPredictor.tail_ratios`), a range
 ends no sooner than its expected longest, E[max] = integral of 1 - prod_i F(y / p_i) dy up to the
 longest prediction times the largest ratio, or the cap (F: the ratios' distribution, p_i: the
 predicted maxima). `timemodel.RangeModel` sums log F over each range's prompts and times the steps
@@ -25,7 +25,7 @@ TAIL_POINTS = 17  # lengths at which a range's longest is integrated (`Tail`)
 @dataclass(frozen=True)
 class Tail:
     """How far the run's group maxima outran their predictions: `ratios`, observed over planned,
-    at even quantile levels 0..1 (`LengthPredictor.max_ratios`); `cap`, the response cap (None:
+    at even quantile levels 0..1 (`LengthPredictor.tail_ratios`); `cap`, the response cap (None:
     none known). Timed with it, a range ends no sooner than its expected longest group."""
 
     ratios: tuple[float, ...]

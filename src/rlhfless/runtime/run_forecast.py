@@ -178,10 +178,9 @@ class ScaledPredictor:
         """The base predictor's: ratios of sample to planned max, which scaling leaves alone."""
         return self.base.overrun
 
-    @property
-    def max_ratios(self) -> list[float]:
+    def tail_ratios(self, uids) -> list[float]:
         """The base predictor's: ratios of group max to planned max, which scaling leaves alone."""
-        return self.base.max_ratios
+        return self.base.tail_ratios(uids)
 
 
 MISS_SAYS = {"stop": "stops the run", "nearest": "takes the plan nearest to it"}  # `target_miss`
