@@ -243,8 +243,12 @@ class LengthPredictor:
     def tail_ratios(self, uids: Sequence[str]) -> list[float]:
         """The ratios a step of `uids` is timed with (`Tail`): `source_ratios` where most of its
         prompts were never seen, once measured; else `max_ratios`."""
-        unseen = sum(map(self._from_source, uids))
-        return self.source_ratios if self.source_ratios and 2 * unseen > len(uids) else self.max_ratios
+        if not self.source_ratios:
+            return self.max_ratios
+        seen = sum(map(self._row.__contains__, uids))  # a plan's hot path: no call per uid
+        if self.mode in TOLD:
+            seen += sum(u not in self._row and u in self._truth for u in uids)
+        return self.source_ratios if 2 * (len(uids) - seen) > len(uids) else self.max_ratios
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""

@@ -61,9 +61,8 @@ def plan_shapes(
     predicted = _predicted(prompts, predictor, max_length) if len(profiles) > 1 else None
     verl = None
     if baseline is not None and predicted is not None and not targeted:
-        tail = Tail.of(
-            predictor.tail_ratios([p.uid for p in prompts]), max_length
-        )  # as `plan_step` times them
+        uids = [p.uid for p in prompts]
+        tail = Tail.of(predictor.tail_ratios(uids), max_length)  # as `plan_step` times its own plans
         verl = _verl_cap(predicted, baseline, cluster, config, group_size, billing, tail)
     cap = verl[0] if verl else None
     plans, refused = [], []

@@ -20,7 +20,7 @@ import copy
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,7 @@ class ScaledPredictor:
         """The base predictor's: ratios of sample to planned max, which scaling leaves alone."""
         return self.base.overrun
 
-    def tail_ratios(self, uids) -> list[float]:
+    def tail_ratios(self, uids: Sequence[str]) -> list[float]:
         """The base predictor's: ratios of group max to planned max, which scaling leaves alone."""
         return self.base.tail_ratios(uids)
 
