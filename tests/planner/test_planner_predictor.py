@@ -204,6 +204,21 @@ def test_a_step_of_unseen_prompts_is_timed_by_its_sources_scatter_not_by_how_far
     assert p.source_ratios == q.source_ratios
 
 
+def test_told_prompts_are_not_planned_from_their_source():
+    """An oracle's prompts are predicted from what it was told, so their step keeps the ratios over
+    those predictions and teaches no source ratios."""
+    p = LengthPredictor(mode="oracle")
+    uids = [f"q{k}" for k in range(4)]
+    for uid, length in zip(uids, [100, 200, 300, 400], strict=True):
+        p.reveal(uid, [length])
+    planned, _ = p.predict(uids, None, ["gsm8k"] * 4)
+    p.update_many(uids, [[100], [200], [300], [400]], cap=1024, planned=planned.tolist())
+    assert p.max_ratios == pytest.approx([1.0] * RATIO_POINTS) and p.source_ratios == []
+    for uid in ("r0", "r1"):
+        p.reveal(uid, [50])
+    assert p.tail_ratios(["r0", "r1"]) == p.max_ratios
+
+
 def test_a_steps_group_maxima_over_their_planned_max_are_kept_for_the_longer_half_under_the_cap():
     p = LengthPredictor()
     observed = [[50, 120], [90, 75], [30, 20], [200, 200]]
