@@ -159,28 +159,28 @@ def _table(name: str, summaries: dict[str, dict[str, dict[str, float]]], headlin
                 f"the first step, {pilot['pilot_seconds']:.1f} s, {pilot['pilot_cost']:.3f} $ (in no step's figures)"
             )
     lines.append("")
-    lines.append(f"{'RLHFless vs verl':34s} {'speedup':>9s} {'cost reduction':>15s}")
+    lines.append(f"{'RLHFless vs verl':38s} {'speedup':>9s} {'cost reduction':>15s}")
     paper = PAPER.get(name)
     if paper:
         lines.append(
-            f"{'paper, ' + paper['label'] + ' (reported)':34s} {paper['speedup']:8.2f}x "
+            f"{'paper, ' + paper['label'] + ' (reported)':38s} {paper['speedup']:8.2f}x "
             f"{100 * paper['cost_reduction']:14.1f}%"
         )
     label = str(headline["label"])
     lines.append(
-        f"{'this run, ' + label + ', whole step':34s} {headline['speedup']:8.2f}x "
+        f"{'this run, ' + label + ', whole step':38s} {headline['speedup']:8.2f}x "
         f"{100 * headline['cost_reduction']:14.1f}%"
     )
     lines.append(
-        f"{'this run, ' + label + ', generation':34s} {headline['generation_speedup']:8.2f}x "
+        f"{'this run, ' + label + ', generation':38s} {headline['generation_speedup']:8.2f}x "
         f"{100 * headline['generation_cost_reduction']:14.1f}%"
     )
     lines.append(
-        f"{'this run, ' + label + ', whole step bound':34s} {headline['bound_speedup']:8.2f}x "
+        f"{'this run, ' + label + ', whole step bound':38s} {headline['bound_speedup']:8.2f}x "
         f"{100 * headline['bound_cost_reduction']:14.1f}%"
     )
     lines.append(
-        f"{'this run, ' + label + ', generation bound':34s} {headline['generation_bound_speedup']:8.2f}x "
+        f"{'this run, ' + label + ', generation bound':38s} {headline['generation_bound_speedup']:8.2f}x "
         f"{100 * headline['generation_bound_cost_reduction']:14.1f}%"
     )
     lines.append(
