@@ -183,7 +183,7 @@ class LengthPredictor:
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
-        unseen = [i for i, u in enumerate(uids) if self._from_source(u)] if planned is not None else []
+        unseen = np.flatnonzero(self._from_source(uids)) if planned is not None else None
         self.sources.observe(uids, obs_max, obs_mean, cap)
         if planned is not None:
             self._overrun(observed_lengths, planned)
@@ -222,7 +222,7 @@ class LengthPredictor:
         self.overrun = np.sort(ratios).tolist()
 
     def _source_ratios(
-        self, uids: Sequence[str], obs_max: np.ndarray, unseen: list[int], cap: float | None
+        self, uids: Sequence[str], obs_max: np.ndarray, unseen: np.ndarray, cap: float | None
     ) -> list[float]:
         """`_ratio_quantiles` of the groups planned unseen (positions `unseen`), over what their
         source estimates now, this step's groups folded in: the next unseen prompts take that
@@ -234,21 +234,22 @@ class LengthPredictor:
         if not known.any():
             return []
         now = np.minimum(now[known], cap) if cap is not None else now[known]
-        return _ratio_quantiles(obs_max[np.asarray(unseen)[known]], now, cap)
+        return _ratio_quantiles(obs_max[unseen[known]], now, cap)
 
-    def _from_source(self, uid: str) -> bool:
-        """Whether `uid` is predicted from its source: never seen, nor told (`TOLD` modes)."""
-        return uid not in self._row and not (self.mode in TOLD and uid in self._truth)
+    def _from_source(self, uids: Sequence[str]) -> np.ndarray:
+        """Per uid, whether it is predicted from its source: never seen, nor told (`TOLD` modes).
+        Membership is mapped, not called per uid: a plan asks it of every prompt."""
+        known = np.fromiter(map(self._row.__contains__, uids), dtype=bool, count=len(uids))
+        if self.mode in TOLD:
+            known |= np.fromiter(map(self._truth.__contains__, uids), dtype=bool, count=len(uids))
+        return ~known
 
     def tail_ratios(self, uids: Sequence[str]) -> list[float]:
         """The ratios a step of `uids` is timed with (`Tail`): `source_ratios` where most of its
         prompts were never seen, once measured; else `max_ratios`."""
         if not self.source_ratios:
             return self.max_ratios
-        seen = sum(map(self._row.__contains__, uids))  # a plan's hot path: no call per uid
-        if self.mode in TOLD:
-            seen += sum(u not in self._row and u in self._truth for u in uids)
-        return self.source_ratios if 2 * (len(uids) - seen) > len(uids) else self.max_ratios
+        return self.source_ratios if 2 * int(self._from_source(uids).sum()) > len(uids) else self.max_ratios
 
     def _push(self, rows: np.ndarray, obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
         """Append one observation to each (distinct) row and refresh its EWMA."""
