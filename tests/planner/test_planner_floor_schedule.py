@@ -104,24 +104,39 @@ def test_the_grid_and_the_neighbours_of_any_n_cover_every_candidate_around_it(to
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.lists(st.tuples(st.floats(1, 100), st.floats(1, 100)), min_size=1, max_size=12),
+    st.lists(st.tuples(st.floats(1, 100), st.floats(1, 100), st.floats(0, 10)), min_size=1, max_size=12),
     st.floats(0, 120),
     st.floats(0, 1),
 )
 def test_the_time_cap_keeps_the_lam_choice_within_it_or_among_the_fastest_and_its_ties(rows, cap, lam):
-    time, cost = (np.array(c) for c in zip(*rows, strict=True))
+    """What the cap bounds is when learning can start: generation and the wait for its ranks."""
+    time, cost, wait = (np.array(c) for c in zip(*rows, strict=True))
     score = lam * (time / time.min() - 1) + (1 - lam) * (cost / cost.min() - 1)
     n = np.arange(1, time.size + 1)
     table = CandidateTable(
-        n, time, cost, score, np.ones(n.size, bool), np.ones(n.size, bool), np.zeros(n.size)
+        n, time, cost, score, np.ones(n.size, bool), np.ones(n.size, bool), np.zeros(n.size), wait
     )
     pick = choose(table, time_cap=cap)
-    fits = time <= cap
+    fits = time + wait <= cap
     if fits.any():
         assert fits[pick] and score[pick] == score[fits].min()
     else:  # none within: lam's among the fastest and those within TIE of it
-        ties = time <= time.min() * (1 + TIE)
+        ties = time + wait <= (time + wait).min() * (1 + TIE)
         assert ties[pick] and score[pick] == score[ties].min()
+
+
+def test_a_second_function_whose_ranks_then_wait_their_start_is_no_faster_than_one():
+    """Two CPU slots (`bench_runtime`, session 45, step 4): two decode functions generate within
+    verl's cap, but hold both slots to the end, so learning waits its second rank's start; one
+    function leaves that rank a slot to start on during generation. Learning starts no later
+    with one, so lam's cheaper choice stands."""
+    n = np.array([1, 2])
+    time, cost, wait = np.array([36.66, 29.71]), np.array([0.0199, 0.0322]), np.array([0.0, 6.79])
+    score = 0.7 * ((time + wait) / (time + wait).min() - 1) + 0.3 * (cost / cost.min() - 1)
+    table = CandidateTable(n, time, cost, score, np.ones(2, bool), np.ones(2, bool), np.zeros(2), wait)
+    assert n[choose(table, time_cap=32.68)] == 1
+    unwaited = CandidateTable(n, time, cost, score, np.ones(2, bool), np.ones(2, bool), np.zeros(2))
+    assert n[choose(unwaited, time_cap=32.68)] == 2  # generation alone: within the cap only at 2
 
 
 def _progress(total, left, free):

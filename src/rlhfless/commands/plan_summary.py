@@ -114,14 +114,17 @@ def step_summary(out: dict[str, Any], scheduler: Any, cluster: Any) -> str:
         f"prefill       {prefill['rule']}: {prefill['tokens_computed']:,} prompt tokens computed, "
         f"{prefill['tokens_naive']:,} without dedup, {prefill['tokens_unique']:,} unique "
         f"({prefill['tree_ratio']:.2f}x); {out['unique_prefixes']} shared prefix group(s)",
-        "candidates    (* chosen; score: lam's weighing of time against cost, lower wins)",
-        f"  {'N':>5} {'time s':>9} {'cost $':>10} {'score':>7}",
+        "candidates    (* chosen; score: lam's weighing of time against cost, lower wins; wait: "
+        "learning's for its ranks)",
+        f"  {'N':>5} {'time s':>9} {'cost $':>10} {'score':>7} {'wait s':>7}",
     ]
     rows = out["candidates"]
     at = next(i for i, c in enumerate(rows) if c["n"] == out["n_actors"])
     for c in rows[max(0, at - 3) : at + 4]:
         mark = "*" if c["n"] == out["n_actors"] else " "
-        lines.append(f"{mark} {c['n']:>5} {c['time']:9.2f} {c['cost']:10.4g} {c['score']:7.3f}")
+        lines.append(
+            f"{mark} {c['n']:>5} {c['time']:9.2f} {c['cost']:10.4g} {c['score']:7.3f} {c.get('wait', 0.0):7.2f}"
+        )
     shown = sorted(actors, key=lambda a: -a["predicted_time"])[:SHOWN_ACTORS]
     more = f", the {SHOWN_ACTORS} slowest" if len(actors) > SHOWN_ACTORS else ""
     lines += [

@@ -43,7 +43,8 @@ class SchedulerConfig:
     max_slowdown: float | None = field(
         default=1.0,
         metadata={
-            "help": "actor scaling: lam chooses among the N whose predicted generation time is at most "
+            "help": "actor scaling: lam chooses among the N whose predicted generation time, with the "
+            "learning phase's wait for its ranks at that N (verl's are resident and wait none), is at most "
             "this many times verl's plan of the same step (every actor, equal prompt counts, no "
             "dedup), timed by the same model and divided by how much further short the run's "
             "forecasts lately fell than verl's, from the lengths alone (forecast/shortfall); the "

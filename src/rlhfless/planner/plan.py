@@ -184,7 +184,7 @@ def plan_step(
             return choose_width(table, billing, tokens, *targets, margins, nearest)
         rest = billing.after_generation(tokens, table.n)
         pick = choose(table, rest, *targets, margins, nearest=nearest)
-        if not capped or targeted or table.time[pick] <= table.time.min():
+        if not capped or targeted or table.waited[pick] <= table.waited.min():
             return pick, None
         if not caps:
             caps.append(

@@ -168,16 +168,23 @@ class CandidateTable:
     hidden: np.ndarray
     warm: np.ndarray  # per actor (ActorEstimates order): kept warm after release, idle billed in `cost`
     warm_after: np.ndarray  # per N: the kept-warm functions' idle bill over the rest of the step
+    wait: np.ndarray | None = None  # per N: the learning phase's wait for its ranks (None: none)
+
+    @property
+    def waited(self) -> np.ndarray:
+        """Per N, generation and the learning phase's wait for its ranks: when learning can start."""
+        return self.time if self.wait is None else self.time + self.wait
 
     def rows(self) -> list[dict[str, float | int | bool]]:
         columns = (
             np.asarray(self.n).astype(int).tolist(),
             *(np.asarray(x).astype(float).tolist() for x in (self.time, self.cost, self.score)),
             np.asarray(self.hidden).astype(bool).tolist(),
+            np.asarray(self.waited - self.time).astype(float).tolist(),
         )
         return [
-            {"n": n, "time": t, "cost": c, "score": s, "hidden": h}
-            for n, t, c, s, h in zip(*columns, strict=True)
+            {"n": n, "time": t, "cost": c, "score": s, "hidden": h, "wait": w}
+            for n, t, c, s, h, w in zip(*columns, strict=True)
         ]
 
 
@@ -237,7 +244,7 @@ def candidate_table(
     wait = billing.rank_wait(actors.n_of[first])
     wait_cost = charge(pricing, billing.after_units, wait)
     score = lam * normalised(time + wait, normalise) + (1.0 - lam) * normalised(cost + wait_cost, normalise)
-    return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after)
+    return CandidateTable(actors.n_of[first], time, cost, score, hidden, warm, warm_after, wait)
 
 
 # Each target's unit, and the plan nearest to it when none fits.
@@ -298,8 +305,9 @@ def choose(
 ) -> int:
     """Index of N': the fastest within `budget` ($ per step), the cheapest within `deadline`
     (s per step), else the first minimum of the lam score (the smallest N among equal scores)
-    among the candidates whose generation time is within `time_cap` seconds (where none is, among
-    those within `TIE` of the fastest).
+    among the candidates whose generation and learning's wait for its ranks (`waited`) are within
+    `time_cap` seconds, verl's generation (its ranks resident, they wait none); where none is,
+    among those within `TIE` of the earliest start of learning.
     `after` is the rest of the step's (seconds, USD); a plan fits when its forecast, raised by
     the (time, cost) `margins` the forecast has lately fallen short by, does. When no candidate
     fits: the cheapest or fastest plan there is if `nearest`, else PlanError naming it."""
@@ -309,9 +317,10 @@ def choose(
     if deadline is not None:
         return _within(step_time, step_cost, deadline, margins[0], table.n, "deadline_per_step", nearest)
     if time_cap is not None:
-        fits = table.time <= time_cap
+        waited = table.waited
+        fits = waited <= time_cap
         if not fits.any():  # the fastest, and those no forecast can tell from it
-            fits = table.time <= table.time.min() * (1.0 + TIE)
+            fits = waited <= waited.min() * (1.0 + TIE)
         return int(np.argmin(np.where(fits, table.score, np.inf)))
     return int(np.argmin(table.score))
 
@@ -327,6 +336,7 @@ def _over_widths(
         *(np.tile(x, len(widths)) for x in (table.n, table.time, table.cost, table.score, table.hidden)),
         table.warm,
         np.tile(table.warm_after, len(widths)),
+        None if table.wait is None else np.tile(table.wait, len(widths)),
     )
     return tiled, (np.concatenate([r[0] for r in rests]), np.concatenate([r[1] for r in rests]))
 

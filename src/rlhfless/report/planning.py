@@ -28,7 +28,7 @@ def candidate_table(run: Run, step: int) -> str:
     if plan.time_cap is not None:
         header.append("within verl's cap")
         for row, c in zip(rows, plan.candidates, strict=True):
-            row.append("yes" if c.time <= plan.time_cap * (1 + 1e-9) else "no")
+            row.append("yes" if c.time + c.wait <= plan.time_cap * (1 + 1e-9) else "no")
     classes = ["chosen" if c.n == plan.n_actors else "" for c in plan.candidates]
     metrics = run.metrics.get(step, {})
     actual = (
@@ -43,7 +43,7 @@ def candidate_table(run: Run, step: int) -> str:
             ""
             if plan.time_cap is None
             else f"; verl's cap {plan.time_cap:.4g} s (its plan's forecast x max_slowdown, divided by "
-            "the run's shortfall so far)"
+            "the run's shortfall so far; a candidate's time counts with learning's wait for its ranks)"
         )
         + "</p>"
     )

@@ -85,6 +85,7 @@ class Candidate:
     cost: float
     score: float
     hidden: bool | None = None  # whether weight/KV transfer hides behind the first actor's work
+    wait: float = 0.0  # the learning phase's forecast wait for its ranks at this N (verl's cap counts it)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,8 @@ def _read_plan(step: int, obj: dict) -> Plan:
         n, values = _int(row.get("n")), [_number(row.get(k)) for k in ("time", "cost", "score")]
         hidden = row.get("hidden")
         if n is not None and None not in values:
-            candidates.append(Candidate(n, *values, hidden=hidden if isinstance(hidden, bool) else None))
+            hidden = hidden if isinstance(hidden, bool) else None
+            candidates.append(Candidate(n, *values, hidden=hidden, wait=_number(row.get("wait")) or 0.0))
     policy = obj.get("policy")
     return Plan(
         step=step,
