@@ -530,6 +530,35 @@ def test_the_runtime_planner_learns_the_learners_wait_by_n_apart_from_the_rate_a
     assert restored.waits == planner.waits
 
 
+def test_a_runs_first_phase_on_a_free_slot_teaches_no_wait_so_one_function_stays_a_choice():
+    """`bench_runtime`, session 46: step 1 at N = 1 requested rank 1 only at generation's end
+    (its start unmeasured) and waited 5.2 s; kept as N = 1's wait, it put N = 1 past verl's cap
+    on every later step, so N = 2 was taken, and its rank waited its whole start each step. N = 2
+    exposes the wait on two slots; a first phase there still teaches it."""
+    from rlhfless.data.prompts import Prompt
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+    from rlhfless.runtime.samples import Sample, StepPrompt
+
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
+
+    def run(steps: list[tuple[int, float]]) -> StepPlanner:
+        planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
+        for n, wait in steps:
+            plan = planner.plan(prompts, [None] * 4, LengthPredictor(), first=not planner.observed)
+            plan.n_actors = n
+            metrics = {"time/step": 40.0 + wait, "time/generation": 20.0, "time/learner_start": wait}
+            planner.observe(plan, samples, metrics | {"learner/width": 2.0, "cost/step": 0.01})
+        return planner
+
+    assert run([(1, 5.2)]).waits.waits == {}
+    assert run([(1, 5.2), (1, 0.01)]).waits.waits == {1: 0.01}
+    assert run([(2, 6.5)]).waits.waits == {2: 6.5}
+    assert run([(1, 5.2)]).billing(0, ClusterSpec(1, 2), flat_profile()).learner_wait_s[0] == 0.0
+
+
 def test_a_fresh_runs_first_step_teaches_the_time_model_only_until_the_next_step_replaces_it():
     """With nothing learned before, step 1's figures (first touches: a verl step 1 prefilled in
     32.6 s against 12-14 s later) stand in for one step; step 2's replace them, then steps blend."""
@@ -692,7 +721,8 @@ def test_the_runtime_planner_offers_a_budget_each_learning_width_at_its_rate_and
         SchedulerConfig(), flat_profile(), cluster, 2, resident_units=1.0, learning_units=2.0, widths=2
     )
     assert elastic.billing(0, cluster, flat_profile()).widths == ()  # no rate measured yet
-    run(elastic, 2, 20.0, 1.0)
+    for _ in range(2):  # a run's first phase, on a free slot, teaches no wait (`LearnerWait`)
+        run(elastic, 2, 20.0, 1.0)
     one, two = elastic.billing(0, cluster, flat_profile()).widths
     assert (one.width, one.units, one.wait_s, one.rank_start_s) == (1, 1.0, (0.0,), 0.0)
     assert one.per_token_s == pytest.approx(40.0 / tokens)  # two ranks' slot-seconds, on one

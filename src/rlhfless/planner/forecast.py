@@ -174,7 +174,10 @@ class LearnerWait:
     width W needs until generation ends (N + W - 1 > the cluster's slots), the phase waits the
     rank's whole start, every slot of the step with it (on two CPU slots: 4.3-7.5 s at N = 2
     against 0.02-1.2 s at N = 1). An N not seen yet waits `start_s` where it is exposed so, else
-    the mean of what unexposed phases waited (0 before any).
+    the mean of what unexposed phases waited (0 before any). A run's first phase where its N left
+    a slot free teaches nothing here (`StepPlanner.observe`): its ranks were requested by a
+    guessed start, or at generation's end (5.2 s waited at N = 1 on two CPU slots, 0.01 s on the
+    next such step), and that wait, kept for N = 1, had every later step take N = 2.
 
     Ranks that live across steps (verl's, resident on its held functions' slots) start in a run's
     first phase, which waits their start (5.6 s on two CPU slots, 0.6 s in later phases): that
@@ -192,6 +195,12 @@ class LearnerWait:
         self.resident_s = ewma(self.resident_s, wait_s, ALPHA)
         self.width = width
 
+    @staticmethod
+    def exposed(n: int, slots: int, width: int) -> bool:
+        """Whether `n` decode functions hold, to generation's end, slots a phase of `width` ranks
+        on `slots` slots needs: its ranks then start after generation, and it waits their start."""
+        return width > 1 and n + width - 1 > slots
+
     def seconds(
         self, slots: int, start_s: float, resident_start: bool = False, width: int | None = None
     ) -> tuple[float, ...]:
@@ -199,13 +208,12 @@ class LearnerWait:
         of `width` ranks (default: the last phase's; before any, the widest it may take); at least
         the resident ranks' start where this phase starts them (`resident_start`)."""
         width = width or self.width or slots
-
-        def exposed(n: int) -> bool:
-            return width > 1 and n + width - 1 > slots
-
-        hidden = [w for n, w in self.waits.items() if not exposed(n)]
+        hidden = [w for n, w in self.waits.items() if not self.exposed(n, slots, width)]
         unseen_hidden = sum(hidden) / len(hidden) if hidden else 0.0
-        waits = [self.waits.get(n, start_s if exposed(n) else unseen_hidden) for n in range(1, slots + 1)]
+        waits = [
+            self.waits.get(n, start_s if self.exposed(n, slots, width) else unseen_hidden)
+            for n in range(1, slots + 1)
+        ]
         if resident_start and width > 1:
             first = start_s if self.resident_s is None else self.resident_s
             waits = [max(w, first) for w in waits]

@@ -95,6 +95,7 @@ class StepPlanner:
         self.margins = Margins()
         self.shortfall = Shortfall()
         self.observed = 0  # steps this run (this process) has observed
+        self.slots = cluster.max_actors(profile.gpus)  # the last plan's cluster's
         self.memory = memory
         if memory is not None and memory.is_file():
             try:
@@ -181,6 +182,7 @@ class StepPlanner:
             for p, a in zip(prompts, answer_tokens, strict=True)
         ]
         profile, cluster = self.calibration.profile(self.profile), cluster or self.cluster
+        self.slots = cluster.max_actors(profile.gpus)  # the step's, for `observe`
         return plan_step(
             specs,
             predictor,
@@ -242,6 +244,8 @@ class StepPlanner:
         if "time/learner_start" in metrics:
             if self.scheduler.policy == "verl" and not self.observed:  # its ranks' start
                 self.waits.observe_resident_start(width, wait)
+            elif first and not self.waits.exposed(plan.n_actors, self.slots, width):
+                pass  # its ranks' start on a free slot was timed by a guess (`LearnerWait`)
             elif width > 1 or self.widths == 1:  # one rank of several widths: no figure for the others
                 self.waits.observe(plan.n_actors, width, wait)
         if not first or not self.phases.steps:
