@@ -550,13 +550,16 @@ def test_a_runs_first_phase_on_a_free_slot_teaches_no_wait_so_one_function_stays
             plan = planner.plan(prompts, [None] * 4, LengthPredictor(), first=not planner.observed)
             plan.n_actors = n
             metrics = {"time/step": 40.0 + wait, "time/generation": 20.0, "time/learner_start": wait}
+            metrics |= {"time/rank_start": 6.5}
             planner.observe(plan, samples, metrics | {"learner/width": 2.0, "cost/step": 0.01})
         return planner
 
     assert run([(1, 5.2)]).waits.waits == {}
     assert run([(1, 5.2), (1, 0.01)]).waits.waits == {1: 0.01}
     assert run([(2, 6.5)]).waits.waits == {2: 6.5}
-    assert run([(1, 5.2)]).billing(0, ClusterSpec(1, 2), flat_profile()).learner_wait_s[0] == 0.0
+    # N = 2 not seen yet waits a rank's start as measured, not a decode function's cold start.
+    assert flat_profile().cold_start_s != 6.5
+    assert run([(1, 5.2)]).billing(0, ClusterSpec(1, 2), flat_profile()).learner_wait_s == (0.0, 6.5)
 
 
 def test_a_fresh_runs_first_step_teaches_the_time_model_only_until_the_next_step_replaces_it():

@@ -132,7 +132,9 @@ class StepPlanner:
             time_margin=self.margins.margin("time"),
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
-            learner_wait_s=self.waits.seconds(slots, profile.cold_start_s, resident_start=verl and first),
+            learner_wait_s=self.waits.seconds(
+                slots, self.calibration.rank_start(profile), resident_start=verl and first
+            ),
             # verl's ranks are resident on its held slots: started once, in the run's first phase
             rank_start_s=0.0 if verl else self.calibration.rank_start(profile),
             widths=self._width_options(slots, profile),
@@ -159,8 +161,8 @@ class StepPlanner:
             rate = self.phases.at_width(w, self._usual)
             if rate is None:
                 return ()
-            waits = self.waits.seconds(slots, profile.cold_start_s, width=w) if w > 1 else (0.0,)
             start = self.calibration.rank_start(profile) if w > 1 else 0.0
+            waits = self.waits.seconds(slots, start, width=w) if w > 1 else (0.0,)
             options.append(LearningWidth(w, w * self.resident_units, rate, waits, start))
         return tuple(options)
 
