@@ -176,10 +176,10 @@ class LearnerWait:
     against 0.02-1.2 s at N = 1). An N not seen yet waits `start_s` (a rank's start as measured,
     `Calibration.rank_start`; 5.2-7.5 s there, a decode function's cold start 4.0-4.5 s) where it
     is exposed so, else the mean of what unexposed phases waited (0 before any). A run's first
-    phase where its N left
-    a slot free teaches nothing here (`StepPlanner.observe`): its ranks were requested by a
-    guessed start, or at generation's end (5.2 s waited at N = 1 on two CPU slots, 0.01 s on the
-    next such step), and that wait, kept for N = 1, had every later step take N = 2.
+    phase where its N left a slot free teaches nothing here (`StepPlanner.observe`): its ranks
+    were requested by a guessed start, or at generation's end (5.2 s waited at N = 1 on two CPU
+    slots, 0.01 s on the next such step), and that wait, kept for N = 1, had every later step
+    take N = 2.
 
     Ranks that live across steps (verl's, resident on its held functions' slots) start in a run's
     first phase, which waits their start (5.6 s on two CPU slots, 0.6 s in later phases): that

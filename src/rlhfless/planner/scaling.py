@@ -180,7 +180,7 @@ class CandidateTable:
             np.asarray(self.n).astype(int).tolist(),
             *(np.asarray(x).astype(float).tolist() for x in (self.time, self.cost, self.score)),
             np.asarray(self.hidden).astype(bool).tolist(),
-            np.asarray(self.waited - self.time).astype(float).tolist(),
+            (np.zeros(len(self.n)) if self.wait is None else np.asarray(self.wait, dtype=float)).tolist(),
         )
         return [
             {"n": n, "time": t, "cost": c, "score": s, "hidden": h, "wait": w}
