@@ -35,6 +35,20 @@ def test_step_cost_is_units_times_alive_seconds_with_colocated_functions_billed_
     assert metrics["cost/step"] == sum(cost.values()) == 14.0
 
 
+def test_a_steps_longest_cold_start_so_far_stands_in_for_a_rank_start_not_yet_measured():
+    """A fresh machine's measured profile has no cold start, so a run's first phase had no rank
+    start to request its ranks by: they started at generation's end, and learning waited 5-6 s."""
+    meter = Meter(PRICE)
+    meter.begin_step(100.0)
+    assert meter.cold_start_s() is None
+    warm = meter.open(Invocation("decode-0", "decode", {"CPU": 1}, 1.0, 100.0, 100.0, 100.0))
+    starting = meter.open(Invocation("decode-1", "decode", {"CPU": 1}, 1.0, 100.5, 100.5, cold=True))
+    assert meter.cold_start_s() is None  # neither a cold start nor one over yet
+    starting.ready = 106.0
+    slow = meter.open(Invocation("decode-2", "decode", {"CPU": 1}, 1.0, 101.0, 101.0, 104.0, cold=True))
+    assert meter.cold_start_s() == 5.5 and warm.cold is False and slow.ready == 104.0
+
+
 def test_an_unbilled_cold_start_is_left_out_of_the_bill():
     _, out = step_meter(Pricing(3600.0, bill_cold_start=False))
     cost = {r["name"]: r["cost"] for r in out["records"]}

@@ -101,6 +101,13 @@ class Meter:
         self.invocations.append(inv)
         return inv
 
+    def cold_start_s(self) -> float | None:
+        """The longest cold start (request to ready) of the step's functions so far; None before
+        any: what a function's start takes on this machine, before a run has measured a rank's."""
+        return max(
+            (inv.ready - inv.requested for inv in self.invocations if inv.cold and inv.ready), default=None
+        )
+
     def transfer(self, record: Transfer) -> None:
         self.transfers.append(record)
 

@@ -226,6 +226,9 @@ class DecodeRound(Recovery):
             self.preparation.feed(learner_free=not any(r.colocated for r in decoding))
 
     def _absorb(self, run: Run, report: Report) -> None:
+        # A cold start is over once it reports: its times now stand in for a rank start not yet
+        # measured (`Meter.cold_start_s`).
+        self.functions.settle(run.lease, run.inv)
         run.inv.mark_busy(report.begin, report.end)
         run.placed = True
         if report.iterations > run.iterations:

@@ -93,7 +93,9 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         self.learned: tuple[int, float] | None = None  # the last elastic phase: width, seconds busy
         self.busy_s = 0.0  # the open phase's seconds in calls on its ranks
         self.restart_s = 0.0  # a warm function's cold start at its next use, as the step's plan prices it
-        self.prior_start_s = 0.0  # a rank's start before this run measured one, as the plan priced it
+        # A rank's start before this run measured one: as the plan priced it, else (no start was
+        # measured on this machine yet: a profile has none) this step's longest function cold start.
+        self.prior_start_s = 0.0
         self.planned_width = 0  # the width the step's plan chose under a budget or deadline (0: none)
         self.opened = False  # a learning phase is open (between `widen` and `narrow`)
         self.serverful = cfg.scheduler.policy == "verl"  # learns on its held slots, not free ones

@@ -259,6 +259,8 @@ class RayExecutor:
         def tick(round_: DecodeRound) -> None:
             nonlocal tried
             left = round_.left_s()
+            if not self.learner.prior_start_s:  # no start measured before the plan: this step's
+                self.learner.prior_start_s = self.meter.cold_start_s() or 0.0
             if ahead:
                 waiting = self._scored_waiting()
                 if waiting and not tried and self.learner.group is None:
