@@ -638,8 +638,9 @@ def test_verls_first_phase_waits_its_resident_ranks_start_and_teaches_the_later_
     from rlhfless.runtime.planning import StepPlanner
     from rlhfless.runtime.samples import Sample, StepPrompt
 
-    # Nothing seen: the first phase waits a start, at every N.
+    # Nothing seen: the first phase waits a start, at every N; later ones none, at any N.
     assert LearnerWait().seconds(2, start_s=5.0, resident_start=True) == (5.0, 5.0)
+    assert LearnerWait().seconds(2, start_s=5.0, resident=True) == (0.0, 0.0)
     verl, cluster = SchedulerConfig(policy="verl"), ClusterSpec(1, 2)
     planner = StepPlanner(verl, flat_profile(), cluster, 2, resident_units=1.0)
     prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
@@ -650,7 +651,8 @@ def test_verls_first_phase_waits_its_resident_ranks_start_and_teaches_the_later_
         metrics = {"time/step": 40.0 + wait, "time/generation": 20.0, "time/learner_start": wait}
         planner.observe(plan, samples, metrics | {"learner/width": 2.0, "cost/step": 0.01})
     assert planner.waits.resident_s == 5.6 and planner.waits.waits == {2: 0.6}
-    assert planner.billing(0, cluster, flat_profile()).learner_wait_s == (0.0, 0.6)
+    # Resident ranks wait at any N what they joined in lately, never a start.
+    assert planner.billing(0, cluster, flat_profile()).learner_wait_s == (0.6, 0.6)
     assert planner.billing(0, cluster, flat_profile(), first=True).learner_wait_s == (5.6, 5.6)
     # rlhfless starts its ranks every step, each during generation: no first phase of its own.
     rlhfless = StepPlanner(SchedulerConfig(), flat_profile(), cluster, 2, resident_units=1.0)

@@ -74,6 +74,7 @@ def test_measured_table_of_the_tiny_model_is_a_profile_the_planner_reads(tmp_pat
     profile = Profile.load(out)
     assert profile.decode_batch.tolist() == [1, 2] and profile.decode_context.tolist() == [1, 8]
     assert profile.prefill_tokens.tolist() == [1, 8] and profile.gpus == 1
+    assert profile.cold_start_s > 0  # a fresh interpreter's imports and the model's load
     assert json.loads(body) == json.loads(out.read_text())
 
 

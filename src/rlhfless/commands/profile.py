@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,17 +129,24 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
         raise ValueError(f"model.{err}") from None
     from rlhfless.engine.profiling import measure_profile
     from rlhfless.models import load_model, load_tokenizer
+    from rlhfless.runtime.machine import function_start_s
 
+    begin = time.perf_counter()
     model = load_model(cfg, vocab_size=len(load_tokenizer(cfg)))
-    return measure_profile(model, **grid, repeats=repeats, memory_fraction=memory_fraction)
+    load_s = time.perf_counter() - begin
+    table = measure_profile(model, **grid, repeats=repeats, memory_fraction=memory_fraction)
+    # A function's cold start: a fresh interpreter's imports, and this model's load.
+    table["cold_start_s"] = function_start_s() + load_s
+    return table
 
 
 def summary(table: dict[str, Any]) -> str:
     """A few landmark rows for a human; --json gives everything."""
     decode = {(row["batch"], row["context"]): row["ms"] for row in table["decode"]}
     prefill = {row["tokens"]: row["ms"] for row in table["prefill"]}
+    start = f"   function cold start: {table['cold_start_s']:.1f} s" if table.get("cold_start_s") else ""
     lines = [
-        f"gpus per actor: {table['gpus']}   KV capacity: {table['max_kv_tokens']:,} tokens",
+        f"gpus per actor: {table['gpus']}   KV capacity: {table['max_kv_tokens']:,} tokens{start}",
         "decode ms per step:",
     ]
     contexts = sorted({c for _, c in decode})

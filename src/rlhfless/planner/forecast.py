@@ -204,18 +204,25 @@ class LearnerWait:
         return width > 1 and n + width - 1 > slots
 
     def seconds(
-        self, slots: int, start_s: float, resident_start: bool = False, width: int | None = None
+        self,
+        slots: int,
+        start_s: float,
+        resident_start: bool = False,
+        width: int | None = None,
+        resident: bool = False,
     ) -> tuple[float, ...]:
         """The wait at N = 1 .. `slots` decode functions on a cluster of `slots` slots, for a phase
         of `width` ranks (default: the last phase's; before any, the widest it may take); at least
-        the resident ranks' start where this phase starts them (`resident_start`)."""
+        the resident ranks' start where this phase starts them (`resident_start`). `resident`
+        ranks (verl's) live on the held slots, so no N leaves them a start to wait."""
         width = width or self.width or slots
-        hidden = [w for n, w in self.waits.items() if not self.exposed(n, slots, width)]
+
+        def exposed(n: int) -> bool:
+            return not resident and self.exposed(n, slots, width)
+
+        hidden = [w for n, w in self.waits.items() if not exposed(n)]
         unseen_hidden = sum(hidden) / len(hidden) if hidden else 0.0
-        waits = [
-            self.waits.get(n, start_s if self.exposed(n, slots, width) else unseen_hidden)
-            for n in range(1, slots + 1)
-        ]
+        waits = [self.waits.get(n, start_s if exposed(n) else unseen_hidden) for n in range(1, slots + 1)]
         if resident_start and width > 1:
             first = start_s if self.resident_s is None else self.resident_s
             waits = [max(w, first) for w in waits]

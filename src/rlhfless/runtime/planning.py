@@ -133,7 +133,7 @@ class StepPlanner:
             cost_margin=self.margins.margin("cost"),
             generation_shortfall=self.shortfall.factor(),
             learner_wait_s=self.waits.seconds(
-                slots, self.calibration.rank_start(profile), resident_start=verl and first
+                slots, self.calibration.rank_start(profile), resident_start=verl and first, resident=verl
             ),
             # verl's ranks are resident on its held slots: started once, in the run's first phase
             rank_start_s=0.0 if verl else self.calibration.rank_start(profile),
