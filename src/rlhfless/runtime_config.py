@@ -103,8 +103,9 @@ class RuntimeConfig:
         default=None,
         metadata={
             "help": "the planner's time table: a file from `rlhfless profile --output FILE`; null "
-            "measures this machine once and caches it under model.cache_dir/profiles/; 'derived' "
-            "derives one from the model's shape (rough on CPUs)"
+            "measures this machine once (decode and prefill times, and a function's cold start) and "
+            "caches it under model.cache_dir/profiles/; 'derived' derives one from the model's shape "
+            "(rough on CPUs)"
         },
     )
     calibration_memory: bool = field(
