@@ -52,7 +52,7 @@ def cache_key(model: torch.nn.Module, threads: int) -> str:
 
 def function_start_s() -> float:
     """A function's cold start as this machine can time one before a run has started any: a
-    fresh interpreter importing what a decode function imports (5.1-6.5 s on the 2-core machine
+    fresh interpreter importing what a decode function imports (5.1-7.3 s on the 2-core machine
     here, where a decode function's start measured 4.0-7.4 s and a learner rank's 5.2-7.5 s). Its
     weights' load is left out. Without it a run's first plans priced every start at 0 s. 0.0
     where the import fails (the run then measures its starts as before)."""
