@@ -217,12 +217,12 @@ class LearnerWait:
         ranks (verl's) live on the held slots, so no N leaves them a start to wait."""
         width = width or self.width or slots
 
-        def exposed(n: int) -> bool:
+        def starts(n: int) -> bool:  # the phase at `n` waits its ranks' start
             return not resident and self.exposed(n, slots, width)
 
-        hidden = [w for n, w in self.waits.items() if not exposed(n)]
+        hidden = [w for n, w in self.waits.items() if not starts(n)]
         unseen_hidden = sum(hidden) / len(hidden) if hidden else 0.0
-        waits = [self.waits.get(n, start_s if exposed(n) else unseen_hidden) for n in range(1, slots + 1)]
+        waits = [self.waits.get(n, start_s if starts(n) else unseen_hidden) for n in range(1, slots + 1)]
         if resident_start and width > 1:
             first = start_s if self.resident_s is None else self.resident_s
             waits = [max(w, first) for w in waits]

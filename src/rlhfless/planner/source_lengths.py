@@ -21,6 +21,7 @@ seen, the default (the planner caps it at max_new_tokens).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -140,8 +141,8 @@ class SourceLengths:
     def hindcast(self, uids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(group max `estimate` gives now, whether the uid's source is known) for uids told with a
         source, their answers as told: what an unseen prompt like each would be planned with."""
-        known = np.array([u in self._source_of for u in uids], dtype=bool)
-        named = [u for u, k in zip(uids, known, strict=True) if k]
+        known = np.fromiter(map(self._source_of.__contains__, uids), dtype=bool, count=len(uids))
+        named = list(compress(uids, known))
         out = np.zeros(len(uids))
         if named:
             answers = [self._answer_of.get(u) for u in named]
