@@ -177,6 +177,11 @@ def grpo_steps(label: str, model_dir: Path, preset: str, extra: tuple[str, ...],
         "step_s": statistics.fmean(h["time/step"] for h in rows),
         "generation_s": statistics.fmean(h["time/generation"] for h in rows),
         "learning_s": statistics.fmean(h["time/learning"] for h in rows),
+        # Busy seconds summed over the step's functions, and the prompt tokens they computed:
+        # where the policies' generation differs on one GPU (one slot, the same schedule).
+        "prefill_s": statistics.fmean(h.get("time/prefill", 0.0) for h in rows),
+        "decode_s": statistics.fmean(h.get("time/decode", 0.0) for h in rows),
+        "prompt_tokens": statistics.fmean(h.get("prefill/tokens_computed", 0.0) for h in rows),
         "cost": statistics.fmean(h["cost/step"] for h in rows),
         "steps": len(history),
         "wall_s": time.perf_counter() - start,
@@ -333,10 +338,13 @@ def main() -> int:
             ("step_s", "step time (s)"),
             ("generation_s", "generation time (s)"),
             ("learning_s", "learning time (s)"),
+            ("prefill_s", "prefill busy (s)"),
+            ("decode_s", "decode busy (s)"),
+            ("prompt_tokens", "prompt tokens computed"),
             ("cost", "cost per step ($)"),
         ):
             a, b = results["verl"][key], results["rlhfless"][key]
-            row = "".join(f"{results[label][key]:16.4g}" for label in labels)
+            row = "".join(f"{results[label][key]:16.6g}" for label in labels)
             print(f"{name:24s}{row}{b / a if a else float('nan'):15.3f}")
         print(f"(means over steps 2..{args.steps}; step 1 pays the cold starts; device {args.device})")
         for label in labels[1:]:

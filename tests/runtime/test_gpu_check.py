@@ -29,6 +29,6 @@ def test_gpu_check_runs_its_whole_path_on_a_cpu(tmp_path):
     assert "sample identity, cut on cpu, resumed on cpu: 16/16 identical" in out
     assert "rounded {'span_quantum': 64}" in out and "a bare decode forward" in out
     assert "sequences identical in every engine run: 32/32" in out
-    for row in ("step time (s)", "cost per step ($)"):
+    for row in ("step time (s)", "prefill busy (s)", "prompt tokens computed", "cost per step ($)"):
         assert row in out
     assert "gpu_check: ok" in out
