@@ -5,7 +5,9 @@ prediction is an EWMA over the prompt's last `window` observations (window 1 = l
 With G samples per prompt the planner needs the group's max (when the group finishes) and mean
 (how much work it is), so both are tracked.
 
-A prompt never seen is estimated from its data source's groups (`planner.source_lengths`).
+A prompt never seen is estimated from its data source's groups (`planner.source_lengths`). A
+prompt seen before counts its history as far as histories have lately predicted the next step's
+lengths (`planner.history_fit`, `ewma` mode).
 
 Each step's samples over their group's planned max, as ratios to it (`overrun`), say how far a
 sequence that outlived its prediction tends to run on (`planner.migration.remaining_tokens`). Its
@@ -35,6 +37,7 @@ import numpy as np
 
 from rlhfless.files import write_atomic
 from rlhfless.planner.config import PREDICTORS, SchedulerConfig
+from rlhfless.planner.history_fit import HistoryFit
 from rlhfless.planner.source_lengths import SourceLengths
 
 OVERRUN_POINTS = 256  # quantiles of a step's sample / planned group max past 1 kept (`overrun`)
@@ -110,6 +113,7 @@ class LengthPredictor:
         self.overrun: list[float] = []  # the last planned step's sample / planned max past 1, quantiles
         self.max_ratios: list[float] = []  # its observed / planned group max, quantiles at even levels
         self.source_ratios: list[float] = []  # ... of the groups planned unseen, over their source's estimate
+        self.max_fit, self.mean_fit = HistoryFit(), HistoryFit()  # what a seen prompt's history says
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> LengthPredictor:
@@ -144,6 +148,7 @@ class LengthPredictor:
         if len(observed_lengths) == 0:
             raise ValueError(f"observed_lengths for {uid!r}: got none, expected one length per sample")
         obs_max, obs_mean = np.array([max(observed_lengths)], float), np.array([np.mean(observed_lengths)])
+        self._fit_history([uid], obs_max, obs_mean)
         self.sources.observe([uid], obs_max, obs_mean)
         self._push(self._rows([uid]), obs_max, obs_mean)
         self._truth.pop(uid, None)
@@ -184,6 +189,7 @@ class LengthPredictor:
             obs_max = np.maximum.reduceat(flat, starts) if flat.size else flat
             obs_mean = np.add.reduceat(flat, starts) / counts if flat.size else flat
         unseen = np.flatnonzero(self._from_source(uids)) if planned is not None else None
+        self._fit_history(uids, obs_max, obs_mean)
         self.sources.observe(uids, obs_max, obs_mean, cap)
         if planned is not None:
             self._overrun(observed_lengths, planned)
@@ -199,6 +205,16 @@ class LengthPredictor:
         if self._truth:
             for uid in uids:
                 self._truth.pop(uid, None)
+
+    def _fit_history(self, uids: Sequence[str], obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
+        """Teach the history fits what the seen prompts' histories, before this step, said of it."""
+        if self.mode != "ewma":
+            return
+        rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
+        seen = rows >= 0
+        if seen.any():
+            self.max_fit.observe(self._max[rows[seen]], obs_max[seen])
+            self.mean_fit.observe(self._mean[rows[seen]], obs_mean[seen])
 
     def _overrun(self, observed_lengths: Any, planned: Sequence[float]) -> None:
         """Keep the step's sample lengths as ratios to their group's planned max, those past 1
@@ -291,6 +307,8 @@ class LengthPredictor:
         safe = np.where(seen, rows, 0)
         gmax = np.where(seen, self._max[safe] if self._max.size else 0.0, np.nan)
         gmean = np.where(seen, self._mean[safe] if self._mean.size else 0.0, np.nan)
+        if self.mode == "ewma" and seen.any():
+            gmax[seen], gmean[seen] = self.max_fit(gmax[seen]), self.mean_fit(gmean[seen])
         if not seen.all():
             fallback_max, fallback_mean, _ = self.sources.estimate(uids, answer_tokens, sources)
             gmax = np.where(seen, gmax, fallback_max)
@@ -346,6 +364,7 @@ class LengthPredictor:
             "overrun": self.overrun,
             "max_ratios": self.max_ratios,
             "source_ratios": self.source_ratios,
+            "history_fit": {"max": self.max_fit.sums, "mean": self.mean_fit.sums},
             **self.sources.state_dict(),
         }
 
@@ -365,6 +384,8 @@ class LengthPredictor:
         self.overrun = [float(r) for r in state.get("overrun", [])]  # older states: none measured
         self.max_ratios = [float(r) for r in state.get("max_ratios", [])]
         self.source_ratios = [float(r) for r in state.get("source_ratios", [])]
+        fits = state.get("history_fit", {})  # older states: none fitted, histories taken as they are
+        self.max_fit, self.mean_fit = HistoryFit(fits.get("max", [])), HistoryFit(fits.get("mean", []))
         counts = state.get("counts", {})
         if counts:
             rows = self._rows(list(counts))
