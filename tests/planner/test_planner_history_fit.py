@@ -44,11 +44,14 @@ def test_only_the_last_steps_are_fitted():
     st.floats(-500.0, 500.0),
 )
 def test_a_history_never_counts_for_more_than_itself_nor_against_itself(history, slope, shift):
+    """Lengths on a line from their histories: its slope, held within [0, 1]."""
     x = np.array(history)
     fit = HistoryFit()
     fit.observe(x, shift + slope * x)
     _, fitted = fit.line()
     assert 0.0 <= fitted <= 1.0
+    if np.ptp(x) > 0.01 * x.max():  # a spread the sums hold to well within the tolerance
+        assert fitted == pytest.approx(min(max(slope, 0.0), 1.0), abs=1e-6)
 
 
 def steps_of(predictor: LengthPredictor, lengths: np.ndarray) -> None:

@@ -4,10 +4,10 @@ prompts of the last steps, from what the predictor held for each to what it then
 A prompt seen before is predicted from its history, taken as it is until this fit has enough
 prompts. How much that history says depends on the run: in a random simulated sweep (session 47),
 the slope of the next group max on the last was 0.91-0.96 on a GPQA-like PPO run of one sample at
-a 1k cap, and -0.07 to 0.43 on four others, sixteen-sample GRPO among them. Taken as it is where it says little,
-a plan sorts and balances prompts by noise: on those runs rlhfless generated slower than verl's even
-split. The fit's slope is kept within [0, 1]: a history never counts for more than itself, and
-where it counts for nothing the prediction is the seen prompts' mean.
+a 1k cap, and -0.07 to 0.43 on four others, sixteen-sample GRPO among them. Taken as it is where
+it says little, a plan sorts and balances prompts by noise: on those runs rlhfless generated slower
+than verl's even split. The fit's slope is kept within [0, 1]: a history never counts for more
+than itself, and where it counts for nothing the prediction is the seen prompts' mean.
 """
 
 from __future__ import annotations
