@@ -1,5 +1,6 @@
 """Shared by the tests that start a multi-node `ray.cluster_utils.Cluster` of their own."""
 
+import socket
 import time
 
 import psutil
@@ -28,3 +29,12 @@ def processes_of(session: str) -> list[int]:
         except psutil.Error:
             pass
     return out
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` now (all of this node's addresses by default), for a port Ray's
+    own processes take by number: it can be taken between this and their start, a rare race a
+    test accepts."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

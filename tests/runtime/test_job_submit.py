@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 import ray
-from cluster_support import shut_down
+from cluster_support import free_port, shut_down
 from ray.cluster_utils import Cluster
 from ray.job_submission import JobStatus, JobSubmissionClient
-
-from rlhfless.runtime.rank_link import free_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]

@@ -37,23 +37,27 @@ class LearnerRank(LearnerReplica):
         super().__init__(cfg, load_model(cfg.model, vocab_size, cfg.seed, device).train(), pad_id)
         self.timeout = timedelta(seconds=cfg.runtime.place_timeout_s)
         self.published = False  # holds the step's published weights (`take_weights`), unjoined
+        self.store: dist.TCPStore | None = None  # rank 0's, where the phase's group meets (`address`)
         self.ready = time.time()
 
     def hello(self) -> Started:
         return started(self.begin, self.ready)
 
     def address(self) -> tuple[str, int]:
-        """Where the phase's process group meets: this node, a port free now."""
-        return ray.util.get_node_ip_address(), rank_link.free_port()
+        """Where the phase's process group meets (this rank 0's store, kept for its `join`)."""
+        self.store = rank_link.listening(ray.util.get_node_ip_address(), self.timeout)
+        return self.store.host, self.store.port
 
     def join(self, address: str, port: int, rank: int, width: int) -> bool:
         """Form the phase's group (gloo on CPUs, NCCL on GPUs); ranks 1.. take rank 0's weights and
         schedule, not its optimizer states (only rank 0 steps). Rank 0's weights are the step's
         published ones, so when every other rank took those already (`take_weights`, during
         generation) none is sent. Whether they were sent."""
-        url = f"tcp://{address}:{port}"
+        store = (
+            self.store if rank == 0 else dist.TCPStore(address, port, is_master=False, timeout=self.timeout)
+        )
         dist.init_process_group(
-            backend(self.device), init_method=url, rank=rank, world_size=width, timeout=self.timeout
+            backend(self.device), store=store, rank=rank, world_size=width, timeout=self.timeout
         )
         send = not everyone(rank == 0 or self.published, self.device)
         self.published = False  # the phase's update changes rank 0's weights, not these

@@ -11,7 +11,6 @@ the pair meets on the driver's address.
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import ray
@@ -22,11 +21,11 @@ TIMEOUT = timedelta(seconds=300)  # a send or receive whose peer hangs (one that
 DRIVER, RANK0 = 0, 1  # ranks in the pair
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free on `host` now (all of this node's addresses by default)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def listening(host: str, timeout: timedelta = TIMEOUT) -> dist.TCPStore:
+    """A store on `host` listening on a port the system gave it (`.port`). Not a port asked free
+    and then bound: another process can take it in between, as a suite run on two workers did
+    (EADDRINUSE)."""
+    return dist.TCPStore(host, 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
 
 
 class RankLink:
@@ -35,9 +34,8 @@ class RankLink:
 
     def __init__(self, rank0) -> None:
         host = ray.util.get_node_ip_address()
-        port = free_port(host)
-        self.store = dist.TCPStore(host, port, 2, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
-        joined = rank0.link.remote(host, port)
+        self.store = listening(host)
+        joined = rank0.link.remote(host, self.store.port)
         self.group = dist.ProcessGroupGloo(self.store, DRIVER, 2, TIMEOUT)
         ray.get(joined)
 
