@@ -98,3 +98,23 @@ def test_the_fit_survives_a_resume_and_told_modes_are_not_fitted(tmp_path):
     oracle = LengthPredictor(mode="oracle")
     steps_of(oracle, lengths)
     assert oracle.max_fit.sums == []
+
+
+def test_where_answers_fit_a_history_counts_only_for_what_it_adds_to_them():
+    """Lengths that follow each prompt's answer, plus noise drawn anew each step: the answers say
+    all there is to say, so a seen prompt is predicted near its answer's estimate, not its last
+    draw, nor the seen prompts' mean."""
+    rng = np.random.default_rng(3)
+    uids = [f"p{i}" for i in range(64)]
+    answers = rng.integers(20, 200, size=64)
+    sources = ["gsm8k"] * 64
+    p = LengthPredictor()
+    for _ in range(4):
+        p.predict(uids, answers.tolist(), sources)
+        drawn = 3.0 * answers * np.exp(rng.normal(0.0, 0.15, size=64))
+        p.update_many(uids, drawn[:, None], planned=p.predict(uids, answers.tolist(), sources)[0])
+    gmax, _ = p.predict(uids, answers.tolist(), sources)
+    assert p.sources.answers_fit("gsm8k")
+    last = np.array([h[-1][0] for h in (p.state_dict()["history"][u] for u in uids)])
+    truth = 3.0 * answers
+    assert np.abs(gmax - truth).mean() < 0.5 * np.abs(last - truth).mean()

@@ -1,13 +1,17 @@
 """How far a prompt's own past lengths predict its next: a least-squares line over the seen
-prompts of the last steps, from what the predictor held for each to what it then produced.
+prompts of the last steps, from what the predictor held for each to what it then produced, both
+as departures from what the prompt's source would estimate for it unseen (its answer's length
+where answers fit the source; the predictor passes them so).
 
-A prompt seen before is predicted from its history, taken as it is until this fit has enough
-prompts. How much that history says depends on the run: in a random simulated sweep (session 47),
-the slope of the next group max on the last was 0.91-0.96 on a GPQA-like PPO run of one sample at
-a 1k cap, and -0.07 to 0.43 on four others, sixteen-sample GRPO among them. Taken as it is where
-it says little, a plan sorts and balances prompts by noise: on those runs rlhfless generated slower
-than verl's even split. The fit's slope is kept within [0, 1]: a history never counts for more
-than itself, and where it counts for nothing the prediction is the seen prompts' mean.
+A prompt seen before was predicted from its history alone, taken as it was. How much a history
+adds to its source's estimate depends on the run. In a random simulated sweep (session 47), the
+next group max correlated with the last at 0.91-0.97 (three runs). But as departures from the
+answers' estimate, the slope of one on the other was -0.07 to 0.43 on four runs where rlhfless
+generated slower than verl (PPO of one sample, and GRPO of sixteen), and 0.91-0.96 on a fifth.
+Taken as it is where it adds little, a history makes a plan sort and balance prompts by noise.
+The slope is kept within [0, 1]: a history never counts for more than itself, and where it adds
+nothing the prediction is the source's estimate, shifted by the fit's intercept. Until
+`FIT_PROMPTS` seen prompts are fitted, a history is taken as it is.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class HistoryFit:
         slope = float(np.clip((sxy - sx * sy / n) / spread, 0.0, 1.0))
         return float((sy - slope * sx) / n), slope
 
+    @property
+    def identity(self) -> bool:
+        """Whether the fit takes a history as it is (too few prompts yet, or all it says holds)."""
+        return self.line() == (0.0, 1.0)
+
     def __call__(self, history: np.ndarray) -> np.ndarray:
         intercept, slope = self.line()
-        return history if slope == 1.0 and intercept == 0.0 else intercept + slope * history
+        return history if (intercept, slope) == (0.0, 1.0) else intercept + slope * history

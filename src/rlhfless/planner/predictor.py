@@ -6,8 +6,8 @@ With G samples per prompt the planner needs the group's max (when the group fini
 (how much work it is), so both are tracked.
 
 A prompt never seen is estimated from its data source's groups (`planner.source_lengths`). A
-prompt seen before counts its history as far as histories have lately predicted the next step's
-lengths (`planner.history_fit`, `ewma` mode).
+prompt seen before counts its history, beyond that estimate, as far as histories have lately
+predicted the next step's lengths (`planner.history_fit`, `ewma` mode).
 
 Each step's samples over their group's planned max, as ratios to it (`overrun`), say how far a
 sequence that outlived its prediction tends to run on (`planner.migration.remaining_tokens`). Its
@@ -207,14 +207,18 @@ class LengthPredictor:
                 self._truth.pop(uid, None)
 
     def _fit_history(self, uids: Sequence[str], obs_max: np.ndarray, obs_mean: np.ndarray) -> None:
-        """Teach the history fits what the seen prompts' histories, before this step, said of it."""
+        """Teach the history fits what the seen prompts' histories, before this step, said of it
+        beyond what their source would have estimated for them unseen, answers as told (0 where
+        a prompt names no source)."""
         if self.mode != "ewma":
             return
         rows = np.fromiter(map(self._row.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
         seen = rows >= 0
-        if seen.any():
-            self.max_fit.observe(self._max[rows[seen]], obs_max[seen])
-            self.mean_fit.observe(self._mean[rows[seen]], obs_mean[seen])
+        if seen.any():  # where answers fit a source, they say much of what a history says
+            at_max, at_mean, _ = self.sources.hindcast(uids)  # as `predict` estimated them
+            at_max, at_mean = at_max[seen], at_mean[seen]
+            self.max_fit.observe(self._max[rows[seen]] - at_max, obs_max[seen] - at_max)
+            self.mean_fit.observe(self._mean[rows[seen]] - at_mean, obs_mean[seen] - at_mean)
 
     def _overrun(self, observed_lengths: Any, planned: Sequence[float]) -> None:
         """Keep the step's sample lengths as ratios to their group's planned max, those past 1
@@ -246,7 +250,7 @@ class LengthPredictor:
         last estimate missed. A first step planned from a pilot of two groups outran its plan up to
         7-fold, and those ratios put the next step's forecast 2x long (one H100 node, Llama-2-7B
         TP 2, 64 LCB-like prompts of one sample, simulated). Empty where none had a known source."""
-        now, known = self.sources.hindcast([uids[i] for i in unseen])
+        now, _, known = self.sources.hindcast([uids[i] for i in unseen])
         if not known.any():
             return []
         now = np.minimum(now[known], cap) if cap is not None else now[known]
@@ -307,12 +311,17 @@ class LengthPredictor:
         safe = np.where(seen, rows, 0)
         gmax = np.where(seen, self._max[safe] if self._max.size else 0.0, np.nan)
         gmean = np.where(seen, self._mean[safe] if self._mean.size else 0.0, np.nan)
-        if self.mode == "ewma" and seen.any():
-            gmax[seen], gmean[seen] = self.max_fit(gmax[seen]), self.mean_fit(gmean[seen])
+        fitted = self.mode == "ewma" and seen.any() and not (self.max_fit.identity and self.mean_fit.identity)
+        if fitted or not seen.all():
+            est_max, est_mean, _ = self.sources.estimate(uids, answer_tokens, sources)
+        if fitted:  # a seen prompt on the fits, as its departure from its source's estimate
+            named = np.fromiter(map(bool, sources), dtype=bool, count=len(uids)) if sources else seen & False
+            at_max, at_mean = (np.where(named, est, 0.0)[seen] for est in (est_max, est_mean))
+            gmax[seen] = at_max + self.max_fit(gmax[seen] - at_max)
+            gmean[seen] = at_mean + self.mean_fit(gmean[seen] - at_mean)
         if not seen.all():
-            fallback_max, fallback_mean, _ = self.sources.estimate(uids, answer_tokens, sources)
-            gmax = np.where(seen, gmax, fallback_max)
-            gmean = np.where(seen, gmean, fallback_mean)
+            gmax = np.where(seen, gmax, est_max)
+            gmean = np.where(seen, gmean, est_mean)
         if self.mode in TOLD and self._truth:
             for i, uid in enumerate(uids):
                 truth = self._truth.get(uid)

@@ -138,16 +138,18 @@ class SourceLengths:
             default[answered] = False
         return out_max, out_mean, default
 
-    def hindcast(self, uids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(group max `estimate` gives now, whether the uid's source is known) for uids told with a
-        source, their answers as told: what an unseen prompt like each would be planned with."""
+    def hindcast(self, uids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(group max, group mean `estimate` gives now, whether the uid's source is known; 0 where
+        not) for uids told with a source, their answers as told: what an unseen prompt like each
+        would be planned with."""
         known = np.fromiter(map(self._source_of.__contains__, uids), dtype=bool, count=len(uids))
         named = list(compress(uids, known))
-        out = np.zeros(len(uids))
+        out_max, out_mean = np.zeros(len(uids)), np.zeros(len(uids))
         if named:
             answers = [self._answer_of.get(u) for u in named]
-            out[known] = self.estimate(named, answers, [self._source_of[u] for u in named])[0]
-        return out, known
+            est_max, est_mean, _ = self.estimate(named, answers, [self._source_of[u] for u in named])
+            out_max[known], out_mean[known] = est_max, est_mean
+        return out_max, out_mean, known
 
     def answers_fit(self, source: str) -> bool:
         """Whether `source`'s answers stand in for its unseen prompts' lengths: their learned ratio
