@@ -315,7 +315,11 @@ class LengthPredictor:
         if fitted or not seen.all():
             est_max, est_mean, _ = self.sources.estimate(uids, answer_tokens, sources)
         if fitted:  # a seen prompt on the fits, as its departure from its source's estimate
-            named = np.fromiter(map(bool, sources), dtype=bool, count=len(uids)) if sources else seen & False
+            named = (
+                np.fromiter(map(bool, sources), dtype=bool, count=len(uids))
+                if sources
+                else np.zeros(len(uids), dtype=bool)
+            )
             at_max, at_mean = (np.where(named, est, 0.0)[seen] for est in (est_max, est_mean))
             gmax[seen] = at_max + self.max_fit(gmax[seen] - at_max)
             gmean[seen] = at_mean + self.mean_fit(gmean[seen] - at_mean)
