@@ -234,9 +234,9 @@ class SchedulerConfig:
     predictor: str = field(
         default="ewma",
         metadata={
-            "help": "length predictor: ewma (a seen prompt's history, counted as far as histories "
-            "have lately predicted the next step's lengths), noisy (its history times a log-normal "
-            "factor), or, in the "
+            "help": "length predictor: ewma (a seen prompt's history, counted by what histories "
+            "have lately added to their source's estimate of the next step's lengths), noisy (its "
+            "history times a log-normal factor), or, in the "
             "simulator only, oracle (told the true lengths) or expected (told each prompt's expected "
             "group max and mean: a synthetic workload's)"
         },
