@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from planner_support import make_cluster, make_profile
 
@@ -107,8 +107,9 @@ def test_the_wait_for_the_learners_own_decode_function_is_on_verls_time_as_on_ev
     """On a run's first step every plan, verl's as well, waits the rest of the start of the decode
     function on the learner's resources (slot 0): a candidate's time grows by at most that wait,
     and the cap at verl's time by exactly that, so an N the cap admitted stays admitted. A plan
-    balances its chosen N further than the others, so an N chosen by one plan alone is not
-    compared: its two times differ by that balancing too."""
+    balances its chosen N further than the others, weighing alternatives whose scores the wait
+    is in (a replayed example: both plans chose N = 2 and their balancing differed by 0.077 s),
+    so only the Ns neither plan chose are compared."""
     prompts, predictor = work
     config = SchedulerConfig(lam=0.0, max_slowdown=slowdown)
     plans = [
@@ -125,8 +126,8 @@ def test_the_wait_for_the_learners_own_decode_function_is_on_verls_time_as_on_ev
     ]
     before, after = ({c["n"]: c["time"] for c in p.candidates} for p in plans)
     chosen = {p.n_actors for p in plans}
-    alike = [n for n in before.keys() & after.keys() if len(chosen) == 1 or n not in chosen]
-    assert alike
+    alike = [n for n in before.keys() & after.keys() if n not in chosen]
+    assume(alike)  # no candidate but the chosen: none balanced alike
     assert all(after[n] <= before[n] + wait + 1e-9 for n in alike)
     if plans[0].time_cap is not None and plans[1].time_cap is not None:
         assert plans[1].time_cap == pytest.approx(plans[0].time_cap + slowdown * wait)
