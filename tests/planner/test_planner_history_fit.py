@@ -58,8 +58,8 @@ def steps_of(predictor: LengthPredictor, lengths: np.ndarray) -> None:
     """One step per column of `lengths` (prompts x steps), one sample each, as a run records them."""
     uids = [f"p{i}" for i in range(lengths.shape[0])]
     for k in range(lengths.shape[1]):
-        predictor.predict(uids)
-        predictor.update_many(uids, lengths[:, k : k + 1], planned=predictor.predict(uids)[0])
+        planned = predictor.predict(uids)[0]  # as a run plans the step, then records it
+        predictor.update_many(uids, lengths[:, k : k + 1], planned=planned)
 
 
 def test_a_history_that_says_nothing_of_the_next_step_gives_way_to_the_seen_prompts_mean():
@@ -110,9 +110,9 @@ def test_where_answers_fit_a_history_counts_only_for_what_it_adds_to_them():
     sources = ["gsm8k"] * 64
     p = LengthPredictor()
     for _ in range(4):
-        p.predict(uids, answers.tolist(), sources)
+        planned = p.predict(uids, answers.tolist(), sources)[0]
         drawn = 3.0 * answers * np.exp(rng.normal(0.0, 0.15, size=64))
-        p.update_many(uids, drawn[:, None], planned=p.predict(uids, answers.tolist(), sources)[0])
+        p.update_many(uids, drawn[:, None], planned=planned)
     gmax, _ = p.predict(uids, answers.tolist(), sources)
     assert p.sources.answers_fit("gsm8k")
     last = np.array([h[-1][0] for h in (p.state_dict()["history"][u] for u in uids)])
