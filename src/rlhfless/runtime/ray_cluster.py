@@ -28,6 +28,7 @@ import ray
 
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.placement import ClusterSpec
+from rlhfless.runtime.process_env import set_defaults
 from rlhfless.runtime_config import RuntimeConfig
 
 Resources = Mapping[str, float]
@@ -42,14 +43,16 @@ def start_ray(rt: RuntimeConfig) -> bool:
 
     The embedded instance offers this machine's cores minus the learner's slot (the driver
     process), so decode functions never oversubscribe the CPUs; on a CUDA run, its GPUs minus the
-    learner's (`devices.learner_device`: the last), and none on a CPU run.
+    learner's (`devices.learner_device`: the last), and none on a CPU run. Either way every function
+    starts with `process_env.DEFAULTS` where the driver's environment does not say otherwise.
     """
     if ray.is_initialized():
         return False
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    added = set_defaults(os.environ)  # an embedded Ray's processes inherit the driver's environment
     if rt.ray_address:
         try:
-            ray.init(address=rt.ray_address, **quiet)
+            ray.init(address=rt.ray_address, runtime_env={"env_vars": added} if added else None, **quiet)
         except (ConnectionError, RuntimeError) as err:  # Ray's own retries are spent by now
             raise ClusterError(
                 f"runtime.ray_address: got {rt.ray_address!r}, expected the address of a running Ray "
