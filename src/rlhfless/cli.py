@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-
-from rlhfless.runtime.process_env import set_defaults
 
 # Each module exposes `add_parser(subparsers)` and `run(args) -> int`.
 COMMANDS = ("train", "export", "plan", "profile", "simulate", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
-    set_defaults(os.environ)  # before any command imports torch, which reads them once
     parser = argparse.ArgumentParser(prog="rlhfless", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}

@@ -1,11 +1,10 @@
-"""Every process of a run starts with torch's huge pages for large tensors, unless the user says not."""
+"""Every Ray function of a run starts with torch's huge pages for large tensors, unless the user says not."""
 
 import os
 
 import pytest
 import ray
 
-from rlhfless.cli import main
 from rlhfless.runtime import ray_cluster
 from rlhfless.runtime.process_env import HUGE_PAGES, set_defaults
 from rlhfless.runtime_config import RuntimeConfig
@@ -17,13 +16,6 @@ def test_defaults_fill_in_only_what_the_environment_does_not_set():
     assert environ == {"PATH": "/bin", HUGE_PAGES: "1"}
     opted_out = {HUGE_PAGES: "0"}
     assert set_defaults(opted_out) == {} and opted_out == {HUGE_PAGES: "0"}
-
-
-def test_the_command_line_sets_them_before_any_command_imports_torch(monkeypatch):
-    monkeypatch.delenv(HUGE_PAGES, raising=False)
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    assert os.environ[HUGE_PAGES] == "1"
 
 
 @pytest.mark.parametrize("user,handed", [(None, {"env_vars": {HUGE_PAGES: "1"}}), ("0", None)])
