@@ -4,12 +4,13 @@ PyTorch backs a CPU tensor of 2 MB or more with transparent huge pages when `THP
 is set (c10's CPU allocator, read once, at the process's first allocation). Without it, every
 large activation and gradient a learner's update frees goes back to the kernel and is
 page-faulted afresh, 4 KB at a time, by the next: about a million faults an update of the default
-model, 1.6-1.8 s of system time. With it, a seventh of the faults, 0.7 s, and the update took 0.87x
-the time (docs/DECISIONS.md, "Huge pages for a learner's tensors"). It changes where tensors live,
-never what they hold; the kernel decides in the end (THP mode `always` or `madvise`). The driver is
-left as it is: with it set there too, the driver's and the decode function's resident memory grew
-by 0.5 GB each in the default run (pages they share), against the 4 GB goal. Set
-`THP_MEM_ALLOC_ENABLE=0` to opt out; a value already set is kept.
+model, 1.9 s of system time. With it, 0.15x the faults and 0.46x the system time, and the update
+took 0.91x the time (`benchmarks/bench_huge_pages.py`; docs/DECISIONS.md, "Huge pages for the Ray
+functions' tensors"). It changes where tensors live, never what they hold; the kernel decides in
+the end (THP mode `always` or `madvise`). The driver is left as it is: with it set there too, the
+driver's and the decode function's resident memory each grew by 0.5 GB in the default run (pages
+they share), against the 4 GB goal. Set `THP_MEM_ALLOC_ENABLE=0` to opt out; a value already set
+is kept.
 """
 
 from __future__ import annotations
