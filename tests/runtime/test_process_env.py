@@ -22,10 +22,9 @@ def test_defaults_fill_in_only_what_the_environment_does_not_set():
 def test_a_cluster_the_run_joins_is_handed_the_defaults_it_filled_in(monkeypatch, user, handed):
     """A value the user set reaches the cluster as their other settings do: a submitted job's own
     runtime_env may hold it, and Ray refuses a driver that sets one of its keys again."""
+    monkeypatch.setenv(HUGE_PAGES, user or "")  # so that the test's end restores what was there
     if user is None:
-        monkeypatch.delenv(HUGE_PAGES, raising=False)
-    else:
-        monkeypatch.setenv(HUGE_PAGES, user)
+        monkeypatch.delenv(HUGE_PAGES)
     calls = []
     monkeypatch.setattr(ray_cluster.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_cluster.ray, "init", lambda **kwargs: calls.append(kwargs))
@@ -35,7 +34,8 @@ def test_a_cluster_the_run_joins_is_handed_the_defaults_it_filled_in(monkeypatch
 
 
 def test_every_function_of_an_embedded_ray_inherits_them(monkeypatch):
-    monkeypatch.delenv(HUGE_PAGES, raising=False)
+    monkeypatch.setenv(HUGE_PAGES, "")  # so that the test's end restores what was there
+    monkeypatch.delenv(HUGE_PAGES)
     assert ray_cluster.start_ray(RuntimeConfig(num_cpus=2))
     try:
         assert ray.get(ray.remote(lambda: os.environ.get(HUGE_PAGES)).remote()) == "1"
