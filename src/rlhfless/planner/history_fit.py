@@ -55,4 +55,4 @@ class HistoryFit:
 
     def __call__(self, history: np.ndarray) -> np.ndarray:
         intercept, slope = self.line()
-        return history if (intercept, slope) == (0.0, 1.0) else intercept + slope * history
+        return intercept + slope * history  # the identity line gives each history back exactly
