@@ -35,6 +35,8 @@ MEASURED_KEYS = {
     **{key: help_ for key, (_, help_) in MEASURED_GRID.items()},
     "repeats": "timed runs per point (the median is kept), after one warm-up",
     "memory_fraction": "share of free memory the KV capacity may use",
+    "packed_weights": "true (default) or false: linear layers on weights reordered once, as decode "
+    "functions run them with generation.packed_weights (a float32 model on a CPU only)",
 }
 
 
@@ -108,6 +110,9 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
     }
     repeats = _parsed("repeats", options.pop("repeats", "3"), int)
     memory_fraction = _parsed("memory_fraction", options.pop("memory_fraction", "0.5"), float)
+    packed = options.pop("packed_weights", "true").lower()
+    if packed not in ("true", "false"):
+        raise ValueError(f"packed_weights: got {packed!r}, expected true or false")
     fields = {k.removeprefix("model."): v for k, v in options.items()}
     if "model" in fields:
         fields["path"] = fields.pop("model")
@@ -134,7 +139,9 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
     begin = time.perf_counter()
     model = load_model(cfg, vocab_size=len(load_tokenizer(cfg)))
     load_s = time.perf_counter() - begin
-    table = measure_profile(model, **grid, repeats=repeats, memory_fraction=memory_fraction)
+    table = measure_profile(
+        model, **grid, repeats=repeats, memory_fraction=memory_fraction, packed_weights=packed == "true"
+    )
     # A function's cold start: a fresh interpreter's imports, and this model's load.
     table["cold_start_s"] = function_start_s() + load_s
     return table

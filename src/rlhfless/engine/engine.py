@@ -26,6 +26,7 @@ from rlhfless.engine.forward import (
 )
 from rlhfless.engine.graphs import StaticDecode, cuda_capture
 from rlhfless.engine.kv import PrefixKV, SlotCache, StaleCacheError
+from rlhfless.engine.packed import PackedLinears
 from rlhfless.engine.prefixes import PrefixTree, prefill_levels
 from rlhfless.engine.sampling import SamplingParams, sample_tokens, sequence_key, token_seed
 from rlhfless.engine.sequences import (
@@ -76,8 +77,10 @@ class Engine:
     hides the rest), so steps repeat shapes: on a GPU, an attention backend that plans per shape
     (cuDNN's builds a graph) plans a few times a run, not once a token. `cuda_graphs` (a CUDA
     model only) replays each decode step as a CUDA graph of a fixed shape (`graphs.StaticDecode`);
-    `static_decode` runs those fixed shapes eagerly, on any device. The model
-    should have dropout off (eval mode, or dropout 0); the engine does not change its mode.
+    `static_decode` runs those fixed shapes eagerly, on any device. `packed_weights` (a float32
+    model on a CPU) runs its forwards on linear weights reordered once per weight version
+    (`packed.PackedLinears`). The model should have dropout off (eval mode, or dropout 0); the
+    engine does not change its mode.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class Engine:
         span_quantum: int = SPAN_QUANTUM,
         static_decode: bool = False,
         cuda_graphs: bool = False,
+        packed_weights: bool = False,
     ):
         if max_running < 1:
             raise ValueError(f"max_running: got {max_running}, expected >= 1")
@@ -123,6 +127,7 @@ class Engine:
             if static_decode or cuda_graphs
             else None
         )
+        self.linears = PackedLinears(model, packed_weights)
         self.stats = EngineStats()
         self._queue: deque[_Row] = deque()
         self._running: list[_Seq] = []
@@ -192,7 +197,7 @@ class Engine:
         parents = list(parents) if parents is not None else [-1] * len(prefixes)
         tree = PrefixTree([list(p) for p in prefixes], parents, {})  # each parent an earlier prefix
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), self.linears:
             out, computed = prefill_levels(
                 self.model,
                 tree,
@@ -216,6 +221,7 @@ class Engine:
                 torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
             else:
                 self.model.load_state_dict(weights, strict=True)  # in place
+        self.linears.stale()
         self.weight_version = version
 
     # ----- running -------------------------------------------------------------------------
@@ -337,9 +343,10 @@ class Engine:
         self.stats.prefill_seconds += time.perf_counter() - start
 
     def _prefill_rows(self, rows: list[_Row]) -> None:
-        logits, cache, span = prefill_forward(
-            self.model, [(row.tokens, row.prefix) for row in rows], self.pad_token_id, self.mask_kind
-        )
+        with self.linears:
+            logits, cache, span = prefill_forward(
+                self.model, [(row.tokens, row.prefix) for row in rows], self.pad_token_id, self.mask_kind
+            )
         n_new = len(self._running) + sum(len(row.seqs) for row in rows)
         # fixed shapes: room for every joiner's whole response now, so the capacity (a graph's
         # span) stays put while they decode
@@ -380,11 +387,12 @@ class Engine:
         span = decode_span(max(lengths), self.span_quantum)
         positions = torch.tensor(lengths, dtype=torch.long, device=self.device)
         tokens = torch.tensor([s.generated[-1] for s in running], dtype=torch.long, device=self.device)
-        if self.static is not None:
-            logits = self.static(tokens, positions, span)
-        else:
-            self.slots.reserve(len(running), span)
-            logits = decode_forward(self.model, self.slots, tokens, positions, self.mask_kind, span)
+        with self.linears:
+            if self.static is not None:
+                logits = self.static(tokens, positions, span)
+            else:
+                self.slots.reserve(len(running), span)
+                logits = decode_forward(self.model, self.slots, tokens, positions, self.mask_kind, span)
         for seq in running:
             seq.length += 1
         self._sample(running, logits)

@@ -17,6 +17,7 @@ import torch
 
 from rlhfless.engine.forward import attention_mask_kind, decode_forward, decode_span, prefill_forward
 from rlhfless.engine.kv import SlotCache
+from rlhfless.engine.packed import PackedLinears
 
 
 def median_ms(fn, repeats: int, device: torch.device) -> float:
@@ -64,8 +65,10 @@ def measure_profile(
     prefill_tokens: Sequence[int],
     repeats: int = 3,
     memory_fraction: float = 0.5,
+    packed_weights: bool = False,
 ) -> dict:
-    """`{"decode": [{"batch", "context", "ms"}], "prefill": [{"tokens", "ms"}], "gpus": 1, "max_kv_tokens": K}`."""
+    """`{"decode": [{"batch", "context", "ms"}], "prefill": [{"tokens", "ms"}], "gpus": 1, "max_kv_tokens": K}`;
+    `packed_weights`: as an engine built with it runs its forwards (`Engine`)."""
     if repeats < 1:
         raise ValueError(f"repeats: got {repeats}, expected >= 1")
     kind = attention_mask_kind(model)
@@ -76,7 +79,7 @@ def measure_profile(
     vocab = config.vocab_size
     generator = torch.Generator().manual_seed(0)
     decode, prefill = [], []
-    with torch.inference_mode():
+    with torch.inference_mode(), PackedLinears(model, packed_weights):
         for batch in batches:
             for context in contexts:
                 slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)

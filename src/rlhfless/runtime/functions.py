@@ -106,6 +106,7 @@ class DecodeFunction:
         threads: int,
         device: str,
         cuda_graphs: bool = False,
+        packed_weights: bool = False,
     ) -> None:
         """Only the process: the model loads in `hello`, so that `where` answers as soon as Ray has
         placed the function, before its cold start ends."""
@@ -119,6 +120,7 @@ class DecodeFunction:
             max_running,
             device,
             cuda_graphs,
+            packed_weights,
         )
         self.params: SamplingParams | None = None
         self.step = 0
@@ -134,7 +136,9 @@ class DecodeFunction:
     def hello(self) -> Started:
         """The rest of the cold start, called once by the pool after `where`: the model from
         storage into an engine."""
-        model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device, graphs = self.setup
+        model_cfg, vocab_size, seed, eos_token_ids, pad_token_id, max_running, device, graphs, packed = (
+            self.setup
+        )
         model = load_model(model_cfg, vocab_size, seed, device)
         self.engine = Engine(
             model,
@@ -143,6 +147,7 @@ class DecodeFunction:
             weight_version=-1,
             max_running=max_running,
             cuda_graphs=graphs,
+            packed_weights=packed,
         )
         return started(self.started, time.time())
 

@@ -227,6 +227,7 @@ class Functions:
                     self.rt.threads_per_actor,
                     device,
                     cuda_graphs=cuda_graphs(cfg, device),
+                    packed_weights=cfg.generation.packed_weights,
                 )
             )
         return (

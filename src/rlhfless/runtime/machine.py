@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.config import Config
+from rlhfless.engine.packed import PackedLinears
 from rlhfless.planner import ClusterSpec, Profile
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
 from rlhfless.planner.learning import learner_width
@@ -40,13 +41,16 @@ CONTEXTS = (1, 128, 256, 512, 1024)
 PREFILL = (16, 64, 256, 1024)
 
 
-def cache_key(model: torch.nn.Module, threads: int) -> str:
+def cache_key(model: torch.nn.Module, threads: int, packed: bool = False) -> str:
     """What a measured time depends on: the model's config, dtype and device, threads, torch, the
-    machine."""
+    machine, and whether the engine's linear weights are reordered (`generation.packed_weights`,
+    where it applies)."""
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     param = next(model.parameters())
     device = "" if param.device.type == "cpu" else f"|{torch.cuda.get_device_name(param.device)}"
     raw = f"{config}|{param.dtype}|{threads}|{torch.__version__}|{os.cpu_count()}{device}"
+    if packed and PackedLinears(model).active:
+        raw += "|packed"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -63,13 +67,13 @@ def function_start_s() -> float:
     return time.perf_counter() - begin if done.returncode == 0 else 0.0
 
 
-def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int) -> Profile:
-    """This engine's time table on this machine with `threads` torch threads, and a function's
-    cold start (`function_start_s`), measured once and cached under `cache_dir/profiles/` (keyed
-    by the model's config, dtype, threads, torch)."""
+def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int, packed: bool = False) -> Profile:
+    """This engine's time table on this machine with `threads` torch threads (`packed`: its linear
+    weights reordered, as the decode functions run them), and a function's cold start
+    (`function_start_s`), measured once and cached under `cache_dir/profiles/` (`cache_key`)."""
     from rlhfless.engine.profiling import measure_profile
 
-    path = Path(cache_dir).expanduser() / "profiles" / f"{cache_key(model, threads)}.json"
+    path = Path(cache_dir).expanduser() / "profiles" / f"{cache_key(model, threads, packed)}.json"
     if path.is_file():
         try:
             cached = Profile.load(path)
@@ -82,7 +86,14 @@ def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int) -> Pr
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        table = measure_profile(model, batches=BATCHES, contexts=CONTEXTS, prefill_tokens=PREFILL, repeats=2)
+        table = measure_profile(
+            model,
+            batches=BATCHES,
+            contexts=CONTEXTS,
+            prefill_tokens=PREFILL,
+            repeats=2,
+            packed_weights=packed,
+        )
     finally:
         torch.set_num_threads(before)
     table["note"] = f"measured on this machine with {threads} thread(s)"
@@ -100,7 +111,9 @@ def machine_profile(cfg: Config, model: torch.nn.Module) -> Profile:
         return roofline_profile(ModelShape.from_hf_config(model.config.to_dict()), CPU_SLOT)
     if path:
         return Profile.load(path)
-    return measured_profile(model, cfg.model.cache_dir, cfg.runtime.threads_per_actor)
+    return measured_profile(
+        model, cfg.model.cache_dir, cfg.runtime.threads_per_actor, cfg.generation.packed_weights
+    )
 
 
 def machine_cluster(runtime: RuntimeConfig, gpus_per_actor: int, shape: ModelShape) -> ClusterSpec:
@@ -124,7 +137,7 @@ def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
     if not cfg.runtime.calibration_memory:
         return None
     key = (
-        f"{cache_key(policy, torch.get_num_threads())}-{cfg.runtime.executor}-"
+        f"{cache_key(policy, torch.get_num_threads(), cfg.generation.packed_weights)}-{cfg.runtime.executor}-"
         f"{cfg.runtime.profile or 'measured'}-width{learning_width(cfg)}-{cfg.scheduler.policy}"
     )
     name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
