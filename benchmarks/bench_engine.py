@@ -1,7 +1,8 @@
 """The generation engine on the default model: dedup prefill, continuous batching, placement invariance.
 
 Workload: GRPO, G=4, 16 chat prompts sharing one system prompt, sampled at temperature 1 (top-p 1)
-up to `--max-new-tokens`; SmolLM2-135M-Instruct, float32, CPU (or the GPU when there is one).
+up to `--max-new-tokens`; SmolLM2-135M-Instruct, float32, CPU (or the GPU when there is one), the
+engine's linear weights reordered as the runtime's decode functions run them (`--plain-weights`: not).
 Prints, side by side, wall seconds and this process's CPU seconds (the machine is shared: CPU
 seconds show the work done, wall seconds what other load adds):
 - prefill seconds and prompt tokens with dedup (planner prefix = the shared system prompt) vs
@@ -121,6 +122,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    parser.add_argument(
+        "--plain-weights",
+        action="store_true",
+        help="the engine's linear layers as they are (default: reordered, as generation.packed_weights)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -141,6 +147,7 @@ def main() -> None:
             pad_token_id=tokenizer.pad_token_id,
             max_running=max_running,
             max_kv_tokens=1 << 20,
+            packed_weights=not args.plain_weights,
         )
 
     print(
