@@ -1,11 +1,18 @@
-"""The small random Llama the engine's tests generate with (grouped-query attention, 2 layers)."""
+"""The small random Llamas the engine's tests generate with."""
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
+def _llama(seed: int, **shape) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
+
+
 def small_llama(vocab_size: int, max_positions: int) -> LlamaForCausalLM:
-    config = LlamaConfig(
+    """Grouped-query attention, 2 layers."""
+    return _llama(
+        0,
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
@@ -14,5 +21,16 @@ def small_llama(vocab_size: int, max_positions: int) -> LlamaForCausalLM:
         num_key_value_heads=2,
         max_position_embeddings=max_positions,
     )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+
+
+def one_layer_llama(vocab_size: int, seed: int) -> LlamaForCausalLM:
+    """A one-layer Llama whose weights `seed` draws: a second model's weights to load."""
+    return _llama(
+        seed,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )

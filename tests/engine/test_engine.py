@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlhfless.engine import (
     Engine,
@@ -22,7 +22,7 @@ from rlhfless.engine import (
     rollout,
 )
 from rlhfless.engine.forward import decode_span
-from tests.engine.engine_support import small_llama
+from tests.engine.engine_support import one_layer_llama, small_llama
 
 VOCAB = 256
 PAD = 0
@@ -259,16 +259,7 @@ def test_a_cache_from_an_older_weight_version_is_refused(model):
 
 
 def test_set_weights_from_a_flat_vector_changes_the_model_output():
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(1)
-    a, b = LlamaForCausalLM(config).eval(), LlamaForCausalLM(config).eval()
+    a, b = one_layer_llama(VOCAB, 1), one_layer_llama(VOCAB, 2)
     engine = make_engine(a)
     flat = torch.nn.utils.parameters_to_vector(b.parameters())
     engine.set_weights(flat, version=5)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlhfless.engine import Engine, Request
 from rlhfless.engine.packed import PackedLinears, available
 from rlhfless.engine.profiling import measure_profile
-from tests.engine.engine_support import small_llama
+from tests.engine.engine_support import one_layer_llama, small_llama
 from tests.engine.test_engine import EOS, GREEDY, PAD, SAMPLED, VOCAB, alone, key, prompts
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch has no oneDNN")
@@ -24,19 +24,6 @@ def model() -> LlamaForCausalLM:
 
 def packed_engine(model, **kwargs) -> Engine:
     return Engine(model, eos_token_ids=EOS, pad_token_id=PAD, packed_weights=True, **kwargs)
-
-
-def other_llama(seed: int) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
 
 
 @pytest.mark.parametrize("params,samples", [(GREEDY, 1), (SAMPLED, 3)], ids=["greedy", "sampled"])
@@ -71,7 +58,7 @@ def test_inside_the_context_every_linear_runs_on_its_reordered_weight_and_outsid
 
 
 def test_weights_loaded_into_a_packed_engine_are_reordered_again():
-    a, b = other_llama(1), other_llama(2)
+    a, b = one_layer_llama(VOCAB, 1), one_layer_llama(VOCAB, 2)
     engine = packed_engine(a)
     request = [Request("a", [9, 10, 11])]
     engine.generate(request, GREEDY, step=0)  # reorders a's weights
@@ -82,7 +69,7 @@ def test_weights_loaded_into_a_packed_engine_are_reordered_again():
 
 def test_a_weight_changed_in_place_is_reordered_again_at_the_next_forward():
     """A model shared with a colocated learner: its optimizer writes the weights in place."""
-    model = other_llama(3)
+    model = one_layer_llama(VOCAB, 3)
     packed = PackedLinears(model)
     ids = torch.tensor([[9, 10, 11, 12]])
     with torch.no_grad():
@@ -107,7 +94,7 @@ def test_a_bias_is_added_as_the_plain_layer_adds_it():
 
 def test_only_float32_cpu_linear_layers_of_an_enabled_engine_are_reordered(model):
     assert not PackedLinears(model, enabled=False).active
-    assert not PackedLinears(other_llama(4).to(torch.bfloat16)).active
+    assert not PackedLinears(one_layer_llama(VOCAB, 4).to(torch.bfloat16)).active
 
     class Special(torch.nn.Linear):  # a quantized layer, say: its own forward
         pass
@@ -125,5 +112,5 @@ def test_a_profile_times_the_forwards_as_a_packed_engine_runs_them(model):
     assert all(entry["ms"] > 0 for entry in table["decode"] + table["prefill"])
     # a table measured on plain layers is not read back for reordered ones
     assert machine.cache_key(model, 1, packed=True) != machine.cache_key(model, 1)
-    bf16 = other_llama(5).to(torch.bfloat16)  # nothing to reorder: the same table
+    bf16 = one_layer_llama(VOCAB, 5).to(torch.bfloat16)  # nothing to reorder: the same table
     assert machine.cache_key(bf16, 1, packed=True) == machine.cache_key(bf16, 1)
