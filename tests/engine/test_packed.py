@@ -83,6 +83,22 @@ def test_a_weight_changed_in_place_is_reordered_again_at_the_next_forward():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_shared_model_updated_by_a_fused_optimizer_is_reordered_again_at_the_next_version():
+    """The in-process learner's AdamW is fused: it writes the weights in place without moving
+    their version counters, so the engine's new weight version is what says they changed."""
+    model = one_layer_llama(VOCAB, 6)
+    engine = packed_engine(model)
+    request = [Request("a", [9, 10, 11])]
+    before = key(engine.generate(request, GREEDY, step=0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    model(input_ids=torch.tensor([[9, 10, 11, 12]])).logits.square().mean().backward()
+    optimizer.step()
+    engine.weight_version = 1  # as the executor says after each update
+    expected = Engine(model, eos_token_ids=EOS, pad_token_id=PAD).generate(request, GREEDY, step=0)
+    assert key(expected) != before  # the update changed what greedy decoding gives
+    assert key(engine.generate(request, GREEDY, step=0)) == key(expected)
+
+
 def test_a_bias_is_added_as_the_plain_layer_adds_it():
     torch.manual_seed(0)
     layer = torch.nn.Linear(24, 40, bias=True)

@@ -108,7 +108,8 @@ class Engine:
         self.mask_kind = attention_mask_kind(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
-        self.weight_version = weight_version
+        self.linears = PackedLinears(model, packed_weights)
+        self._weight_version = weight_version
         self.max_running = max_running
         self.max_kv_tokens = max_kv_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -127,13 +128,25 @@ class Engine:
             if static_decode or cuda_graphs
             else None
         )
-        self.linears = PackedLinears(model, packed_weights)
         self.stats = EngineStats()
         self._queue: deque[_Row] = deque()
         self._running: list[_Seq] = []
         self._finished: list[SequenceResult] = []
         self._n_finished = 0
         self._n_added = 0
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights the model holds; a new one makes the reordered linear
+        weights stale too (a learner sharing the model updates it in place, and a fused
+        optimizer step does not move the tensors' version counters)."""
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        if version != self._weight_version:
+            self.linears.stale()
+        self._weight_version = version
 
     # ----- work in -------------------------------------------------------------------------
 

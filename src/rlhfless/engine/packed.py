@@ -9,8 +9,10 @@ kernels Inductor's CPU freezing uses) and the engine's forwards run on those cop
 
 Only inside `with packed:`, so a model shared with a colocated learner trains exactly as
 before; float32 weights on a CPU only (elsewhere the layers run as they are). A weight that
-changed since it was reordered (new published weights, an optimizer step in place) is reordered
-again at the next `with`. Costs one reordered copy of the linear weights in memory.
+changed since it was reordered is reordered again at the next `with`: where its storage changed or
+its version counter moved, and for every layer after `stale()` (the engine calls it when its
+weight version changes: a fused AdamW step writes the weights in place without moving their
+version counters). Costs one reordered copy of the linear weights in memory.
 """
 
 from __future__ import annotations
