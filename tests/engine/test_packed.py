@@ -99,6 +99,20 @@ def test_a_shared_model_updated_by_a_fused_optimizer_is_reordered_again_at_the_n
     assert key(engine.generate(request, GREEDY, step=0)) == key(expected)
 
 
+def test_copies_made_in_inference_mode_are_reordered_again_outside_it():
+    """The engine's forwards run in inference mode, a bare forward under `no_grad` may follow."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40)
+    packed, x = PackedLinears(layer), torch.randn(3, 24)
+    with torch.inference_mode(), packed:
+        layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+        with packed:
+            got = layer(x)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
 def test_a_bias_is_added_as_the_plain_layer_adds_it():
     torch.manual_seed(0)
     layer = torch.nn.Linear(24, 40, bias=True)

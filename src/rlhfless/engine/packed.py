@@ -74,7 +74,7 @@ class PackedLinears:
         key = (weight.data_ptr(), weight._version)
         held = self._packed.get(layer)
         if held is None or held[0] != key:
-            with torch.no_grad():
+            with torch.inference_mode():  # the copies are the engine's, written only here
                 fresh = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
                 copy = fresh if held is None else held[1].copy_(fresh)
             held = (key, copy)
