@@ -62,7 +62,8 @@ class PackedLinears:
         return bool(self.linears)
 
     def stale(self) -> None:
-        """New weights were loaded: the next `with` reorders every layer again."""
+        """The weights changed where no tensor shows it (new weights loaded, a new weight
+        version): the next `with` reorders every layer again."""
         self._packed = {layer: (None, copy) for layer, (_, copy) in self._packed.items()}
 
     def _current(self, layer: torch.nn.Linear) -> torch.Tensor:
