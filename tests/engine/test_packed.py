@@ -144,3 +144,13 @@ def test_a_profile_times_the_forwards_as_a_packed_engine_runs_them(model):
     assert machine.cache_key(model, 1, packed=True) != machine.cache_key(model, 1)
     bf16 = one_layer_llama(VOCAB, 5).to(torch.bfloat16)  # nothing to reorder: the same table
     assert machine.cache_key(bf16, 1, packed=True) == machine.cache_key(bf16, 1)
+
+
+def test_without_onednn_every_layer_runs_as_it_is(model, monkeypatch):
+    available.cache_clear()
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    try:
+        assert not available()
+        assert not PackedLinears(model).active
+    finally:
+        available.cache_clear()  # what this torch really has, for the tests after

@@ -17,6 +17,7 @@ version counters). Costs one reordered copy of the linear weights in memory.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -26,9 +27,20 @@ import torch.nn.functional as F
 ROWS_HINT = 32  # oneDNN's batch-size hint for the reorder; the products' bits do not depend on it
 
 
+@functools.cache
 def available() -> bool:
-    """Whether this torch build has the oneDNN ops (a CPU build with MKL-DNN)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether this torch build runs the oneDNN ops on this CPU: tried once on a small product,
+    since a build may register them for a CPU whose kernels then refuse (the layers then run as
+    they are)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight, x = torch.ones(4, 8), torch.ones(2, 8)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT)
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return torch.equal(out, F.linear(x, weight))
 
 
 def _packable(module: torch.nn.Module) -> bool:
