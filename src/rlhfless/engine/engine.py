@@ -36,7 +36,7 @@ from rlhfless.engine.sequences import (
     SequenceResult,
     SequenceState,
 )
-from rlhfless.engine.weights import copy_into_parameters
+from rlhfless.engine.weights import load_weights
 
 
 @dataclass(eq=False)
@@ -138,8 +138,7 @@ class Engine:
     @property
     def weight_version(self) -> int:
         """The version of the weights the model holds; a new one makes the reordered linear
-        weights stale too (a learner sharing the model updates it in place, and a fused
-        optimizer step does not move the tensors' version counters)."""
+        weights stale (a fused optimizer step on a shared model moves no version counter)."""
         return self._weight_version
 
     @weight_version.setter
@@ -227,14 +226,8 @@ class Engine:
         """Load new policy weights (a state dict or one flat vector); older caches become stale."""
         if self._running or self._queue:
             raise RuntimeError("set_weights: sequences are still running; their KV would mix weight versions")
-        with torch.no_grad():
-            if isinstance(weights, torch.Tensor) and self.static is not None and self.static.graphs:
-                copy_into_parameters(self.model, weights.to(self.device))  # the graphs read them there
-            elif isinstance(weights, torch.Tensor):
-                torch.nn.utils.vector_to_parameters(weights.to(self.device), self.model.parameters())
-            else:
-                self.model.load_state_dict(weights, strict=True)  # in place
-        self.linears.stale()
+        load_weights(self.model, weights, in_place=self.static is not None and self.static.graphs)
+        self.linears.stale()  # also where the version stays (a reference's weights, say)
         self.weight_version = version
 
     # ----- running -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""New weights into a model's own parameter storage."""
+"""New weights into a model: its own parameter storage, or wherever they come from."""
 
 from __future__ import annotations
 
@@ -19,3 +19,18 @@ def copy_into_parameters(model: torch.nn.Module, flat: torch.Tensor) -> None:
         for p in params:
             p.copy_(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
+
+
+def load_weights(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor] | torch.Tensor, in_place: bool
+) -> None:
+    """A state dict (copied in place) or one flat vector into `model`: the parameters become views
+    of the vector (no copy), unless `in_place` (a CUDA graph reads them where they are)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        if isinstance(weights, torch.Tensor) and in_place:
+            copy_into_parameters(model, weights.to(device))
+        elif isinstance(weights, torch.Tensor):
+            torch.nn.utils.vector_to_parameters(weights.to(device), model.parameters())
+        else:
+            model.load_state_dict(weights, strict=True)
