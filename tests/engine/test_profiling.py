@@ -51,3 +51,52 @@ def test_a_measured_profile_carries_a_function_start_and_a_cached_one_without_it
     monkeypatch.setattr(machine, "function_start_s", lambda: 4.5)
     assert machine.measured_profile(model, str(tmp_path), 1).cold_start_s == 4.5
     assert Profile.load(path).cold_start_s == 4.5  # and kept
+
+
+def test_a_kv_budget_holds_no_point_past_it_and_extends_those_along_their_batch(monkeypatch):
+    """A first run measures its profile in the driver: the grid's largest point once held 3.0 GB."""
+    from rlhfless.engine import profiling
+
+    torch.set_num_threads(1)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    per_token = kv_bytes_per_token(model)
+    held = []  # KV tokens of each timed point
+    reserve = profiling.SlotCache.reserve
+
+    def recorded(self, n, span):
+        held.append(n * span)
+        return reserve(self, n, span)
+
+    monkeypatch.setattr(profiling.SlotCache, "reserve", recorded)
+    budget = 4 * 128 * per_token  # 4 sequences of 127 tokens (span 128) fit; 4 of 255 do not
+    table = measure_profile(
+        model,
+        batches=[1, 4],
+        contexts=[8, 32, 127, 255, 511],
+        prefill_tokens=[16],
+        repeats=1,
+        kv_budget_bytes=budget,
+    )
+    assert max(held) * per_token <= budget
+    assert table["extended"] == [{"batch": 4, "context": 255}, {"batch": 4, "context": 511}]
+    ms = {(d["batch"], d["context"]): d["ms"] for d in table["decode"]}
+    slope = max((ms[4, 127] - ms[4, 32]) / (127 - 32), 0.0)
+    assert ms[4, 511] == round(ms[4, 127] + slope * (511 - 127), 4)
+    assert ms[4, 255] <= ms[4, 511]
+    unbudgeted = measure_profile(model, batches=[1], contexts=[8, 32], prefill_tokens=[16], repeats=1)
+    assert unbudgeted["extended"] == []
+
+
+def test_a_row_with_fewer_than_two_points_under_the_budget_still_times_its_first_two():
+    """A line needs two points: a budget smaller than any point times each batch's first two."""
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    table = measure_profile(
+        model, batches=[2], contexts=[8, 32, 64], prefill_tokens=[16], repeats=1, kv_budget_bytes=1
+    )
+    assert table["extended"] == [{"batch": 2, "context": 64}]

@@ -35,6 +35,8 @@ MEASURED_KEYS = {
     **{key: help_ for key, (_, help_) in MEASURED_GRID.items()},
     "repeats": "timed runs per point (the median is kept), after one warm-up",
     "memory_fraction": "share of free memory the KV capacity may use",
+    "kv_budget_gb": "the most KV one timed decode point may hold (default: no limit); a point past "
+    "it is extended from its batch's last two timed contexts",
     "packed_weights": "true (default) or false: linear layers on weights reordered once, as decode "
     "functions run them with generation.packed_weights (a float32 model on a CPU only)",
 }
@@ -110,6 +112,10 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
     }
     repeats = _parsed("repeats", options.pop("repeats", "3"), int)
     memory_fraction = _parsed("memory_fraction", options.pop("memory_fraction", "0.5"), float)
+    budget = options.pop("kv_budget_gb", None)
+    kv_budget_bytes = None if budget is None else int(_parsed("kv_budget_gb", budget, float) * 2**30)
+    if kv_budget_bytes is not None and kv_budget_bytes < 1:
+        raise ValueError(f"kv_budget_gb: got {budget!r}, expected a positive number of GiB")
     packed = options.pop("packed_weights", "true").lower()
     if packed not in ("true", "false"):
         raise ValueError(f"packed_weights: got {packed!r}, expected true or false")
@@ -140,7 +146,12 @@ def measured_table(options: dict[str, str]) -> dict[str, Any]:
     model = load_model(cfg, vocab_size=len(load_tokenizer(cfg)))
     load_s = time.perf_counter() - begin
     table = measure_profile(
-        model, **grid, repeats=repeats, memory_fraction=memory_fraction, packed_weights=packed == "true"
+        model,
+        **grid,
+        repeats=repeats,
+        memory_fraction=memory_fraction,
+        packed_weights=packed == "true",
+        kv_budget_bytes=kv_budget_bytes,
     )
     # A function's cold start: a fresh interpreter's imports, and this model's load.
     table["cold_start_s"] = function_start_s() + load_s
@@ -165,6 +176,9 @@ def summary(table: dict[str, Any]) -> str:
         "prefill ms: "
         + ", ".join(f"{n} tok {prefill[n]:.1f}" for n in sorted(prefill) if n in (1, 1024, 4096, 8192))
     )
+    if table.get("extended"):
+        points = ", ".join(f"{p['batch']}x{p['context']}" for p in table["extended"])
+        lines.append(f"decode points extended, not timed (kv_budget_gb): {points}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,11 @@
 
 Decode: one decode-step forward of `batch` sequences that each hold `context` KV tokens.
 Prefill: one forward of a single `tokens`-long prompt. Times are medians over `repeats` runs,
-after one warm-up, in milliseconds.
+after one warm-up, in milliseconds. A decode point whose KV would pass `kv_budget_bytes` is not
+held at all: its time goes on from its batch's last two measured contexts in a straight line, the
+planner's own rule past a table's edge. On a CPU the KV is the process's memory: the default
+grid's largest point, 64 sequences at 1,024 tokens of SmolLM2-135M, holds 3.0 GB, which took a
+first run's driver to 5.25 GB against the 4 GB a process may take.
 """
 
 from __future__ import annotations
@@ -57,6 +61,13 @@ def max_kv_tokens(model: torch.nn.Module, memory_fraction: float = 0.5) -> int:
     return int(free * memory_fraction) // kv_bytes_per_token(model)
 
 
+def extended_ms(measured: Sequence[tuple[int, float]], context: int) -> float:
+    """A decode step's ms at `context`, on the line through a batch's last two measured
+    `(context, ms)` points; a falling line (noise) is taken as flat."""
+    (c0, ms0), (c1, ms1) = measured[-2:]
+    return ms1 + max((ms1 - ms0) / (c1 - c0), 0.0) * (context - c1)
+
+
 def measure_profile(
     model: torch.nn.Module,
     *,
@@ -66,11 +77,17 @@ def measure_profile(
     repeats: int = 3,
     memory_fraction: float = 0.5,
     packed_weights: bool = False,
+    kv_budget_bytes: int | None = None,
 ) -> dict:
-    """`{"decode": [{"batch", "context", "ms"}], "prefill": [{"tokens", "ms"}], "gpus": 1, "max_kv_tokens": K}`;
-    `packed_weights`: as an engine built with it runs its forwards (`Engine`)."""
+    """`{"decode": [{"batch", "context", "ms"}], "prefill": [{"tokens", "ms"}], "gpus": 1,
+    "max_kv_tokens": K, "extended": [{"batch", "context"}]}`. `packed_weights`: as an engine built
+    with it runs its forwards (`Engine`). `kv_budget_bytes` (None: no limit): the most KV a timed
+    point may hold; past it a batch's first two contexts are still timed, and its later points
+    are `extended` (`extended_ms`)."""
     if repeats < 1:
         raise ValueError(f"repeats: got {repeats}, expected >= 1")
+    if kv_budget_bytes is not None and kv_budget_bytes < 1:
+        raise ValueError(f"kv_budget_bytes: got {kv_budget_bytes}, expected a positive number of bytes")
     kind = attention_mask_kind(model)
     param = next(model.parameters())
     config = model.config
@@ -78,21 +95,26 @@ def measure_profile(
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     vocab = config.vocab_size
     generator = torch.Generator().manual_seed(0)
-    decode, prefill = [], []
+    token_bytes = kv_bytes_per_token(model)
+    decode, prefill, extended = [], [], []
     with torch.inference_mode(), PackedLinears(model, packed_weights):
         for batch in batches:
+            measured: list[tuple[int, float]] = []
             for context in contexts:
-                slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
                 span = decode_span(context)  # as the engine attends
-                slots.reserve(batch, span)
-                tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
-                positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
-                ms = median_ms(
-                    partial(decode_forward, model, slots, tokens, positions, kind, span),
-                    repeats,
-                    param.device,
-                )
-                decode.append({"batch": int(batch), "context": int(context), "ms": round(ms, 4)})
+                over = kv_budget_bytes is not None and batch * span * token_bytes > kv_budget_bytes
+                if over and len(measured) >= 2:
+                    ms = round(extended_ms(measured, context), 4)
+                    extended.append({"batch": int(batch), "context": int(context)})
+                else:
+                    slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+                    slots.reserve(batch, span)
+                    tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
+                    positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
+                    step = partial(decode_forward, model, slots, tokens, positions, kind, span)
+                    ms = round(median_ms(step, repeats, param.device), 4)
+                    measured.append((context, ms))
+                decode.append({"batch": int(batch), "context": int(context), "ms": ms})
         for n in prefill_tokens:
             row = [(torch.randint(0, vocab, (n,), generator=generator).tolist(), None)]
             ms = median_ms(partial(prefill_forward, model, row, 0, kind), repeats, param.device)
@@ -102,4 +124,5 @@ def measure_profile(
         "prefill": prefill,
         "gpus": 1,
         "max_kv_tokens": max_kv_tokens(model, memory_fraction),
+        "extended": extended,
     }
