@@ -20,6 +20,7 @@ from rlhfless.config import load_config
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.pricing import charge
 from rlhfless.runtime.billing import Meter
+from rlhfless.runtime.checkpoint import load_learner_state
 from rlhfless.runtime.data_parallel import split_rows
 from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.executor import build_critic, build_learner
@@ -77,7 +78,7 @@ def weights_close(a: torch.Tensor, b: torch.Tensor, lr: float) -> None:
 
 @pytest.mark.parametrize("epochs,mini_batches,prestarted", [(1, 1, False), (2, 2, True)])
 def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included(
-    epochs, mini_batches, prestarted
+    epochs, mini_batches, prestarted, tmp_path
 ):
     # PPO with the KL as a loss against a reference that differs from the policy, micro-batches
     # of a few groups each: one update (fused old log-probs and values), then several, with
@@ -127,7 +128,8 @@ def test_two_ranks_make_the_single_process_step_critic_reference_and_kl_included
             close(got_lp, want_lp)
         got_raw, got_critic = elastic.critic_update(samples, rewards)
         got = elastic.learn(samples, whiten_tokens(got_raw), ref)
-        critic_state = elastic.state_dict()["critic"]["model"]
+        elastic.save_state(tmp_path / "optimizer.pt")
+        critic_state = load_learner_state(tmp_path / "optimizer.pt")["critic"]["model"]
         elastic.narrow(time.time())
         free_after = elastic.functions.cluster().nodes[0].free  # what the next step's plan sees
         _, records = meter.close_step(time.time())
@@ -454,9 +456,10 @@ def stopped(handle, within_s: float = 60.0) -> bool:
     return False
 
 
-def test_rank_0s_weights_and_state_reach_the_driver_over_the_link():
+def test_rank_0s_weights_reach_the_driver_over_the_link_and_it_writes_its_own_state(tmp_path):
     """Sent from rank 0 tensor by tensor over the gloo pair, not the object store, the driver's
-    weights and the checkpoint's state are the single-process ones."""
+    weights are the single-process ones; so is the checkpoint's learner state, which rank 0 writes
+    itself (the driver never holds it), read back as a resume reads it."""
     cfg = load_config(preset="tiny", overrides=("runtime.executor=ray", "runtime.learner_width=1"))
     tokenizer = load_tokenizer(cfg.model)
     samples = make_samples(len(tokenizer))
@@ -472,11 +475,14 @@ def test_rank_0s_weights_and_state_reach_the_driver_over_the_link():
     try:
         elastic.widen(meter, len({s.uid for s in samples}), [], time.time())
         elastic.learn(samples, advantages, None)
-        state = elastic.state_dict()["learner"]
         elastic.narrow(time.time())
+        elastic.save_state(tmp_path / "optimizer.pt")
     finally:
         elastic.close()
 
+    whole = load_learner_state(tmp_path / "optimizer.pt")
+    assert whole["version"] == 1
+    state = whole["learner"]
     for a, b in zip(policy.parameters(), single_policy.parameters(), strict=True):
         weights_close(a, b, cfg.optim.lr)
     want = single.state_dict()

@@ -80,7 +80,7 @@ def save_checkpoint(
     step: int,
     model: torch.nn.Module,
     trainer_state: dict,
-    learner_state: dict,
+    save_learner_state: Callable[[Path], None],
     keep: int,
     on_file: Callable[[str], None] = lambda name: None,
 ) -> Path:
@@ -96,7 +96,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     save_model(model, str(tmp / "model.safetensors"))
     on_file("model.safetensors")
-    torch.save(learner_state, tmp / "optimizer.pt")
+    save_learner_state(tmp / "optimizer.pt")  # where the learner lives (`Executor.save_state`)
     on_file("optimizer.pt")
     (tmp / "rng.json").write_text(json.dumps(_rng_state()))
     on_file("rng.json")

@@ -8,6 +8,7 @@ are drawn from placement-independent random streams.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -68,9 +69,12 @@ class Executor(Protocol):
     def cluster(self) -> ClusterSpec | None:
         """The cluster the next plan is made for, as it is now (None: the planner's own)."""
 
-    def state_dict(self) -> dict: ...
+    def save_state(self, path: Path) -> None:
+        """Write the learner's state for a checkpoint (optimizers, schedule, PPO's critic, the
+        weight version) to `path`, from the process that holds it: never through the driver."""
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a checkpoint's learner state (`checkpoint.load_learner_state`)."""
 
     def close(self) -> None: ...
 
@@ -183,6 +187,10 @@ class LearnerReplica:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
 
+    def save_state(self, path: str, extra: dict) -> None:
+        """`state_dict()` and `extra` written to `path` by this replica's process (`torch.save`)."""
+        torch.save({**self.state_dict(), **extra}, path)
+
     def prime(self) -> None:
         """The optimizers' states allocated now (`learner.prime`), before the first update: for
         rank 0, the replica that steps, while the run starts (the in-process learner has nothing
@@ -223,9 +231,9 @@ class LearnerSide:
         """`LearnerReplica.method(*args)` wherever the replicas are; the first replica's result."""
         raise NotImplementedError
 
-    def _state(self) -> dict:
-        """The first replica's `state_dict()`."""
-        return self._run("state_dict")
+    def _save(self, path: str, extra: dict) -> None:
+        """The first replica's `save_state`."""
+        self._run("save_state", path, extra)
 
     def _restore(self, state: dict) -> None:
         """A checkpoint's replica state (the policy's weights are already in `self.policy`)."""
@@ -266,8 +274,8 @@ class LearnerSide:
         self.engine.weight_version = self.version
         return metrics
 
-    def state_dict(self) -> dict:
-        return {**self._state(), "version": self.version}
+    def save_state(self, path: Path) -> None:
+        self._save(str(path), {"version": self.version})
 
     def load_state_dict(self, state: dict) -> None:
         self._restore(state)

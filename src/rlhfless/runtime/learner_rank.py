@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any
 
 import numpy as np
 import ray
@@ -19,7 +18,7 @@ from rlhfless.runtime.data_parallel import DataParallel, backend, broadcast_para
 from rlhfless.runtime.executor import LearnerReplica
 from rlhfless.runtime.functions import Started, function_setup, started
 from rlhfless.runtime.samples import Sample
-from rlhfless.runtime.transfer import load_flat_weights, split_state
+from rlhfless.runtime.transfer import load_flat_weights
 
 
 class LearnerRank(LearnerReplica):
@@ -108,16 +107,6 @@ class LearnerRank(LearnerReplica):
     def send_weights(self) -> None:
         """The policy's parameters to the driver, in `parameters()` order."""
         rank_link.send(self.driver, list(self.policy.parameters()))
-
-    def state_layout(self) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype]]]:
-        """The learner state for a checkpoint without its tensors (`split_state`), and their shapes
-        and dtypes, in the order `send_state` sends them."""
-        layout, tensors = split_state(self.state_dict())
-        return layout, [(tuple(t.shape), t.dtype) for t in tensors]
-
-    def send_state(self) -> None:
-        """The learner state's tensors to the driver (`state_layout`'s order)."""
-        rank_link.send(self.driver, split_state(self.state_dict())[1])
 
     def load(self, flat: np.ndarray, state: dict) -> None:
         """A checkpoint's policy weights and learner state (a resumed run)."""

@@ -1,6 +1,6 @@
-"""The driver's line to learner rank 0: the policy's weights after each update, and the learner's
-state for a checkpoint, sent tensor by tensor over a gloo pair of the two processes
-(`torch.distributed`), straight into the driver's tensors.
+"""The driver's line to learner rank 0: the policy's weights after each update, sent tensor by
+tensor over a gloo pair of the two processes (`torch.distributed`), straight into the driver's
+tensors. (A checkpoint's learner state does not travel: rank 0 writes it, `ElasticLearner._save`.)
 
 Not through Ray's object store: a process that returns an object writes it into the store, and
 every page it touched there counts in its resident memory from then on, in new places as the

@@ -25,6 +25,7 @@ Under `verl` they are held for the whole step, as a serverful deployment would.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import ray
 import torch
@@ -352,8 +353,8 @@ class RayExecutor:
 
     # ----- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
-        return self.learner.state_dict()
+    def save_state(self, path: Path) -> None:
+        self.learner.save_state(path)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the learner; every function re-syncs from the (checkpoint-loaded) policy."""

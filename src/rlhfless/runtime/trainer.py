@@ -208,7 +208,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
                     step,
                     policy,
                     trainer_state,
-                    executor.state_dict(),
+                    executor.save_state,
                     cfg.trainer.keep_checkpoints,
                     exit_after(cfg.runtime.fault_plan.checkpoint_file(step)),
                 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -58,32 +57,6 @@ def map_leaves(node, leaf_fn):
     if isinstance(node, list | tuple):
         return type(node)(map_leaves(v, leaf_fn) for v in node)
     return leaf_fn(node)
-
-
-@dataclass(frozen=True)
-class TensorSlot:
-    """Where a tensor of a state tree sits in the list of its tensors (`split_state`)."""
-
-    index: int
-
-
-def split_state(state) -> tuple[Any, list[torch.Tensor]]:
-    """`state` (nested dicts and lists) with every tensor replaced by a `TensorSlot`, and its
-    tensors in slot order: the layout travels whole, the tensors one by one."""
-    tensors: list[torch.Tensor] = []
-
-    def strip(leaf):
-        if not isinstance(leaf, torch.Tensor):
-            return leaf
-        tensors.append(leaf)
-        return TensorSlot(len(tensors) - 1)
-
-    return map_leaves(state, strip), tensors
-
-
-def join_state(layout, tensors: list[torch.Tensor]):
-    """The inverse of `split_state`."""
-    return map_leaves(layout, lambda leaf: tensors[leaf.index] if isinstance(leaf, TensorSlot) else leaf)
 
 
 def flat_weights(model: torch.nn.Module) -> np.ndarray:
