@@ -143,9 +143,11 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     check_prompt_tokens(prompts, tokenizer, cfg.generation.max_prompt_tokens)  # before any write
     loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
+    # The planner first: a machine's first run measures its profile here, before the executor
+    # holds a reference copy or starts Ray's processes beside the timing.
+    planner = build_planner(cfg, policy)
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    planner = build_planner(cfg, policy)
 
     kl_ctrl = kl_controller(cfg.algorithm)
     start = 0
