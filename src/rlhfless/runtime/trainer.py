@@ -31,7 +31,6 @@ from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
-from rlhfless.runtime.freed_memory import release_freed_memory
 from rlhfless.runtime.planning import build_planner, observe_lengths, plan_metrics
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
@@ -178,7 +177,6 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     except PlanError as err:
         executor.close()
         raise TrainError(f"forecast: {err}") from None
-    release_freed_memory()  # what measuring the time table, learning rate and pilot freed
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     if start == 0:  # a resumed run keeps the forecast made before it paid anything
