@@ -39,8 +39,8 @@ DERIVED = "derived"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (1, 128, 256, 512, 1024)
 PREFILL = (16, 64, 256, 1024)
-# The most KV one timed point may hold: a run's first plans are measured in its driver, which
-# the default run keeps under 4 GB (the grid's largest point holds 3.0 GB of SmolLM2-135M's KV).
+# The most KV one timed decode point may hold: a machine's first run measures its profile in the
+# driver, which the default run keeps under 4 GB (the grid's largest point: 3.0 GB of KV).
 PROFILE_KV_BYTES = 1 << 30
 
 
