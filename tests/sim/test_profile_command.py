@@ -52,6 +52,14 @@ def test_a_value_of_the_wrong_kind_is_one_line_naming_its_key(capsys):
             ("model.path=tiny", "model.tiny_layers=2.5"),
             "rlhfless profile: model.tiny_layers: got '2.5', expected an integer",
         ),
+        (
+            ("model.path=tiny", "kv_budget_gb=abc"),
+            "rlhfless profile: kv_budget_gb: got 'abc', expected a number",
+        ),
+        (
+            ("model.path=tiny", "kv_budget_gb=0"),
+            "rlhfless profile: kv_budget_gb: got '0', expected a positive number of GiB",
+        ),
     ):
         assert main(["profile", *argv]) == 2
         out, err = capsys.readouterr()
@@ -81,3 +89,16 @@ def test_measured_table_of_the_tiny_model_is_a_profile_the_planner_reads(tmp_pat
 def test_measured_unknown_key_is_an_error_naming_it():
     status, body, err = run_profile("model.path=tiny", "model.colour=red")
     assert status["rc"] == 2 and not body and "colour" in err
+
+
+def test_a_kv_budget_names_the_points_it_extended_instead_of_timing():
+    status, body, _ = run_profile(
+        "model.path=tiny",
+        "batches=1,4",
+        "contexts=1,8,200",
+        "prefill_tokens=8",
+        "repeats=1",
+        "kv_budget_gb=0.000001",  # about 1 KB: past the first two contexts, every point is over
+    )
+    assert status["rc"] == 0
+    assert "decode points extended, not timed (kv_budget_gb): 1x200, 4x200" in body
