@@ -114,12 +114,8 @@ class Engine:
         self.max_kv_tokens = max_kv_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.span_quantum = span_quantum
-        config = model.config
-        param = next(model.parameters())
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.device = param.device
-        self.slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+        self.device = next(model.parameters()).device
+        self.slots = SlotCache.for_model(model)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs: the model is on {self.device}, expected a CUDA device")
         capture = cuda_capture if cuda_graphs else None
@@ -274,31 +270,20 @@ class Engine:
 
     def unfinished(self, with_kv: bool = False) -> list[SequenceState]:
         """States of the running, then queued, sequences, leaving them in the engine."""
-        states = []
-        for seq in self._running:
-            kv = None
-            if with_kv:
-                keys, values = self.slots.read(seq.slot, seq.length)
-                tokens = (seq.prompt_ids + seq.generated)[: seq.length]
-                kv = PrefixKV(tokens, keys, values, self.weight_version)
-            states.append(
-                SequenceState(
-                    seq.uid, seq.sample, seq.prompt_ids, list(seq.generated), list(seq.logprobs), kv
-                )
+
+        def state(seq: _Seq, kv: PrefixKV | None) -> SequenceState:
+            return SequenceState(
+                seq.uid, seq.sample, seq.prompt_ids, list(seq.generated), list(seq.logprobs), kv
             )
-        for row in self._queue:
-            for seq in row.seqs:
-                states.append(
-                    SequenceState(
-                        seq.uid,
-                        seq.sample,
-                        seq.prompt_ids,
-                        list(seq.generated),
-                        list(seq.logprobs),
-                        row.prefix,
-                    )
-                )
-        return states
+
+        running = [state(seq, self._slot_kv(seq) if with_kv else None) for seq in self._running]
+        return running + [state(seq, row.prefix) for row in self._queue for seq in row.seqs]
+
+    def _slot_kv(self, seq: _Seq) -> PrefixKV:
+        """A running sequence's KV, copied out of its slot."""
+        keys, values = self.slots.read(seq.slot, seq.length)
+        tokens = (seq.prompt_ids + seq.generated)[: seq.length]
+        return PrefixKV(tokens, keys, values, self.weight_version)
 
     def cut(self, with_kv: bool = False) -> list[SequenceState]:
         """Remove and return every unfinished sequence (running and queued) for `resume` elsewhere."""

@@ -96,6 +96,14 @@ class PrefillCache:
         )
 
 
+def kv_layout(config) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a Hugging Face causal LM's config; KV heads are the
+    attention heads where it has no grouped-query count."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
 class SlotCache:
     """Per-layer buffers [slots, kv_heads, capacity, head_dim]; slot i holds running sequence i.
 
@@ -116,6 +124,12 @@ class SlotCache:
         self._rows: torch.Tensor | None = None
         self._positions: torch.Tensor | None = None
         self._span = 0
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> SlotCache:
+        """Empty slots shaped for `model`'s KV (`kv_layout`), in its parameters' dtype and device."""
+        param = next(model.parameters())
+        return cls(*kv_layout(model.config), param.dtype, param.device)
 
     def reserve(self, slots: int, tokens: int) -> None:
         """Make room for `slots` sequences of up to `tokens` tokens, keeping what is stored."""

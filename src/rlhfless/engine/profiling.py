@@ -20,7 +20,7 @@ from functools import partial
 import torch
 
 from rlhfless.engine.forward import attention_mask_kind, decode_forward, decode_span, prefill_forward
-from rlhfless.engine.kv import SlotCache
+from rlhfless.engine.kv import SlotCache, kv_layout
 from rlhfless.engine.packed import PackedLinears
 
 
@@ -44,11 +44,8 @@ def median_ms(fn, repeats: int, device: torch.device) -> float:
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    element = next(model.parameters()).element_size()
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * element
+    layers, kv_heads, head_dim = kv_layout(model.config)
+    return 2 * layers * kv_heads * head_dim * next(model.parameters()).element_size()
 
 
 def max_kv_tokens(model: torch.nn.Module, memory_fraction: float = 0.5) -> int:
@@ -90,10 +87,7 @@ def measure_profile(
         raise ValueError(f"kv_budget_bytes: got {kv_budget_bytes}, expected a positive number of bytes")
     kind = attention_mask_kind(model)
     param = next(model.parameters())
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    vocab = config.vocab_size
+    vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     token_bytes = kv_bytes_per_token(model)
     decode, prefill, extended = [], [], []
@@ -107,7 +101,7 @@ def measure_profile(
                     ms = round(extended_ms(measured, context), 4)
                     extended.append({"batch": int(batch), "context": int(context)})
                 else:
-                    slots = SlotCache(config.num_hidden_layers, kv_heads, head_dim, param.dtype, param.device)
+                    slots = SlotCache.for_model(model)
                     slots.reserve(batch, span)
                     tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
                     positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
