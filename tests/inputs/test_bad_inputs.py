@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from conftest import FAST
 from inputs_support import refused, snapshot
 from safetensors.torch import load_file, save_file
@@ -556,6 +557,11 @@ RESUME = {
         lambda run: _truncate(run / CHECKPOINT / "optimizer.pt"),
         [],
         ["optimizer.pt: refused"],
+    ),
+    "optimizer without its version": (
+        lambda run: torch.save({"learner": {}}, run / CHECKPOINT / "optimizer.pt"),
+        [],
+        ["optimizer.pt: keys 'learner' and 'version'", "expected"],
     ),
     "weights truncated": (
         lambda run: _truncate(run / CHECKPOINT / "model.safetensors"),

@@ -144,13 +144,14 @@ def check_weights(path: Path, model: torch.nn.Module) -> None:
         )
 
 
-def load_learner_state(path: Path) -> dict:
+def load_learner_state(path: Path, mmap: bool = False) -> dict:
     """Optimizer (and critic) state, loaded with `weights_only=True`: a pickle that would build any
-    object other than tensors and plain containers is refused, never executed."""
+    object other than tensors and plain containers is refused, never executed. `mmap`: tensors
+    stay mapped from the file, unread (a check that holds no copy of them)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: not found, expected the optimizer state of the checkpoint")
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
@@ -158,6 +159,12 @@ def load_learner_state(path: Path) -> dict:
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: got {type(state).__name__}, expected a state mapping")
+    version = state.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not isinstance(state.get("learner"), dict):
+        raise CheckpointError(
+            f"{path}: keys 'learner' and 'version': got {sorted(state)!r:.80}, expected the learner's "
+            "state mapping and an integer weight version"
+        )
     return state
 
 
@@ -181,8 +188,10 @@ def _read_rng(path: Path) -> dict:
     return state
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict, dict]:
-    """Restore weights and RNG states in place; return (trainer_state, learner_state).
+def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
+    """Restore weights and RNG states in place; return the trainer's state. The learner's state,
+    `path / "optimizer.pt"`, is checked here but loaded by the process that holds the learner
+    (`Executor.load_state`), so its optimizer states never pass through this one.
 
     Every file is read and checked before anything is restored, so a refused checkpoint leaves the
     model and the RNGs as they were.
@@ -193,7 +202,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict, dict]:
     except InputError as err:
         raise CheckpointError(str(err)) from None
     check_weights(path / "model.safetensors", model)
-    learner_state = load_learner_state(path / "optimizer.pt")
+    load_learner_state(path / "optimizer.pt", mmap=True)
     try:
         _set_rng_state(rng)
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -201,7 +210,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict, dict]:
             f"{path / 'rng.json'}: malformed RNG state ({err}), expected this version's layout"
         ) from None
     load_model(model, str(path / "model.safetensors"))
-    return trainer_state, learner_state
+    return trainer_state
 
 
 def _dotted(tree: dict, key: str) -> Any:

@@ -433,9 +433,10 @@ class ElasticLearner(LearnsAhead, LearnerSide):
             self.link = RankLink(self.rank0)
         return self.link
 
-    def _restore(self, state: dict) -> None:
-        """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and state."""
-        ray.get(self.rank0.load.remote(flat_weights(self.policy), state))
+    def _load(self, path: str) -> int:
+        """A resumed run: rank 0 takes the checkpoint's policy (already in the driver's) and reads
+        its state from `path` itself (its node is the driver's)."""
+        return ray.get(self.rank0.load.remote(flat_weights(self.policy), path))
 
     def close(self) -> None:
         """Stop every rank, without waiting on a phase an error may have left in a collective."""

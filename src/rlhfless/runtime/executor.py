@@ -18,6 +18,7 @@ from rlhfless.config import Config
 from rlhfless.engine import Engine, SamplingParams, rollout
 from rlhfless.planner import ClusterSpec, StepPlan
 from rlhfless.rewards import RewardFn
+from rlhfless.runtime.checkpoint import load_learner_state
 from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.learner import Learner, prime
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
@@ -73,8 +74,9 @@ class Executor(Protocol):
         """Write the learner's state for a checkpoint (optimizers, schedule, PPO's critic, the
         weight version) to `path`, from the process that holds it: never through the driver."""
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a checkpoint's learner state (`checkpoint.load_learner_state`)."""
+    def load_state(self, path: Path) -> None:
+        """Restore a checkpoint's learner state from `path` (checked by `checkpoint.load_checkpoint`),
+        read by the process that holds the learner: never through the driver."""
 
     def close(self) -> None: ...
 
@@ -191,6 +193,12 @@ class LearnerReplica:
         """`state_dict()` and `extra` written to `path` by this replica's process (`torch.save`)."""
         torch.save({**self.state_dict(), **extra}, path)
 
+    def load_state(self, path: str) -> int:
+        """What `save_state` wrote to `path`, restored; its weight version."""
+        state = load_learner_state(Path(path))
+        self.load_state_dict(state)
+        return state["version"]
+
     def prime(self) -> None:
         """The optimizers' states allocated now (`learner.prime`), before the first update: for
         rank 0, the replica that steps, while the run starts (the in-process learner has nothing
@@ -235,8 +243,8 @@ class LearnerSide:
         """The first replica's `save_state`."""
         self._run("save_state", path, extra)
 
-    def _restore(self, state: dict) -> None:
-        """A checkpoint's replica state (the policy's weights are already in `self.policy`)."""
+    def _load(self, path: str) -> int:
+        """The first replica's `load_state` (the policy's weights are already in `self.policy`)."""
         raise NotImplementedError
 
     def _synced(self) -> dict:
@@ -277,9 +285,8 @@ class LearnerSide:
     def save_state(self, path: Path) -> None:
         self._save(str(path), {"version": self.version})
 
-    def load_state_dict(self, state: dict) -> None:
-        self._restore(state)
-        self.version = state["version"]
+    def load_state(self, path: Path) -> None:
+        self.version = self._load(str(path))
         self.engine.weight_version = self.version
 
 
@@ -302,8 +309,8 @@ class LocalLearner(LearnerSide):
     def _run(self, method: str, *args):
         return getattr(self.replica, method)(*args)
 
-    def _restore(self, state: dict) -> None:
-        self.replica.load_state_dict(state)
+    def _load(self, path: str) -> int:
+        return self.replica.load_state(path)
 
 
 class InProcessExecutor(LocalLearner):

@@ -108,10 +108,11 @@ class LearnerRank(LearnerReplica):
         """The policy's parameters to the driver, in `parameters()` order."""
         rank_link.send(self.driver, list(self.policy.parameters()))
 
-    def load(self, flat: np.ndarray, state: dict) -> None:
-        """A checkpoint's policy weights and learner state (a resumed run)."""
+    def load(self, flat: np.ndarray, path: str) -> int:
+        """A checkpoint's policy weights, and its learner state read from `path` (a resumed run);
+        the state's weight version."""
         load_flat_weights(self.policy, flat)
-        self.load_state_dict(state)
+        return self.load_state(path)
 
 
 def rank_env(mmap_threshold: int) -> dict | None:

@@ -356,9 +356,9 @@ class RayExecutor:
     def save_state(self, path: Path) -> None:
         self.learner.save_state(path)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state(self, path: Path) -> None:
         """Restore the learner; every function re-syncs from the (checkpoint-loaded) policy."""
-        self.learner.load_state_dict(state)
+        self.learner.load_state(path)
         self.weights.forget()
         for lease in self.functions.pool.idle:
             lease.version = None

@@ -154,8 +154,8 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
         checkpoints = list_checkpoints(out / "checkpoints")
         if not checkpoints:
             raise TrainError(f"resume: no checkpoint under {out / 'checkpoints'}")
-        state, learner_state = load_checkpoint(checkpoints[-1], policy)
-        executor.load_state_dict(learner_state)
+        state = load_checkpoint(checkpoints[-1], policy)
+        executor.load_state(checkpoints[-1] / "optimizer.pt")
         loader.load_state_dict(state["loader"])
         predictor.load_state_dict(state["predictor"])
         planner.load_state_dict(state.get("planner", {}))
