@@ -194,8 +194,9 @@ class LearnerReplica:
         torch.save({**self.state_dict(), **extra}, path)
 
     def load_state(self, path: str) -> int:
-        """What `save_state` wrote to `path`, restored; its weight version."""
-        state = load_learner_state(Path(path))
+        """What `save_state` wrote to `path`, restored; its weight version. The file is mapped, not
+        read: the optimizer takes the mapped tensors as its states (copy-on-write), no copy."""
+        state = load_learner_state(Path(path), mmap=True)
         self.load_state_dict(state)
         return state["version"]
 
