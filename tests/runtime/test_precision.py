@@ -3,7 +3,6 @@ rollout engines' weights and KV in bfloat16, refreshed after every update."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 
@@ -17,7 +16,7 @@ from rlhfless.devices import compute_dtype, resolve_device
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.runtime.executor import build_learner
 from rlhfless.runtime.logprobs import SelectedLogSoftmax
-from rlhfless.runtime.precision import autocast, deterministic
+from rlhfless.runtime.precision import deterministic
 from rlhfless.runtime.samples import Sample
 from rlhfless.runtime.trainer import build_executor
 
@@ -164,47 +163,3 @@ def test_every_backward_of_the_learner_and_the_critic_runs_under_the_determinist
     executor.learn(samples, advantages, ref)
     assert critic_passes > 0 and len(modes) > critic_passes
     assert all(modes) and not torch.are_deterministic_algorithms_enabled()
-
-
-def _ppo_update(monkeypatch, cast_each_forward: bool) -> tuple[list[torch.Tensor], int]:
-    """A PPO update with KL, critic first, in bfloat16 with gradient checkpointing and several
-    micro-batches: the weights after it, and how many casts (`aten::_to_copy`) it made."""
-    from rlhfless.runtime import critic, learner
-
-    if cast_each_forward:  # each forward casts afresh, as before `precision.cast_once`
-        for room in (learner, critic):
-            monkeypatch.setattr(room, "cast_once", lambda model, dtype: contextlib.nullcontext())
-            monkeypatch.setattr(room, "autocast", lambda model, dtype, cached=False: autocast(model, dtype))
-    cfg = resolve_device(
-        tiny(
-            "algorithm.name=ppo",
-            "algorithm.kl_coef=0.1",
-            "model.compute_dtype=bfloat16",
-            "model.gradient_checkpointing=true",
-            "trainer.micro_batch_tokens=40",
-        )
-    )
-    tokenizer = load_tokenizer(cfg.model)
-    executor = build_executor(cfg, tokenizer, load_model(cfg.model, len(tokenizer), cfg.seed))
-    samples, _ = batch(len(tokenizer))
-    ref = executor.learner.logprobs(executor.reference, samples)
-    rewards = [torch.full((len(s.response_ids),), 0.5) for s in samples]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        advantages, _ = executor.critic_update(samples, rewards)
-        executor.learn(samples, advantages, ref)
-    casts = sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
-    weights = [p.detach().clone() for p in executor.policy.parameters()]
-    return weights + [p.detach().clone() for p in executor.critic.model.parameters()], casts
-
-
-def test_an_update_casts_each_weight_once_and_learns_every_bit_as_when_each_forward_cast_afresh(
-    monkeypatch,
-):
-    """`precision.cast_once`: the micro-batches' forwards, and the recompute of gradient
-    checkpointing, share one bfloat16 cast of each weight; the casts are deterministic, so no
-    gradient, and no weight after the update, changes by a bit."""
-    with monkeypatch.context() as patch:
-        before, casts_before = _ppo_update(patch, cast_each_forward=True)
-    after, casts_after = _ppo_update(monkeypatch, cast_each_forward=False)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert casts_after < casts_before

@@ -20,7 +20,7 @@ from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.learner import adamw, shuffle_seed, update_order
 from rlhfless.runtime.logprobs import response_hidden
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack
-from rlhfless.runtime.precision import autocast, cast_once, deterministic
+from rlhfless.runtime.precision import autocast, deterministic
 from rlhfless.runtime.samples import Sample
 
 
@@ -130,34 +130,31 @@ class Critic:
             tokens = max(sum(lengths[i] for i in rows), 1)
             self.optimizer.zero_grad(set_to_none=True)
             mine = self.dp.rows(samples, rows)
-            with cast_once(self.model, self.compute_dtype):  # each weight cast once an update
-                for mb in self._batches(samples, mine):  # weighed by the whole `rows`
-                    width = mb.mask.shape[1]
-                    with autocast(self.model, self.compute_dtype, cached=True):
-                        values = response_values(self.model, mb)
-                    if fused:  # the pre-update values are this very forward's, detached
-                        old_v = values.detach()
-                        rewards_mb = stack(rewards, mb.rows, width, self.device)
-                        adv, ret = gae(rewards_mb, old_v, mb.mask, algo.gamma, algo.lam)
-                        for b, i in enumerate(mb.rows):
-                            advantages[i], returns[i], old[i] = (
-                                adv[b, : lengths[i]].cpu(),
-                                ret[b, : lengths[i]].cpu(),
-                                old_v[b, : lengths[i]].cpu(),
-                            )
-                    else:
-                        old_v = stack(old, mb.rows, width, self.device)
-                        ret = stack(returns, mb.rows, width, self.device)
-                    loss = value_loss(
-                        values, old_v, ret, mb.mask, algo.value_clip, algo.loss_agg, self.norm_len
-                    )
-                    token_share = float(mb.mask.sum()) / tokens
-                    weight = token_share if algo.loss_agg == "token-mean" else len(mb.rows) / len(rows)
-                    (loss * weight).backward()
-                    totals["loss/value"] += float(loss.detach()) * weight
-                    if algo.value_clip is not None:
-                        moved = ((values.detach() - old_v).abs() > algo.value_clip).float()
-                        totals["critic/vf_clip_frac"] += float(masked_mean(moved, mb.mask)) * token_share
+            for mb in self._batches(samples, mine):  # weighed by the whole `rows`
+                width = mb.mask.shape[1]
+                with autocast(self.model, self.compute_dtype):
+                    values = response_values(self.model, mb)
+                if fused:  # the pre-update values are this very forward's, detached
+                    old_v = values.detach()
+                    rewards_mb = stack(rewards, mb.rows, width, self.device)
+                    adv, ret = gae(rewards_mb, old_v, mb.mask, algo.gamma, algo.lam)
+                    for b, i in enumerate(mb.rows):
+                        advantages[i], returns[i], old[i] = (
+                            adv[b, : lengths[i]].cpu(),
+                            ret[b, : lengths[i]].cpu(),
+                            old_v[b, : lengths[i]].cpu(),
+                        )
+                else:
+                    old_v = stack(old, mb.rows, width, self.device)
+                    ret = stack(returns, mb.rows, width, self.device)
+                loss = value_loss(values, old_v, ret, mb.mask, algo.value_clip, algo.loss_agg, self.norm_len)
+                token_share = float(mb.mask.sum()) / tokens
+                weight = token_share if algo.loss_agg == "token-mean" else len(mb.rows) / len(rows)
+                (loss * weight).backward()
+                totals["loss/value"] += float(loss.detach()) * weight
+                if algo.value_clip is not None:
+                    moved = ((values.detach() - old_v).abs() > algo.value_clip).float()
+                    totals["critic/vf_clip_frac"] += float(masked_mean(moved, mb.mask)) * token_share
             max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
             params = list(self.model.parameters())
             totals["critic/grad_norm"] += self.dp.step(self.optimizer, params, max_norm, n < len(chunks) - 1)

@@ -28,7 +28,7 @@ from rlhfless.config import OptimConfig
 from rlhfless.runtime.data_parallel import DataParallel
 from rlhfless.runtime.logprobs import response_logprobs
 from rlhfless.runtime.micro_batch import MicroBatch, pack, stack, tokens_run
-from rlhfless.runtime.precision import autocast, cast_once, deterministic
+from rlhfless.runtime.precision import autocast, deterministic
 from rlhfless.runtime.samples import Sample
 
 
@@ -294,56 +294,41 @@ class Learner:
     ) -> dict[str, float]:
         """The loss of `rows`' micro-batches, backward into the gradients: each micro-batch's loss
         weighed by its tokens (rows, under a per-sequence loss) over `per`, its metrics by its
-        tokens over `tokens`; returns the metrics' weighted sums. Each weight is cast to the compute
-        dtype once for them all (`precision.cast_once`)."""
-        sums = dict.fromkeys(SUMS, 0.0)
-        with cast_once(self.model, self.compute_dtype):
-            for mb in self._batches(samples, rows):
-                self._micro_batch(mb, advantages, old, ref, per, tokens, sums)
-        return sums
-
-    def _micro_batch(
-        self,
-        mb: MicroBatch,
-        advantages: list[Tensor],
-        old: list[Tensor] | None,
-        ref: list[Tensor] | None,
-        per: float,
-        tokens: float,
-        sums: dict[str, float],
-    ) -> None:
-        """One micro-batch's loss, backward into the gradients; its metrics added to `sums`."""
+        tokens over `tokens`; returns the metrics' weighted sums."""
         algo = self.algo
         by_tokens = algo.loss_agg == "token-mean"
-        width = mb.mask.shape[1]
-        with autocast(self.model, self.compute_dtype, cached=True):
-            logp = response_logprobs(self.model, mb, self.temperature)
-        old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
-        adv = stack(advantages, mb.rows, width, self.device)
-        loss, metrics = policy_loss(
-            logp,
-            old_logp,
-            adv,
-            mb.mask,
-            algo.clip_low,
-            algo.clip_high,
-            algo.dual_clip,
-            algo.loss_agg,
-            self.norm_len,
-        )
-        mb_tokens = float(mb.mask.sum())
-        weight = (mb_tokens if by_tokens else len(mb.rows)) / per
-        kl_value = 0.0
-        if ref is not None:
-            kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
-            loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
-            kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
-        (loss * weight).backward()
-        token_share = mb_tokens / tokens
-        sums["loss/policy"] += float(loss.detach()) * weight
-        sums["kl/mean"] += kl_value * token_share
-        sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
-        sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
+        sums = dict.fromkeys(SUMS, 0.0)
+        for mb in self._batches(samples, rows):
+            width = mb.mask.shape[1]
+            with autocast(self.model, self.compute_dtype):
+                logp = response_logprobs(self.model, mb, self.temperature)
+            old_logp = logp.detach() if old is None else stack(old, mb.rows, width, self.device)
+            adv = stack(advantages, mb.rows, width, self.device)
+            loss, metrics = policy_loss(
+                logp,
+                old_logp,
+                adv,
+                mb.mask,
+                algo.clip_low,
+                algo.clip_high,
+                algo.dual_clip,
+                algo.loss_agg,
+                self.norm_len,
+            )
+            mb_tokens = float(mb.mask.sum())
+            weight = (mb_tokens if by_tokens else len(mb.rows)) / per
+            kl_value = 0.0
+            if ref is not None:
+                kl = kl_penalty(logp, stack(ref, mb.rows, width, self.device), algo.kl_estimator)
+                loss = loss + algo.kl_coef * aggregate_loss(kl, mb.mask, algo.loss_agg, self.norm_len)
+                kl_value = float((kl.detach() * mb.mask).sum()) / max(mb_tokens, 1.0)
+            (loss * weight).backward()
+            token_share = mb_tokens / tokens
+            sums["loss/policy"] += float(loss.detach()) * weight
+            sums["kl/mean"] += kl_value * token_share
+            sums["actor/clip_frac"] += float(metrics["clip_frac"]) * token_share
+            sums["actor/approx_kl"] += float(metrics["approx_kl"]) * token_share
+        return sums
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

@@ -19,33 +19,16 @@ from collections.abc import Iterator
 import torch
 
 
-def autocast(
-    model: torch.nn.Module, compute_dtype: str, cached: bool = False
-) -> contextlib.AbstractContextManager:
+def autocast(model: torch.nn.Module, compute_dtype: str) -> contextlib.AbstractContextManager:
     """Autocast to `compute_dtype` over `model`'s forward on its device; nothing to do when its
-    weights are already in that dtype. `cached`: the weights' casts kept in autocast's cache, which
-    lives as long as the outermost autocast scope (`cast_once`). Off by default: a lone forward
-    uses each weight once, so the cache would reuse nothing and hold a bfloat16 copy of every
-    layer's weights until the pass ends."""
+    weights are already in that dtype. Without autocast's cache of weight casts: one forward pass
+    uses each weight once, so the cache reuses nothing and would hold a bfloat16 copy of every
+    layer's weights until the pass ends (a layer that the backward recomputes casts afresh)."""
     param = next(model.parameters())
     dtype = getattr(torch, compute_dtype)
     if dtype == param.dtype:
         return contextlib.nullcontext()
-    return torch.autocast(param.device.type, dtype=dtype, cache_enabled=cached)
-
-
-def cast_once(model: torch.nn.Module, compute_dtype: str) -> contextlib.AbstractContextManager:
-    """A scope, around an update's every micro-batch forward and backward, in which each weight is
-    cast to `compute_dtype` once (by `autocast(..., cached=True)`), where each forward cast it
-    afresh and gradient checkpointing's recompute again: 1.7 s of copies in an 8.6 s pass of the
-    default learner (16 samples, one thread). Autocast itself stays off in the scope: only the
-    forwards run under it, as before, so no gradient changes by a bit. The cache holds a bfloat16
-    copy of the trainable weights (0.27 GB for the default model) until the scope ends, so it must
-    end before the optimizer steps."""
-    param = next(model.parameters())
-    if getattr(torch, compute_dtype) == param.dtype:
-        return contextlib.nullcontext()
-    return torch.autocast(param.device.type, enabled=False, cache_enabled=True)
+    return torch.autocast(param.device.type, dtype=dtype, cache_enabled=False)
 
 
 @contextlib.contextmanager
