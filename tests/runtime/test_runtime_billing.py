@@ -119,7 +119,7 @@ class FakeHandle:
 
 def test_pool_reuses_a_warm_function_of_the_same_shape_until_its_keep_alive_ends():
     created, stopped = [], []
-    pool = FunctionPool(lambda shape: created.append(shape) or FakeHandle(), 10.0, stop=stopped.append)
+    pool = FunctionPool(lambda shape, after: created.append(shape) or FakeHandle(), 10.0, stop=stopped.append)
     first = pool.acquire(("decode", False, 0), now=0.0)
     pool.release(first, now=1.0)
     assert pool.acquire(("decode", True, 0), now=2.0).cold  # another shape: a cold start
@@ -132,7 +132,7 @@ def test_pool_reuses_a_warm_function_of_the_same_shape_until_its_keep_alive_ends
 
 def test_pool_records_every_idle_span_for_the_meter_and_stops_what_it_is_told_to():
     stopped = []
-    pool = FunctionPool(lambda shape: FakeHandle(), 10.0, stop=stopped.append)
+    pool = FunctionPool(lambda shape, after: FakeHandle(), 10.0, stop=stopped.append)
     a, b = pool.acquire(("decode", False, 0), now=0.0), pool.acquire(("decode", False, 1), now=0.0)
     pool.release(a, now=1.0)
     pool.release(b, now=2.0, keep=False)  # stopped at release: no idle span

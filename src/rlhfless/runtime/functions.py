@@ -107,9 +107,11 @@ class DecodeFunction:
         device: str,
         cuda_graphs: bool = False,
         packed_weights: bool = False,
+        after: object = None,
     ) -> None:
         """Only the process: the model loads in `hello`, so that `where` answers as soon as Ray has
-        placed the function, before its cold start ends."""
+        placed the function, before its cold start ends. `after`: what Ray waited for before it
+        created this function (`Functions.prestart`); not kept."""
         self.started = function_setup(threads)
         self.setup = (
             model_cfg,
@@ -305,7 +307,10 @@ class PrepareFunction:
         setup: PrepSetup,
         threads: int,
         device: str,
+        after: object = None,
     ) -> None:
+        """`after`: what Ray waited for before it created this function (`Functions.prestart`);
+        not kept."""
         self.started = function_setup(threads)
         self.preparer = Preparer(setup, device)
         if setup.gym:  # in its start, not in step 1's scoring (a decode function's tail pays it there)

@@ -132,10 +132,15 @@ class Functions:
         lease.units, lease.resources = (0.0 if colocated else units), resources
         return lease, inv
 
-    def prestart(self, function: str) -> None:
+    def prestart(self, function: str, after: str | None = None) -> None:
         """Start a `function` (decode, prepare) on the learner's resources now, before its first
-        step: every step uses one there, and none holds resources of its own to bill."""
-        self.pool.prestart((function, True, self.driver), time.time())
+        step: every step uses one there, and none holds resources of its own to bill. `after`:
+        the kind of a function pre-started before, whose start this one's waits for (Ray creates
+        it once that one's start is ready: a dependency of its creation task)."""
+        first = [
+            lease.hello for lease in self.pool.idle if lease.shape[0] == after and lease.hello is not None
+        ]
+        self.pool.prestart((function, True, self.driver), time.time(), first[0] if first else None)
 
     def _make_room(self, node: str, now: float) -> None:
         """Stop an idle warm function on `node` when Ray has no free slot there for a new one."""
@@ -197,7 +202,7 @@ class Functions:
             gym=cfg.data.source == "reasoning_gym",
         )
 
-    def _create(self, shape: Shape):
+    def _create(self, shape: Shape, after: ray.ObjectRef | None = None):
         kind, colocated, node = shape
         options: dict = {
             "max_restarts": 0,
@@ -228,6 +233,7 @@ class Functions:
                     device,
                     cuda_graphs=cuda_graphs(cfg, device),
                     packed_weights=cfg.generation.packed_weights,
+                    after=after,
                 )
             )
         return (
@@ -240,5 +246,6 @@ class Functions:
                 self.prep_setup(),
                 self.rt.threads_per_actor,
                 device,
+                after=after,
             )
         )

@@ -46,11 +46,14 @@ class IdleSpan:
 
 
 class FunctionPool:
-    """Keeps idle functions warm for `keep_alive_s` seconds; `create(shape)` starts a new one and
-    `stop(handle)` ends one."""
+    """Keeps idle functions warm for `keep_alive_s` seconds; `create(shape, after)` starts a new
+    one (once the object `after` is ready, when given) and `stop(handle)` ends one."""
 
     def __init__(
-        self, create: Callable[[Shape], Any], keep_alive_s: float, stop: Callable[[Any], None] | None = None
+        self,
+        create: Callable[[Shape, Any], Any],
+        keep_alive_s: float,
+        stop: Callable[[Any], None] | None = None,
     ) -> None:
         self.create, self.keep_alive_s = create, keep_alive_s
         self.stop = stop or _kill
@@ -79,10 +82,11 @@ class FunctionPool:
         self.leased.add(lease)
         return lease
 
-    def prestart(self, shape: Shape, now: float) -> None:
+    def prestart(self, shape: Shape, now: float, after: Any = None) -> None:
         """Start a function before its first use, idle in the pool: a run's first step then finds
-        it started (or waits only for the rest of its start)."""
-        lease = self._start(shape)
+        it started (or waits only for the rest of its start). `after`: an object ref whose
+        readiness its start waits for."""
+        lease = self._start(shape, after)
         lease.idle_since = lease.prestarted = now
         self.idle.append(lease)
 
@@ -113,8 +117,8 @@ class FunctionPool:
             self.prestart_s[lease.shape[0]] = ready - lease.prestarted
             lease.prestarted = None
 
-    def _start(self, shape: Shape) -> Lease:
-        handle = self.create(shape)
+    def _start(self, shape: Shape, after: Any = None) -> Lease:
+        handle = self.create(shape, after)
         where = handle.where.remote()  # submitted first: an actor runs one caller's calls in order
         return Lease(handle, shape, next(self._serial), hello=handle.hello.remote(), where=where)
 
