@@ -739,3 +739,30 @@ def test_the_runtime_planner_offers_a_budget_each_learning_width_at_its_rate_and
     # A plan without a target forecasts the usual width at its own rate, not one mixed with the other's.
     assert elastic.billing(0, cluster, flat_profile()).after_per_token_s == pytest.approx(20.0 / tokens)
     assert elastic.waits.waits == {1: 1.0}  # the one-rank phase taught the two-rank wait nothing
+
+
+def test_the_rate_one_process_timed_before_the_run_is_one_ranks_and_two_ranks_are_forecast_at_half():
+    """`learning_seconds_per_token` times the learning phase in one process. Taken as two ranks'
+    own rate, it forecast the default run's learning at twice what two ranks took (whole-run
+    forecasts 22-28% long in time and 45-51% in cost, session 51's `bench_runtime`). A width not
+    measured yet takes 1/W of the time at W ranks (`PhaseModel.at_width`); a one-slot learner
+    keeps the rate as timed."""
+    from rlhfless.planner.config import SchedulerConfig
+    from rlhfless.planner.placement import ClusterSpec
+    from rlhfless.runtime.planning import StepPlanner
+
+    elastic = StepPlanner(
+        SchedulerConfig(),
+        flat_profile(),
+        ClusterSpec(1, 2),
+        2,
+        resident_units=1.0,
+        learning_units=2.0,
+        widths=2,
+    )
+    elastic.learned_alone(0.004)
+    assert elastic.phases.at_width(1, 2) == 0.004 and elastic.phases.at_width(2, 2) == pytest.approx(0.002)
+    assert elastic.phases.per_token_s == pytest.approx(0.002)
+    alone = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
+    alone.learned_alone(0.004)
+    assert alone.phases.per_token_s == 0.004 and alone.phases.by_width == {}

@@ -145,6 +145,16 @@ class StepPlanner:
         """The learning phase's width with every slot free (`learning_units`' ranks)."""
         return max(1, round(self.learning_units / max(self.resident_units, 1e-12)))
 
+    def learned_alone(self, per_token_s: float) -> None:
+        """The phases' rate as one process timed it before the run, where no earlier run taught
+        one (`run_forecast.learning_seconds_per_token`): one rank's rate. A learner on `_usual`
+        ranks is forecast at W ranks taking 1/W of the time (`PhaseModel.at_width`'s rule) until
+        its first phase is measured; taken as the usual width's own, it forecast two ranks'
+        learning at twice what they took (session 51)."""
+        if self.widths > 1:
+            self.phases.by_width[1] = per_token_s
+        self.phases.per_token_s = per_token_s / self._usual
+
     def _usual_rate(self) -> float | None:
         """The phases' rate a plan without a target forecasts with: where the width is the plan's
         (a target may have taken another on earlier steps or runs), the usual width's."""

@@ -324,7 +324,7 @@ def start_forecast(
 
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
-        planner.phases.per_token_s = learning_seconds_per_token(engine.model, cfg, first)
+        planner.learned_alone(learning_seconds_per_token(engine.model, cfg, first))
     warm_up()
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
