@@ -502,8 +502,8 @@ def test_a_prestarted_function_says_how_long_it_has_been_starting_and_then_its_w
 
 
 def test_the_prepare_function_is_created_once_the_decode_function_that_step_1_waits_for_is_ready():
-    """Both pre-started at once on two cores, the decode function took 6.8-7.0 s to start, alone
-    4.2-4.4 s; step 1 waits for it first and needs the prepare function only when its generation
+    """Both pre-started at once on two cores, the decode function took 6.8-7.7 s to start, alone
+    4.4-4.8 s; step 1 waits for it first and needs the prepare function only when its generation
     ends. Ray holds the prepare function's creation until the decode function's start is ready."""
     cfg = load_config(preset="tiny", overrides=BASE)
     functions = Functions(cfg, load_tokenizer(cfg.model), False, False, "driver")

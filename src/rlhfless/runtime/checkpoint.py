@@ -160,9 +160,13 @@ def load_learner_state(path: Path, mmap: bool = False) -> dict:
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: got {type(state).__name__}, expected a state mapping")
     version = state.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not isinstance(state.get("learner"), dict):
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or not isinstance(state.get("learner"), dict)
+    ):
         raise CheckpointError(
-            f"{path}: keys 'learner' and 'version': got {sorted(state)!r:.80}, expected the learner's "
+            f"{path}: keys 'learner' and 'version': got {sorted(map(str, state))!r:.80}, expected the learner's "
             "state mapping and an integer weight version"
         )
     return state

@@ -339,8 +339,8 @@ class RayExecutor:
         no resources of their own, so their starts overlap the run's pilot and forecast for free,
         where step 1 waited for each in turn (7-14 s apiece on a 2-core machine). The prepare
         function starts once the decode function is ready: step 1 waits for that one first, and
-        the two starting together on two cores took the decode function 6.8-7.0 s, alone 4.2-4.4
-        s. And rank 0 makes its optimizer states (`ElasticLearner.prime`)."""
+        the two starting together on two cores took the decode function 6.8-7.7 s, alone 4.4-4.8
+        s (docs/DECISIONS.md). And rank 0 makes its optimizer states (`ElasticLearner.prime`)."""
         self.functions.prestart("decode")
         self.functions.prestart("prepare", after="decode")
         self.learner.prime()
