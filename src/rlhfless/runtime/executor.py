@@ -246,7 +246,7 @@ class LearnerSide:
 
     def _load(self, path: str) -> int:
         """The first replica's `load_state` (the policy's weights are already in `self.policy`)."""
-        raise NotImplementedError
+        return self._run("load_state", path)
 
     def _synced(self) -> dict:
         """After an update: `self.policy` made the updated one; metrics of doing so."""
@@ -309,9 +309,6 @@ class LocalLearner(LearnerSide):
 
     def _run(self, method: str, *args):
         return getattr(self.replica, method)(*args)
-
-    def _load(self, path: str) -> int:
-        return self.replica.load_state(path)
 
 
 class InProcessExecutor(LocalLearner):

@@ -137,10 +137,8 @@ class Functions:
         step: every step uses one there, and none holds resources of its own to bill. `after`:
         the kind of a function pre-started before, whose start this one's waits for (Ray creates
         it once that one's start is ready: a dependency of its creation task)."""
-        first = [
-            lease.hello for lease in self.pool.idle if lease.shape[0] == after and lease.hello is not None
-        ]
-        self.pool.prestart((function, True, self.driver), time.time(), first[0] if first else None)
+        starting = (x.hello for x in self.pool.idle if x.shape[0] == after and x.hello is not None)
+        self.pool.prestart((function, True, self.driver), time.time(), next(starting, None))
 
     def _make_room(self, node: str, now: float) -> None:
         """Stop an idle warm function on `node` when Ray has no free slot there for a new one."""
