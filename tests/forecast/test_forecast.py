@@ -9,7 +9,11 @@ import pytest
 
 from rlhfless.cli import main
 from rlhfless.config import load_config
+from rlhfless.data import load_prompts
+from rlhfless.data.prompts import Prompt
 from rlhfless.models import load_model, load_tokenizer
+from rlhfless.planner.billing import Billing
+from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.forecast import (
     NOISE,
     SPREAD,
@@ -19,14 +23,21 @@ from rlhfless.planner.forecast import (
     Shortfall,
     relative_error,
 )
+from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.plan import plan_step
 from rlhfless.planner.predictor import LengthPredictor
+from rlhfless.planner.pricing import Pricing
 from rlhfless.planner.profile import Profile
 from rlhfless.planner.replay import replay_times
+from rlhfless.planner.scaling import PlanError
 from rlhfless.planner.source_lengths import ANSWER_GROUPS
 from rlhfless.planner.step_plan import PromptSpec
+from rlhfless.runtime.executor import build_engine
 from rlhfless.runtime.machine import memory_path
-from rlhfless.runtime.trainer import train
+from rlhfless.runtime.planning import StepPlanner
+from rlhfless.runtime.run_forecast import forecast_for_config, length_pilot
+from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts, train
 
 
 def flat_profile(step_ms: float = 10.0) -> Profile:
@@ -225,13 +236,11 @@ def test_the_shortfall_starts_where_it_was_measured_then_weighs_each_steps_promp
 
 
 def _cluster():
-    from rlhfless.planner.placement import ClusterSpec
 
     return ClusterSpec(nodes=1, gpus_per_node=1)
 
 
 def _one_actor():
-    from rlhfless.planner.config import SchedulerConfig
 
     return SchedulerConfig(dedup_prefill=False)
 
@@ -259,7 +268,6 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
 def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilots_lengths_from_the_cache(
     tmp_path,
 ):
-    from rlhfless.runtime.run_forecast import forecast_for_config
 
     cfg = _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}")
     first, second = forecast_for_config(cfg), forecast_for_config(cfg)
@@ -274,11 +282,6 @@ def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilo
 
 
 def test_the_pilot_tells_its_prompts_answers_so_that_two_prompts_of_a_source_can_judge_them(tmp_path):
-    from rlhfless.data import load_prompts
-    from rlhfless.models import load_model, load_tokenizer
-    from rlhfless.runtime.executor import build_engine
-    from rlhfless.runtime.run_forecast import length_pilot
-    from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
     cfg = _tiny(tmp_path, f"model.cache_dir={tmp_path / 'cache'}")
     tokenizer = load_tokenizer(cfg.model)
@@ -357,8 +360,6 @@ def _tiny(tmp_path, *extra: str):
 def test_a_target_only_the_point_forecast_misses_is_refused_before_the_run_only_if_the_optimistic_end_misses_it(
     tmp_path, key, index
 ):
-    from rlhfless.planner.scaling import PlanError
-    from rlhfless.runtime.run_forecast import forecast_for_config
 
     rows = forecast_for_config(_tiny(tmp_path))["per_step"]
     # The tiny run has one slot: each step's plan is its only one, the fastest and the cheapest.
@@ -379,7 +380,6 @@ def test_a_target_only_the_point_forecast_misses_is_refused_before_the_run_only_
 def train_under_a_deadline_the_point_forecast_misses(tmp_path, capsys, *extra: str):
     """`rlhfless train` of 3 tiny steps under a deadline between the forecast's optimistic end and
     its point forecast of step 1: (exit code, stderr lines, run directory, deadline)."""
-    from rlhfless.runtime.run_forecast import forecast_for_config
 
     rows = forecast_for_config(_tiny(tmp_path))["per_step"]
     deadline = (max(r["time_range"][0] for r in rows) + rows[0]["time"]) / 2
@@ -505,11 +505,6 @@ def test_a_learning_phase_waits_a_ranks_start_where_the_decode_functions_hold_th
 
 
 def test_the_runtime_planner_learns_the_learners_wait_by_n_apart_from_the_rate_after_generation():
-    from rlhfless.data.prompts import Prompt
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
-    from rlhfless.runtime.samples import Sample, StepPrompt
 
     planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
     prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
@@ -535,11 +530,6 @@ def test_a_runs_first_phase_on_a_free_slot_teaches_no_wait_so_one_function_stays
     (its start unmeasured) and waited 5.2 s; kept as N = 1's wait, it put N = 1 past verl's cap
     on every later step, so N = 2 was taken, and its rank waited its whole start each step. N = 2
     exposes the wait on two slots; a first phase there still teaches it."""
-    from rlhfless.data.prompts import Prompt
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
-    from rlhfless.runtime.samples import Sample, StepPrompt
 
     prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
     samples = [Sample(p.uid, k, p.prompt_ids, [7] * 5, "stop") for p in prompts for k in range(2)]
@@ -565,11 +555,6 @@ def test_a_runs_first_phase_on_a_free_slot_teaches_no_wait_so_one_function_stays
 def test_a_fresh_runs_first_step_teaches_the_time_model_only_until_the_next_step_replaces_it():
     """With nothing learned before, step 1's figures (first touches: a verl step 1 prefilled in
     32.6 s against 12-14 s later) stand in for one step; step 2's replace them, then steps blend."""
-    from rlhfless.data.prompts import Prompt
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
-    from rlhfless.runtime.samples import Sample, StepPrompt
 
     planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
     prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
@@ -607,11 +592,6 @@ def test_a_learner_ranks_start_is_learned_and_kept_for_a_later_runs_first_phase(
 
 
 def test_the_runtime_planner_prices_and_hands_on_the_rank_start_its_phases_measured():
-    from rlhfless.data.prompts import Prompt
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
-    from rlhfless.runtime.samples import Sample, StepPrompt
 
     base = replace(flat_profile(), cold_start_s=4.0)
     planner = StepPlanner(SchedulerConfig(), base, ClusterSpec(1, 2), 2, resident_units=1.0)
@@ -632,11 +612,6 @@ def test_the_runtime_planner_prices_and_hands_on_the_rank_start_its_phases_measu
 
 
 def test_verls_first_phase_waits_its_resident_ranks_start_and_teaches_the_later_phases_nothing():
-    from rlhfless.data.prompts import Prompt
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
-    from rlhfless.runtime.samples import Sample, StepPrompt
 
     # Nothing seen: the first phase waits a start, at every N; later ones none, at any N.
     assert LearnerWait().seconds(2, start_s=5.0, resident_start=True) == (5.0, 5.0)
@@ -682,8 +657,6 @@ def test_each_learning_width_is_forecast_at_its_own_rate_once_it_has_run():
 
 
 def test_the_phases_bill_is_learned_apart_where_part_of_their_work_was_hidden():
-    from rlhfless.planner.billing import Billing
-    from rlhfless.planner.pricing import Pricing
 
     phases = PhaseModel()
     phases.observe(100.0, 5.0)  # nothing said of the bill: the step waited on all of it
@@ -698,11 +671,6 @@ def test_the_phases_bill_is_learned_apart_where_part_of_their_work_was_hidden():
 
 
 def test_the_runtime_planner_offers_a_budget_each_learning_width_at_its_rate_and_wait():
-    from rlhfless.data.prompts import Prompt
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
-    from rlhfless.runtime.samples import Sample, StepPrompt
 
     cluster = ClusterSpec(1, 2)
     prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
@@ -747,9 +715,6 @@ def test_the_rate_one_process_timed_before_the_run_is_one_ranks_and_two_ranks_ar
     forecasts 22-28% long in time and 45-51% in cost, session 51's `bench_runtime`). A width not
     measured yet takes 1/W of the time at W ranks (`PhaseModel.at_width`); a one-slot learner
     keeps the rate as timed."""
-    from rlhfless.planner.config import SchedulerConfig
-    from rlhfless.planner.placement import ClusterSpec
-    from rlhfless.runtime.planning import StepPlanner
 
     elastic = StepPlanner(
         SchedulerConfig(),
