@@ -32,7 +32,7 @@ from rlhfless.planner.forecast import Calibration
 from rlhfless.planner.predictor import LengthPredictor
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.step_plan import StepPlan
-from rlhfless.runtime.machine import CPU_SLOT, cache_key, machine_profile
+from rlhfless.runtime.machine import CPU_SLOT, at_speed, cache_key, machine_profile
 from rlhfless.sim.config import build
 from rlhfless.sim.runner import make_stage, scheduler_for
 from rlhfless.sim.step import Simulator
@@ -41,13 +41,17 @@ from rlhfless.sim.workload import TraceWorkload
 GOAL = 0.20
 
 
-def _profile(cfg, folder: Path) -> str:
+def _profile(cfg, run_dir: Path, folder: Path) -> str:
     """The time table the run planned with, found as the run found it (`machine_profile`: its own
-    file, else the measured table cached for its model, dtype and a decode function's threads),
-    as a file for the simulator's config."""
+    file, else the measured table cached for its model, dtype and a decode function's threads,
+    scaled by the machine's speed the run probed, `machine/speed` in its forecast), as a file for
+    the simulator's config."""
     model = load_model(cfg.model, len(load_tokenizer(cfg.model)), cfg.seed)
     path = folder / f"profile-{cache_key(model, cfg.runtime.threads_per_actor)}.json"
-    path.write_text(json.dumps(machine_profile(cfg, model).to_dict()))
+    cached, _ = machine_profile(replace(cfg, runtime=replace(cfg.runtime, speed_probe=False)), model)
+    forecast = run_dir / "forecast.json"
+    speed = json.loads(forecast.read_text()).get("machine/speed", 1.0) if forecast.is_file() else 1.0
+    path.write_text(json.dumps(at_speed(cached, speed).to_dict()))
     return str(path)
 
 
@@ -68,7 +72,7 @@ def replay(run_dir: Path, spec_file: Path) -> list[dict[str, float]]:
                 "cold_start_s": 0,
                 "price_per_gpu_hour": cfg.scheduler.price_per_gpu_hour,
             },
-            "model": {"name": "smollm2-135m", "tp": 1, "profile": _profile(cfg, spec_file.parent)},
+            "model": {"name": "smollm2-135m", "tp": 1, "profile": _profile(cfg, run_dir, spec_file.parent)},
             "training": {"algorithm": cfg.algorithm.name if cfg.algorithm.name == "ppo" else "grpo"},
             "scheduler": asdict(cfg.scheduler),
         }

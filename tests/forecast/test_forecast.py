@@ -257,10 +257,12 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert out["time_s"] == pytest.approx(sum(r["time"] for r in out["per_step"]))
     assert out["time_range_s"][0] == pytest.approx(sum(r["time_range"][0] for r in out["per_step"]))
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
+    assert out["machine/speed"] > 0 and out["machine/probe_ms"] > 0  # the cached figures' scale
     # For a person: the total, then one row per step (the pilot's lengths now come from the cache).
     assert main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("forecast for 3 step(s): ") and "not measured" in lines[0]
+    assert any(line.startswith("machine speed: the cached time figures x ") for line in lines)
     steps = [line.split() for line in lines if line.split()[0] in ("1", "2", "3")]
     assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
 
@@ -269,7 +271,13 @@ def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilo
     tmp_path,
 ):
 
-    cfg = _tiny(tmp_path, "scheduler.length_pilot=1", f"model.cache_dir={tmp_path / 'cache'}")
+    # The table as cached (no speed probe): the same lengths give the same forecast.
+    cfg = _tiny(
+        tmp_path,
+        "scheduler.length_pilot=1",
+        f"model.cache_dir={tmp_path / 'cache'}",
+        "runtime.speed_probe=false",
+    )
     first, second = forecast_for_config(cfg), forecast_for_config(cfg)
     assert first["pilot/cached"] == 0 and first["pilot/seconds"] > 0 and first["pilot/cost"] > 0
     assert second["pilot/cached"] == 1 and second["pilot/seconds"] == 0 and second["pilot/cost"] == 0
@@ -350,7 +358,9 @@ def _tiny(tmp_path, *extra: str):
             "trainer.steps=3",
             "trainer.progress=false",
             "trainer.tensorboard=false",
-            "runtime.calibration_memory=false",  # the forecast below and the run's plan alike
+            # the forecast below and the run's plan alike: neither remembers, nor probes the speed
+            "runtime.calibration_memory=false",
+            "runtime.speed_probe=false",
             *extra,
         ),
     )
@@ -387,6 +397,7 @@ def train_under_a_deadline_the_point_forecast_misses(tmp_path, capsys, *extra: s
     overrides = [
         "trainer.steps=3",
         "runtime.calibration_memory=false",
+        "runtime.speed_probe=false",
         f"scheduler.deadline_per_step={deadline}",
     ]
     code = main(["train", "--preset", "tiny", f"output_dir={out}", *overrides, *extra])
@@ -461,8 +472,10 @@ def test_a_runs_first_step_teaches_the_time_model_only_where_no_earlier_run_has(
     [memory] = (tmp_path / "cache" / "profiles").glob("calibration-*.json")
     remembered = json.loads(memory.read_text())
     later = train_tiny(tmp_path, "later")
+    # Its seconds scaled to the machine's speed now; the decode scale is a ratio to the table.
+    speed = json.loads((tmp_path / "later" / "forecast.json").read_text())["machine/probe_ms"]
     for key, learned in (
-        ("after_s_per_token", remembered["phases"]["per_token_s"]),
+        ("after_s_per_token", remembered["phases"]["per_token_s"] * speed / remembered["probe_ms"]),
         ("decode_scale", remembered["calibration"]["decode_scale"]),
     ):
         assert later[0][f"calibration/{key}"] == pytest.approx(learned), key

@@ -33,6 +33,11 @@ def run_summary(out: dict[str, Any]) -> str:
             f"length pilot: {int(out['pilot/prompts'])} prompt(s), {out['pilot/seconds']:.1f} s, "
             f"${out['pilot/cost']:.4g}{cached} (in no step's figures)"
         )
+    if "machine/speed" in out:
+        lines.append(
+            f"machine speed: the cached time figures x {out['machine/speed']:.2f} (a decode step "
+            f"timed now at {out['machine/probe_ms']:.1f} ms)"
+        )
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
     rows = out["per_step"]

@@ -23,6 +23,11 @@ from rlhfless.planner.smoothing import ewma
 ALPHA = 0.5  # weight of the newest step in every learned figure
 
 
+def _times(seconds: float | None, factor: float) -> float | None:
+    """`seconds` x `factor`, None (nothing learned) kept."""
+    return None if seconds is None else seconds * factor
+
+
 @dataclass
 class Calibration:
     """The time model's correction, learned from finished steps (None: nothing observed yet)."""
@@ -46,6 +51,13 @@ class Calibration:
 
     def observe_cold_start(self, seconds: float) -> None:
         self.cold_start_s = ewma(self.cold_start_s, seconds, ALPHA)
+
+    def rescale(self, factor: float) -> None:
+        """Its seconds on a machine `factor` times slower (`decode_scale` is a ratio: it stays)."""
+        self.overhead_s, self.cold_start_s, self.host_start_s, self.rank_start_s = (
+            _times(s, factor)
+            for s in (self.overhead_s, self.cold_start_s, self.host_start_s, self.rank_start_s)
+        )
 
     def observe_host_start(self, seconds: float) -> None:
         self.host_start_s = ewma(self.host_start_s, seconds, ALPHA)
@@ -135,6 +147,12 @@ class PhaseModel:
             self.steps += 1
             self.provisional = False
 
+    def rescale(self, factor: float) -> None:
+        """Its rates on a machine `factor` times slower."""
+        self.per_token_s = _times(self.per_token_s, factor)
+        self.billed_per_token_s = _times(self.billed_per_token_s, factor)
+        self.by_width = {w: r * factor for w, r in self.by_width.items()}
+
     def at_width(self, width: int, usual: int) -> float | None:
         """The rate at `width`: as measured there; else the nearest measured width's (`per_token_s`
         standing for the `usual` width before any was measured apart) at the same slot-seconds,
@@ -192,6 +210,11 @@ class LearnerWait:
     def observe(self, n: int, width: int, wait_s: float) -> None:
         self.waits[n] = ewma(self.waits.get(n), wait_s, ALPHA)
         self.width = width
+
+    def rescale(self, factor: float) -> None:
+        """Its waits on a machine `factor` times slower."""
+        self.waits = {n: w * factor for n, w in self.waits.items()}
+        self.resident_s = _times(self.resident_s, factor)
 
     def observe_resident_start(self, width: int, wait_s: float) -> None:
         self.resident_s = ewma(self.resident_s, wait_s, ALPHA)

@@ -1,6 +1,7 @@
 """What this machine is to the planner: its time table (`runtime.profile`, else measured once and
-cached by model shape, dtype and threads), its actor slots as a cluster, and where the run memory
-(the time model earlier runs learned here) is kept."""
+cached by model shape, dtype and threads, and scaled to the machine's speed as the run starts), its
+actor slots as a cluster, and where the run memory (the time model earlier runs learned here) is
+kept."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -39,6 +40,9 @@ DERIVED = "derived"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (1, 128, 256, 512, 1024)
 PREFILL = (16, 64, 256, 1024)
+# The decode point the speed probe times, a point of the measured grid: 4 sequences at 128 tokens,
+# about 0.1 s a step of SmolLM2-135M on one core here, so a warm-up and 3 timed steps take ~0.4 s.
+PROBE_BATCH, PROBE_CONTEXT, PROBE_REPEATS = 4, 128, 3
 # The most KV one timed decode point may hold: a machine's first run measures its profile in the
 # driver, which the default run keeps under 4 GB (the grid's largest point: 3.0 GB of KV).
 PROFILE_KV_BYTES = 1 << 30
@@ -70,12 +74,72 @@ def function_start_s() -> float:
     return time.perf_counter() - begin if done.returncode == 0 else 0.0
 
 
-def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int, packed: bool = False) -> Profile:
-    """This engine's time table on this machine with `threads` torch threads (`packed`: its linear
-    weights reordered, as the decode functions run them), and a function's cold start
-    (`function_start_s`), measured once and cached under `cache_dir/profiles/` (`cache_key`)."""
+@dataclass(frozen=True)
+class Speed:
+    """This machine now against its cached time table: one decode step at the probe point as the
+    table has it (`table_ms`) and as timed when the run started (`now_ms`). A shared host's speed
+    drifts by the hour (the planner's own benchmark 1.6x slower from one session to the next here,
+    with 0-55% of the CPU stolen by the host), and a table measured once would carry the hour it
+    was measured in into every forecast: whole-run forecasts made so came out 46% short and 51%
+    long in different hours of the same machine."""
+
+    table_ms: float
+    now_ms: float
+
+    @property
+    def factor(self) -> float:
+        """How many times slower the machine is now (below 1: faster)."""
+        return self.now_ms / self.table_ms if self.table_ms > 0 else 1.0
+
+
+def _timed(model: torch.nn.Module, threads: int, **grid) -> dict:
+    """`measure_profile` of `grid` with `threads` torch threads."""
     from rlhfless.engine.profiling import measure_profile
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return measure_profile(model, **grid)
+    finally:
+        torch.set_num_threads(before)
+
+
+def probe_ms(model: torch.nn.Module, threads: int, packed: bool = False) -> float:
+    """One decode step at the probe point, timed now as the table timed it (median of
+    `PROBE_REPEATS` after a warm-up), in ms."""
+    table = _timed(
+        model,
+        threads,
+        batches=(PROBE_BATCH,),
+        contexts=(PROBE_CONTEXT,),
+        prefill_tokens=(),
+        repeats=PROBE_REPEATS,
+        packed_weights=packed,
+    )
+    return float(table["decode"][0]["ms"])
+
+
+def at_speed(profile: Profile, factor: float) -> Profile:
+    """`profile` on a machine `factor` times slower: its prefill and decode steps and a function's
+    cold start (imports and loads run on the same CPUs)."""
+    if factor == 1.0:
+        return profile
+    return replace(
+        profile,
+        prefill_ms=profile.prefill_ms * factor,
+        decode_ms=profile.decode_ms * factor,
+        cold_start_s=profile.cold_start_s * factor,
+    )
+
+
+def measured_profile(
+    model: torch.nn.Module, cache_dir: str, threads: int, packed: bool = False, probe: bool = True
+) -> tuple[Profile, Speed]:
+    """This engine's time table on this machine with `threads` torch threads (`packed`: its linear
+    weights reordered, as the decode functions run them), and a function's cold start
+    (`function_start_s`), measured once and cached under `cache_dir/profiles/` (`cache_key`). A
+    cached table is scaled to the machine's speed now (`probe`: by a probe's timing; else as
+    cached), and the speed is returned with it."""
     path = Path(cache_dir).expanduser() / "profiles" / f"{cache_key(model, threads, packed)}.json"
     if path.is_file():
         try:
@@ -83,28 +147,27 @@ def measured_profile(model: torch.nn.Module, cache_dir: str, threads: int, packe
             if not cached.cold_start_s:  # cached before starts were measured
                 cached = replace(cached, cold_start_s=function_start_s())
                 cached.save(path)
-            return cached
+            table_ms = 1000.0 * float(cached.decode_step_seconds(PROBE_BATCH, PROBE_CONTEXT))
+            speed = Speed(table_ms, probe_ms(model, threads, packed) if probe else table_ms)
+            return at_speed(cached, speed.factor), speed
         except (ValueError, OSError, json.JSONDecodeError):
             pass  # a damaged cache entry is measured again
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        table = measure_profile(
-            model,
-            batches=BATCHES,
-            contexts=CONTEXTS,
-            prefill_tokens=PREFILL,
-            repeats=2,
-            packed_weights=packed,
-            kv_budget_bytes=PROFILE_KV_BYTES,
-        )
-    finally:
-        torch.set_num_threads(before)
+    table = _timed(
+        model,
+        threads,
+        batches=BATCHES,
+        contexts=CONTEXTS,
+        prefill_tokens=PREFILL,
+        repeats=2,
+        packed_weights=packed,
+        kv_budget_bytes=PROFILE_KV_BYTES,
+    )
     table["note"] = f"measured on this machine with {threads} thread(s)" + extended_note(table["extended"])
     table["cold_start_s"] = function_start_s()
     profile = Profile.from_dict(table)
     profile.save(path)
-    return profile
+    table_ms = 1000.0 * float(profile.decode_step_seconds(PROBE_BATCH, PROBE_CONTEXT))
+    return profile, Speed(table_ms, table_ms)
 
 
 def extended_note(extended: list[dict]) -> str:
@@ -115,16 +178,21 @@ def extended_note(extended: list[dict]) -> str:
     return f"; decode points over the KV budget, extended along their batch's line: {points}"
 
 
-def machine_profile(cfg: Config, model: torch.nn.Module) -> Profile:
-    """The table the run names (`runtime.profile`: a file, or `derived` from the model's shape),
-    else this machine's, measured once with a decode function's threads."""
+def machine_profile(cfg: Config, model: torch.nn.Module) -> tuple[Profile, Speed | None]:
+    """The table the run names (`runtime.profile`: a file, or `derived` from the model's shape;
+    no speed: nothing here measured it), else this machine's, measured once with a decode
+    function's threads and scaled to its speed now (`runtime.speed_probe`)."""
     path = cfg.runtime.profile
     if path == DERIVED:
-        return roofline_profile(ModelShape.from_hf_config(model.config.to_dict()), CPU_SLOT)
+        return roofline_profile(ModelShape.from_hf_config(model.config.to_dict()), CPU_SLOT), None
     if path:
-        return Profile.load(path)
+        return Profile.load(path), None
     return measured_profile(
-        model, cfg.model.cache_dir, cfg.runtime.threads_per_actor, cfg.generation.packed_weights
+        model,
+        cfg.model.cache_dir,
+        cfg.runtime.threads_per_actor,
+        cfg.generation.packed_weights,
+        cfg.runtime.speed_probe,
     )
 
 

@@ -39,16 +39,17 @@ from rlhfless.planner.forecast import (
 )
 from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.replay import replay_times, versus_verl
-from rlhfless.runtime.machine import learning_width, machine_cluster, machine_profile, memory_path
+from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.samples import Sample, StepPrompt
 
 
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
     """The run's StepPlanner: this machine's profile and slots, the learner's slot resident."""
     shape = ModelShape.from_hf_config(policy.config.to_dict())
+    profile, speed = machine_profile(cfg, policy)
     return StepPlanner(
         cfg.scheduler,
-        machine_profile(cfg, policy),
+        profile,
         machine_cluster(cfg.runtime, cfg.scheduler.gpus_per_actor, shape),
         cfg.algorithm.group_size,
         max_length=cfg.generation.max_new_tokens,
@@ -56,6 +57,7 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
         memory=memory_path(cfg, policy),
         learning_units=float(cfg.scheduler.gpus_per_actor * learning_width(cfg)),
         widths=learning_width(cfg) if _elastic(cfg) else 1,
+        speed=speed,
     )
 
 
@@ -80,11 +82,13 @@ class StepPlanner:
         memory: Path | None = None,
         learning_units: float | None = None,
         widths: int = 1,
+        speed: Speed | None = None,
     ):
         """`memory`: where the time model learned by earlier runs of this model on this machine is
-        kept; it starts this run's, and every step updates it. `widths`: the learning phase may
-        take 1 .. this many ranks, which a budget or deadline chooses with N (1: the phase's width
-        is not the plan's; its units are `learning_units`)."""
+        kept; it starts this run's, scaled from the machine's speed when it was written to its
+        `speed` now, and every step updates it. `widths`: the learning phase may take 1 .. this
+        many ranks, which a budget or deadline chooses with N (1: the phase's width is not the
+        plan's; its units are `learning_units`)."""
         self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
         self.max_length, self.resident_units = max_length, resident_units
         self.learning_units = resident_units if learning_units is None else learning_units
@@ -96,7 +100,7 @@ class StepPlanner:
         self.shortfall = Shortfall()
         self.observed = 0  # steps this run (this process) has observed
         self.slots = cluster.max_actors(profile.gpus)  # the last plan's cluster's
-        self.memory = memory
+        self.memory, self.speed = memory, speed
         if memory is not None and memory.is_file():
             try:
                 self.load_state_dict(
@@ -104,6 +108,13 @@ class StepPlanner:
                 )
             except (ValueError, OSError, TypeError, AttributeError):
                 pass  # a damaged memory only costs what it would have taught
+
+    def rescale(self, factor: float) -> None:
+        """Every second learned (by earlier runs, or before a resume), on a machine `factor` times
+        slower now than when it was learned. The decode scale stays: it is a ratio to the table,
+        which the machine's speed scales already."""
+        for part in (self.calibration, self.phases, self.waits):
+            part.rescale(factor)
 
     def billing(
         self,
@@ -270,6 +281,7 @@ class StepPlanner:
                 "calibration": self.calibration.state_dict(),
                 "phases": self.phases.state_dict(),
                 "waits": self.waits.state_dict(),
+                "probe_ms": self._probe_ms(),
             }
             write_atomic(self.memory, json.dumps(state))
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
@@ -321,14 +333,24 @@ class StepPlanner:
             "waits": self.waits.state_dict(),
             "margins": self.margins.state_dict(),
             "shortfall": self.shortfall.state_dict(),
+            "probe_ms": self._probe_ms(),
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """`state` as learned, its seconds scaled from the machine's speed then (`probe_ms`) to
+        its speed now, where both were probed."""
         self.calibration.load_state_dict(state.get("calibration", {}))
         self.phases.load_state_dict(state.get("phases", {}))
         self.waits.load_state_dict(state.get("waits", {}))
         self.margins.load_state_dict(state.get("margins", {}))
         self.shortfall.load_state_dict(state.get("shortfall", {}))
+        then = state.get("probe_ms")
+        if self.speed is not None and then:
+            self.rescale(self.speed.now_ms / float(then))
+
+    def _probe_ms(self) -> float | None:
+        """The machine's speed as this run probed it (None: its table was not measured here)."""
+        return self.speed.now_ms if self.speed is not None else None
 
 
 def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:

@@ -38,16 +38,19 @@ from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import TARGETS, PlanError
 from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
-from rlhfless.runtime.machine import cache_key
+from rlhfless.runtime.machine import Speed, cache_key
 from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import Sample, StepPrompt
 
 PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it
 
 
-def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids: list[int]) -> float:
+def learning_seconds_per_token(
+    policy: torch.nn.Module, cfg: Config, prompt_ids: list[int], speed: Speed | None = None
+) -> float:
     """Seconds per prompt + response token of one step's preparation (reference log-probs) and
-    learning, timed once on a synthetic batch of 8 samples on a copy of `policy` and cached."""
+    learning, timed once on a synthetic batch of 8 samples on a copy of `policy` and cached with
+    the machine's speed then (`speed.now_ms`); a cached rate is scaled to its speed now."""
     algo = cfg.algorithm
     recompute = cfg.model.checkpoint_every_n_layers if cfg.model.gradient_checkpointing else 0
     key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.model.compute_dtype}-recompute{recompute}"
@@ -59,8 +62,11 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     )
     if path.is_file():
         try:
-            return float(json.loads(path.read_text())["seconds_per_token"])
-        except (ValueError, KeyError, OSError):
+            cached = json.loads(path.read_text())
+            then = cached.get("probe_ms")
+            factor = speed.now_ms / float(then) if speed is not None and then else 1.0
+            return float(cached["seconds_per_token"]) * factor
+        except (ValueError, KeyError, OSError, TypeError, AttributeError):
             pass  # damaged: measure again
     model = copy.deepcopy(policy).train()
     learner = build_learner(cfg, model, pad_id=0)
@@ -78,9 +84,10 @@ def learning_seconds_per_token(policy: torch.nn.Module, cfg: Config, prompt_ids:
     seconds = time.perf_counter() - start
     del model, learner
     rate = seconds / sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    write_atomic(
-        path, json.dumps({"seconds_per_token": rate, "measured_tokens": 8 * (len(prompt_ids) + length)})
-    )
+    measured = {"seconds_per_token": rate, "measured_tokens": 8 * (len(prompt_ids) + length)}
+    if speed is not None:
+        measured["probe_ms"] = speed.now_ms
+    write_atomic(path, json.dumps(measured))
     return rate
 
 
@@ -324,7 +331,7 @@ def start_forecast(
 
     first = tokenize(prompts[:1])[0].prompt_ids
     if planner.phases.per_token_s is None:
-        planner.learned_alone(learning_seconds_per_token(engine.model, cfg, first))
+        planner.learned_alone(learning_seconds_per_token(engine.model, cfg, first, planner.speed))
     warm_up()
     pilot = {}
     if cfg.scheduler.length_pilot and start == 0:
@@ -338,7 +345,9 @@ def start_forecast(
         # It runs on the learner, whose slot a serverless platform bills meanwhile.
         pilot["pilot/cost"] = charge(cfg.scheduler.pricing, planner.resident_units, pilot["pilot/seconds"])
     forecast = forecast_run(cfg, prompts, tokenize, answers, planner, predictor, start + 1, host_starting())
-    return {**forecast, **pilot, "learning_seconds_per_token": planner.phases.per_token_s}
+    speed = planner.speed
+    machine = {"machine/speed": speed.factor, "machine/probe_ms": speed.now_ms} if speed is not None else {}
+    return {**forecast, **pilot, **machine, "learning_seconds_per_token": planner.phases.per_token_s}
 
 
 def forecast_for_config(cfg: Config) -> dict[str, Any]:
