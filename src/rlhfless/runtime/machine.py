@@ -41,8 +41,9 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (1, 128, 256, 512, 1024)
 PREFILL = (16, 64, 256, 1024)
 # The decode point the speed probe times, a point of the measured grid: 4 sequences at 128 tokens,
-# about 0.1 s a step of SmolLM2-135M on one core here, so a warm-up and 3 timed steps take ~0.4 s.
-PROBE_BATCH, PROBE_CONTEXT, PROBE_REPEATS = 4, 128, 3
+# 77-141 ms a step of SmolLM2-135M on one core here (the same step, minutes and processes apart),
+# so a warm-up and 7 timed steps, their median taken, take about a second.
+PROBE_BATCH, PROBE_CONTEXT, PROBE_REPEATS = 4, 128, 7
 # The most KV one timed decode point may hold: a machine's first run measures its profile in the
 # driver, which the default run keeps under 4 GB (the grid's largest point: 3.0 GB of KV).
 PROFILE_KV_BYTES = 1 << 30
