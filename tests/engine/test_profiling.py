@@ -49,7 +49,7 @@ def test_a_measured_profile_carries_a_function_start_and_a_cached_one_without_it
     table = measure_profile(model, batches=[1, 4], contexts=[8, 32], prefill_tokens=[16, 64], repeats=1)
     Profile.from_dict(table).save(path)  # cached before starts were measured
     monkeypatch.setattr(machine, "function_start_s", lambda: 4.5)
-    profile, _ = machine.measured_profile(model, str(tmp_path), 1, probe=False)
+    profile, _ = machine.measured_profile(model, str(tmp_path), 1, probing=False)
     assert profile.cold_start_s == 4.5
     assert Profile.load(path).cold_start_s == 4.5  # and kept
 

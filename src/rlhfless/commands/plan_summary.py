@@ -35,8 +35,8 @@ def run_summary(out: dict[str, Any]) -> str:
         )
     if "machine/speed" in out:
         lines.append(
-            f"machine speed: the cached time figures x {out['machine/speed']:.2f} (a decode step "
-            f"timed now at {out['machine/probe_ms']:.1f} ms)"
+            f"machine speed: the cached time figures x {out['machine/speed']:.2f} (the probe's "
+            f"decode steps timed now: {out['machine/probe_ms']:.1f} ms)"
         )
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")

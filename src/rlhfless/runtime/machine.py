@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rlhfless.config import Config
@@ -40,10 +41,12 @@ DERIVED = "derived"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (1, 128, 256, 512, 1024)
 PREFILL = (16, 64, 256, 1024)
-# The decode point the speed probe times, a point of the measured grid: 4 sequences at 128 tokens,
-# 77-141 ms a step of SmolLM2-135M on one core here (the same step, minutes and processes apart),
-# so a warm-up and 7 timed steps, their median taken, take about a second.
-PROBE_BATCH, PROBE_CONTEXT, PROBE_REPEATS = 4, 128, 7
+# The decode points the speed probe times, points of the measured grid: 1, 4 and 16 sequences at
+# 128 tokens. One table point is a noisy reference: the step at 4 x 128 of SmolLM2-135M on one
+# core took 77-141 ms here, minutes and processes apart, and a table cached beside two CPU-bound
+# processes held it 2.2x slow where its forecast came out only 1.1x long. The median of the
+# points' ratios is taken; a warm-up and 5 timed steps of each take about 2 s.
+PROBE_BATCHES, PROBE_CONTEXT, PROBE_REPEATS = (1, 4, 16), 128, 5
 # The most KV one timed decode point may hold: a machine's first run measures its profile in the
 # driver, which the default run keeps under 4 GB (the grid's largest point: 3.0 GB of KV).
 PROFILE_KV_BYTES = 1 << 30
@@ -77,20 +80,25 @@ def function_start_s() -> float:
 
 @dataclass(frozen=True)
 class Speed:
-    """This machine now against its cached time table: one decode step at the probe point as the
-    table has it (`table_ms`) and as timed when the run started (`now_ms`). A shared host's speed
-    drifts by the hour (the planner's own benchmark 1.6x slower from one session to the next here,
-    with 0-55% of the CPU stolen by the host), and a table measured once would carry the hour it
-    was measured in into every forecast: whole-run forecasts made so came out 46% short and 51%
-    long in different hours of the same machine."""
+    """This machine now against its cached time table: the probe's decode steps as the table has
+    them (`table_ms`) and as timed when the run started (`now_ms`). A shared host's speed drifts
+    by the hour (the planner's own benchmark 1.6x slower from one session to the next here, with
+    0-55% of the CPU stolen by the host), and a table measured once would carry the hour it was
+    measured in into every forecast: whole-run forecasts made so came out 46% short and 51% long
+    in different hours of the same machine."""
 
-    table_ms: float
-    now_ms: float
+    table_ms: tuple[float, ...]
+    now_ms: tuple[float, ...]
 
     @property
     def factor(self) -> float:
-        """How many times slower the machine is now (below 1: faster)."""
-        return self.now_ms / self.table_ms if self.table_ms > 0 else 1.0
+        """How many times slower the machine is now (below 1: faster): the median of the points'."""
+        return float(np.median(np.asarray(self.now_ms) / np.asarray(self.table_ms)))
+
+    @property
+    def probe_ms(self) -> float:
+        """The probe's steps as timed now, summed: figures cached with it are scaled by its ratio."""
+        return float(sum(self.now_ms))
 
 
 def _timed(model: torch.nn.Module, threads: int, **grid) -> dict:
@@ -105,19 +113,24 @@ def _timed(model: torch.nn.Module, threads: int, **grid) -> dict:
         torch.set_num_threads(before)
 
 
-def probe_ms(model: torch.nn.Module, threads: int, packed: bool = False) -> float:
-    """One decode step at the probe point, timed now as the table timed it (median of
+def probe(model: torch.nn.Module, threads: int, packed: bool = False) -> tuple[float, ...]:
+    """The probe's decode steps, timed now as the table timed them (each the median of
     `PROBE_REPEATS` after a warm-up), in ms."""
     table = _timed(
         model,
         threads,
-        batches=(PROBE_BATCH,),
+        batches=PROBE_BATCHES,
         contexts=(PROBE_CONTEXT,),
         prefill_tokens=(),
         repeats=PROBE_REPEATS,
         packed_weights=packed,
     )
-    return float(table["decode"][0]["ms"])
+    return tuple(float(point["ms"]) for point in table["decode"])
+
+
+def _table_ms(profile: Profile) -> tuple[float, ...]:
+    """The probe's decode steps as `profile` has them, in ms."""
+    return tuple(1000.0 * float(profile.decode_step_seconds(b, PROBE_CONTEXT)) for b in PROBE_BATCHES)
 
 
 def at_speed(profile: Profile, factor: float) -> Profile:
@@ -134,7 +147,7 @@ def at_speed(profile: Profile, factor: float) -> Profile:
 
 
 def measured_profile(
-    model: torch.nn.Module, cache_dir: str, threads: int, packed: bool = False, probe: bool = True
+    model: torch.nn.Module, cache_dir: str, threads: int, packed: bool = False, probing: bool = True
 ) -> tuple[Profile, Speed]:
     """This engine's time table on this machine with `threads` torch threads (`packed`: its linear
     weights reordered, as the decode functions run them), and a function's cold start
@@ -148,8 +161,8 @@ def measured_profile(
             if not cached.cold_start_s:  # cached before starts were measured
                 cached = replace(cached, cold_start_s=function_start_s())
                 cached.save(path)
-            table_ms = 1000.0 * float(cached.decode_step_seconds(PROBE_BATCH, PROBE_CONTEXT))
-            speed = Speed(table_ms, probe_ms(model, threads, packed) if probe else table_ms)
+            table_ms = _table_ms(cached)
+            speed = Speed(table_ms, probe(model, threads, packed) if probing else table_ms)
             return at_speed(cached, speed.factor), speed
         except (ValueError, OSError, json.JSONDecodeError):
             pass  # a damaged cache entry is measured again
@@ -167,8 +180,7 @@ def measured_profile(
     table["cold_start_s"] = function_start_s()
     profile = Profile.from_dict(table)
     profile.save(path)
-    table_ms = 1000.0 * float(profile.decode_step_seconds(PROBE_BATCH, PROBE_CONTEXT))
-    return profile, Speed(table_ms, table_ms)
+    return profile, Speed(_table_ms(profile), _table_ms(profile))
 
 
 def extended_note(extended: list[dict]) -> str:
