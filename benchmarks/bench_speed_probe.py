@@ -22,6 +22,11 @@ from pathlib import Path
 COMMON = ("runtime.calibration_memory=false",)
 
 
+def ms(forecast: dict) -> str:
+    """The probe's decode steps, as a forecast recorded them."""
+    return ", ".join(f"{x:.1f}" for x in forecast["machine/probe_ms"])
+
+
 def rlhfless(*args: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-m", "rlhfless", *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
@@ -82,13 +87,11 @@ def main() -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
     actual_t, actual_c = sum(r["time/step"] for r in rows), sum(r["cost/step"] for r in rows)
     with_probe = json.loads((run / "forecast.json").read_text())
-    print(
-        f"cached with {args.hog} CPU-bound process(es) beside it: probe {cached['machine/probe_ms']:.1f} ms"
-    )
+    print(f"cached with {args.hog} CPU-bound process(es) beside it: probe {ms(cached)} ms")
     print(f"run: {len(rows)} steps, {actual_t:.1f} s, ${actual_c:.4g} (measured)")
     for name, f in (("without the probe", before), ("with the probe (the run's)", with_probe)):
         print(
-            f"  {name:28s} x{f['machine/speed']:.3f} (probe {f['machine/probe_ms']:.1f} ms): "
+            f"  {name:28s} x{f['machine/speed']:.3f} (probe {ms(f)} ms): "
             f"time {f['time_s']:.1f} s ({f['time_s'] / actual_t - 1:+.1%}), "
             f"cost ${f['cost']:.4g} ({f['cost'] / actual_c - 1:+.1%})"
         )

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -92,13 +93,17 @@ class Speed:
 
     @property
     def factor(self) -> float:
-        """How many times slower the machine is now (below 1: faster): the median of the points'."""
-        return float(np.median(np.asarray(self.now_ms) / np.asarray(self.table_ms)))
+        """How many times slower the machine is now than its table (below 1: faster)."""
+        return self.since(self.table_ms)
 
-    @property
-    def probe_ms(self) -> float:
-        """The probe's steps as timed now, summed: figures cached with it are scaled by its ratio."""
-        return float(sum(self.now_ms))
+    def since(self, then: Sequence[float]) -> float:
+        """How many times slower the machine is now than when the probe's steps took `then` ms:
+        the median of the points' ratios (1 where `then` is not this probe's, or untimed)."""
+        before, now = np.asarray(then, dtype=float), np.asarray(self.now_ms)
+        if before.shape != now.shape or not (before > 0).any():
+            return 1.0
+        timed = before > 0
+        return float(np.median(now[timed] / before[timed]))
 
 
 def _timed(model: torch.nn.Module, threads: int, **grid) -> dict:
@@ -152,7 +157,7 @@ def measured_profile(
     """This engine's time table on this machine with `threads` torch threads (`packed`: its linear
     weights reordered, as the decode functions run them), and a function's cold start
     (`function_start_s`), measured once and cached under `cache_dir/profiles/` (`cache_key`). A
-    cached table is scaled to the machine's speed now (`probe`: by a probe's timing; else as
+    cached table is scaled to the machine's speed now (`probing`: by the probe's timing; else as
     cached), and the speed is returned with it."""
     path = Path(cache_dir).expanduser() / "profiles" / f"{cache_key(model, threads, packed)}.json"
     if path.is_file():

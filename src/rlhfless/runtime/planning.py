@@ -346,11 +346,11 @@ class StepPlanner:
         self.shortfall.load_state_dict(state.get("shortfall", {}))
         then = state.get("probe_ms")
         if self.speed is not None and then:
-            self.rescale(self.speed.probe_ms / float(then))
+            self.rescale(self.speed.since(then))
 
-    def _probe_ms(self) -> float | None:
+    def _probe_ms(self) -> list[float] | None:
         """The machine's speed as this run probed it (None: its table was not measured here)."""
-        return self.speed.probe_ms if self.speed is not None else None
+        return list(self.speed.now_ms) if self.speed is not None else None
 
 
 def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:

@@ -50,7 +50,8 @@ def learning_seconds_per_token(
 ) -> float:
     """Seconds per prompt + response token of one step's preparation (reference log-probs) and
     learning, timed once on a synthetic batch of 8 samples on a copy of `policy` and cached with
-    the machine's speed then (`speed.probe_ms`); a cached rate is scaled to its speed now."""
+    the machine's speed then (the probe's steps, `speed.now_ms`); a cached rate is scaled to its
+    speed now."""
     algo = cfg.algorithm
     recompute = cfg.model.checkpoint_every_n_layers if cfg.model.gradient_checkpointing else 0
     key = f"{cache_key(policy, torch.get_num_threads())}-{cfg.model.compute_dtype}-recompute{recompute}"
@@ -64,7 +65,7 @@ def learning_seconds_per_token(
         try:
             cached = json.loads(path.read_text())
             then = cached.get("probe_ms")
-            factor = speed.probe_ms / float(then) if speed is not None and then else 1.0
+            factor = speed.since(then) if speed is not None and then else 1.0
             return float(cached["seconds_per_token"]) * factor
         except (ValueError, KeyError, OSError, TypeError, AttributeError):
             pass  # damaged: measure again
@@ -86,7 +87,7 @@ def learning_seconds_per_token(
     rate = seconds / sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     measured = {"seconds_per_token": rate, "measured_tokens": 8 * (len(prompt_ids) + length)}
     if speed is not None:
-        measured["probe_ms"] = speed.probe_ms
+        measured["probe_ms"] = list(speed.now_ms)
     write_atomic(path, json.dumps(measured))
     return rate
 
@@ -346,7 +347,9 @@ def start_forecast(
         pilot["pilot/cost"] = charge(cfg.scheduler.pricing, planner.resident_units, pilot["pilot/seconds"])
     forecast = forecast_run(cfg, prompts, tokenize, answers, planner, predictor, start + 1, host_starting())
     speed = planner.speed
-    machine = {"machine/speed": speed.factor, "machine/probe_ms": speed.probe_ms} if speed is not None else {}
+    machine = (
+        {"machine/speed": speed.factor, "machine/probe_ms": list(speed.now_ms)} if speed is not None else {}
+    )
     return {**forecast, **pilot, **machine, "learning_seconds_per_token": planner.phases.per_token_s}
 
 
