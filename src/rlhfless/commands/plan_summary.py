@@ -36,7 +36,7 @@ def run_summary(out: dict[str, Any]) -> str:
     if "machine/speed" in out:
         lines.append(
             f"machine speed: the cached time figures x {out['machine/speed']:.2f} (the probe's "
-            f"decode steps timed now: {', '.join(f'{ms:.1f}' for ms in out['machine/probe_ms'])} ms)"
+            f"decode steps: {', '.join(f'{ms:.1f}' for ms in out['machine/probe_ms'])} ms)"
         )
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
