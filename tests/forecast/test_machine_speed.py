@@ -1,5 +1,5 @@
-"""The cached time figures follow the machine's speed now: a decode step timed as the run starts,
-against the same step in the cached table, scales the table, the learning rate and the run memory.
+"""The cached time figures follow the machine's speed now: decode steps timed as the run starts,
+against the same steps in the cached table, scale the table, the learning rate and the run memory.
 """
 
 import json
@@ -34,13 +34,15 @@ def test_a_cached_table_is_scaled_by_the_probe_and_one_measured_now_is_not(tmp_p
     table_ms = tuple(1000 * float(fresh.decode_step_seconds(b, PROBE_CONTEXT)) for b in PROBE_BATCHES)
     assert speed == Speed(table_ms, table_ms) and speed.factor == 1.0  # measured in this hour
 
-    assert len(machine.probe(model, 1)) == 3 and min(machine.probe(model, 1)) > 0  # timed, really
+    timed = machine.probe(model, 1)
+    assert len(timed) == len(PROBE_BATCHES) and min(timed) > 0  # the table's own steps, timed
     # A machine 3x slower now, but for one point whose table figure was timed in a stall: the
     # median of the points' ratios is the machine's.
     now = (3 * table_ms[0], 3 * table_ms[1], table_ms[2])
     monkeypatch.setattr(machine, "probe", lambda *args: now)
     slow, speed = machine.measured_profile(model, str(tmp_path), 1)
     assert speed.factor == pytest.approx(3.0) and speed.since(now) == 1.0
+    assert speed.since(now[:1]) == 1.0  # steps of another probe say nothing
     np.testing.assert_allclose(slow.decode_ms, 3 * fresh.decode_ms)
     np.testing.assert_allclose(slow.prefill_ms, 3 * fresh.prefill_ms)
     assert slow.cold_start_s == pytest.approx(12.0)  # imports run on the same CPUs
