@@ -111,10 +111,10 @@ class RuntimeConfig:
     speed_probe: bool = field(
         default=True,
         metadata={
-            "help": "time one decode step of the model as the run starts and scale the cached time "
-            "table, the cached learning rate and the run memory by how much slower or faster this "
-            "machine is now than when they were measured (a shared host's speed drifts by the hour); "
-            "false keeps the cached figures as they are"
+            "help": "time three decode steps of the model's cached time table as the run starts and "
+            "scale the table, the cached learning rate and the run memory by how much slower or "
+            "faster this machine is now than when they were measured (a shared host's speed drifts "
+            "by the hour); false keeps the cached figures as they are"
         },
     )
     calibration_memory: bool = field(
