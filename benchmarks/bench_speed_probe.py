@@ -27,33 +27,18 @@ def ms(forecast: dict) -> str:
     return ", ".join(f"{x:.1f}" for x in forecast["machine/probe_ms"])
 
 
-def rlhfless(*args: str, env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "-m", "rlhfless", *args], env=env, check=True, stdout=subprocess.DEVNULL)
+def rlhfless(*args: str, env: dict[str, str]) -> str:
+    """`rlhfless ARGS` in a process of its own; its stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlhfless", *args], env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def plan(out: Path, name: str, steps: int, env: dict[str, str], *extra: str) -> dict:
     """`rlhfless plan --run default` as JSON, kept as `out/name.json`."""
-    path = out / f"{name}.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlhfless",
-            "plan",
-            "--run",
-            "default",
-            f"trainer.steps={steps}",
-            *COMMON,
-            *extra,
-            "--json",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    path.write_text(done.stdout)
-    return json.loads(done.stdout)
+    text = rlhfless("plan", "--run", "default", f"trainer.steps={steps}", *COMMON, *extra, "--json", env=env)
+    (out / f"{name}.json").write_text(text)
+    return json.loads(text)
 
 
 def main() -> None:

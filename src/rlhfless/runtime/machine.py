@@ -96,7 +96,7 @@ class Speed:
         """How many times slower the machine is now than its table (below 1: faster)."""
         return self.since(self.table_ms)
 
-    def since(self, then: Sequence[float]) -> float:
+    def since(self, then: Sequence[float] | None) -> float:
         """How many times slower the machine is now than when the probe's steps took `then` ms:
         the median of the points' ratios (1 where `then` is not this probe's, or untimed)."""
         before, now = np.asarray(then, dtype=float), np.asarray(self.now_ms)
@@ -185,7 +185,8 @@ def measured_profile(
     table["cold_start_s"] = function_start_s()
     profile = Profile.from_dict(table)
     profile.save(path)
-    return profile, Speed(_table_ms(profile), _table_ms(profile))
+    table_ms = _table_ms(profile)
+    return profile, Speed(table_ms, table_ms)
 
 
 def extended_note(extended: list[dict]) -> str:

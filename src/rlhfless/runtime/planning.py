@@ -344,9 +344,8 @@ class StepPlanner:
         self.waits.load_state_dict(state.get("waits", {}))
         self.margins.load_state_dict(state.get("margins", {}))
         self.shortfall.load_state_dict(state.get("shortfall", {}))
-        then = state.get("probe_ms")
-        if self.speed is not None and then:
-            self.rescale(self.speed.since(then))
+        if self.speed is not None:
+            self.rescale(self.speed.since(state.get("probe_ms")))
 
     def _probe_ms(self) -> list[float] | None:
         """The machine's speed as this run probed it (None: its table was not measured here)."""

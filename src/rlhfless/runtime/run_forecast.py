@@ -64,8 +64,7 @@ def learning_seconds_per_token(
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
-            then = cached.get("probe_ms")
-            factor = speed.since(then) if speed is not None and then else 1.0
+            factor = speed.since(cached.get("probe_ms")) if speed is not None else 1.0
             return float(cached["seconds_per_token"]) * factor
         except (ValueError, KeyError, OSError, TypeError, AttributeError):
             pass  # damaged: measure again
