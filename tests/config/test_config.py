@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from rlhfless.cli import main
+from rlhfless.commands.config_args import split_config
 from rlhfless.config import ConfigError, load_config, save_config
 from rlhfless.devices import resolve_device
 from rlhfless.typed import render
@@ -118,6 +119,28 @@ def test_override_without_equals_sign_is_a_config_file_pair_error(capsys, tmp_pa
     (tmp_path / "a.yaml").write_text("seed: 1\n")
     code, err = run_cli(capsys, str(tmp_path / "a.yaml"), "extra.yaml")
     assert code == 2 and "more than one config file" in err
+
+
+@pytest.mark.parametrize(
+    ("items", "preset", "expected"),
+    [
+        (["a.yaml", "trainer.steps=3"], None, ("a.yaml", None, ["trainer.steps=3"])),
+        (["trainer.steps=3"], "tiny", (None, "tiny", ["trainer.steps=3"])),
+        (["tiny", "trainer.steps=3"], None, (None, "tiny", ["trainer.steps=3"])),  # a preset's name
+        ([], None, (None, None, [])),  # the default preset
+    ],
+)
+def test_train_and_plan_run_read_a_config_file_or_preset_then_overrides_alike(items, preset, expected):
+    assert split_config(items, preset) == expected
+
+
+def test_a_config_file_and_a_preset_together_are_refused_by_train_and_plan_run(capsys, tmp_path):
+    (tmp_path / "a.yaml").write_text("seed: 1\n")
+    for argv in (["train", "--preset", "tiny"], ["plan", "--run", "--preset", "tiny"]):
+        assert main([*argv, str(tmp_path / "a.yaml")]) == 2
+        assert capsys.readouterr().err.strip().endswith("give a config file or --preset, not both")
+    assert main(["plan", "--prompts", str(tmp_path / "p.jsonl"), "--preset", "tiny"]) == 2
+    assert "--preset: goes with --run" in capsys.readouterr().err
 
 
 def test_saved_config_loads_back_identically(tmp_path):

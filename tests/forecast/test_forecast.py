@@ -267,6 +267,16 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
 
 
+def test_plan_run_takes_a_preset_as_train_does(capsys):
+    """`rlhfless train --preset tiny ...` forecasts with `train` changed to `plan --run`."""
+    same = ("trainer.steps=2", "runtime.speed_probe=false", "--pilot", "0", "--json")
+    forecasts = []
+    for argv in (["--run", "--preset", "tiny"], ["--run", "tiny"]):
+        assert main(["plan", *argv, *same]) == 0
+        forecasts.append(json.loads(capsys.readouterr().out))
+    assert forecasts[0]["steps"] == 2 and forecasts[0]["time_s"] == forecasts[1]["time_s"]
+
+
 def test_a_second_forecast_of_the_same_model_prompts_and_settings_takes_the_pilots_lengths_from_the_cache(
     tmp_path,
 ):

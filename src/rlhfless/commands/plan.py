@@ -1,14 +1,14 @@
 """`rlhfless plan`: the planner's decision for one step, or the forecast of a whole run; a summary
 for a person, or everything as JSON with `--json`.
 
-`rlhfless plan --run CONFIG [key=value ...]` forecasts a training run's total time and cost, and
+`rlhfless plan --run [CONFIG] [key=value ...]` forecasts a training run's total time and cost, and
 the range it may fall in, before paying for it: every step is planned as `rlhfless train` would
 plan it (same data order, profile, pricing and planner), on first-epoch length estimates, with
 the learning phase timed once on a synthetic batch, after the length pilot `rlhfless train` runs
 first (`scheduler.length_pilot`, or `--pilot K`: at least K prompts of each data source sampled
 with the real model to learn their lengths, more where the profile decodes them at about the same
-step time; nothing is trained). CONFIG is a YAML file or a preset name
-(default, tiny).
+step time; nothing is trained). CONFIG is read as `rlhfless train` reads it: a YAML file, a
+preset's name or `--preset NAME`, the default preset where none is given.
 
 `rlhfless plan --prompts FILE.jsonl` plans one step of a JSONL file of prompts.
 
@@ -28,7 +28,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rlhfless.commands.config_args import split_config
 from rlhfless.commands.plan_summary import run_summary, step_summary
+from rlhfless.config import PRESETS
 from rlhfless.inputs import MB, InputError, iter_lines, read_text
 
 # The planner holds every row's token ids: a larger file is refused before it is read.
@@ -45,8 +47,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompts", type=Path, help="JSONL: uid, prompt_tokens[, history, answer_tokens]")
     what.add_argument(
-        "--run", metavar="CONFIG", help="forecast this training run (a YAML file or a preset name)"
+        "--run",
+        nargs="?",
+        const="",
+        metavar="CONFIG",
+        help="forecast this training run, as `rlhfless train` takes it: a YAML file or a preset's "
+        "name, or --preset (default: the default preset)",
     )
+    parser.add_argument("--preset", choices=PRESETS, help="--run: start from a built-in preset")
     parser.add_argument(
         "--pilot",
         type=int,
@@ -143,17 +151,19 @@ def read_prompts(path: Path, max_prompt_tokens: int | None = None) -> list[dict[
 
 def forecast(args: argparse.Namespace) -> int:
     """`--run`: the whole run's forecast, labelled with what it rests on."""
-    from rlhfless.config import PRESETS, ConfigError, load_config
+    from rlhfless.config import ConfigError, load_config
     from rlhfless.data import DataError
     from rlhfless.models import ModelError
 
-    preset = args.run if args.run in PRESETS and not Path(args.run).exists() else None
     try:
-        if preset is None:
-            read_text(Path(args.run), "a YAML config (a mapping of sections)")
-        pilot = () if args.pilot is None else (f"scheduler.length_pilot={max(0, args.pilot)}",)
-        overrides = (*args.overrides, *pilot)
-        cfg = load_config(None if preset else args.run, preset=preset, overrides=overrides)
+        path, preset, overrides = split_config(
+            [args.run, *args.overrides] if args.run else args.overrides, args.preset
+        )
+        if path is not None:
+            read_text(Path(path), "a YAML config (a mapping of sections)")
+        if args.pilot is not None:
+            overrides.append(f"scheduler.length_pilot={max(0, args.pilot)}")
+        cfg = load_config(path, preset=preset, overrides=tuple(overrides))
     except (ConfigError, InputError) as err:
         return _fail(str(err))
     from rich.console import Console
@@ -177,6 +187,8 @@ def forecast(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.run is not None:
         return forecast(args)
+    if args.preset:
+        return _fail("--preset: goes with --run; --prompts reads --config")
     from rlhfless.config import ConfigError, load_config
     from rlhfless.planner.billing import Billing
     from rlhfless.planner.forecast import SPLIT_PRIOR

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.status import Status
 from rich.table import Table
 
+from rlhfless.commands.config_args import split_config
 from rlhfless.commands.plan_summary import forecast_line
 from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
 from rlhfless.devices import resolve_device
@@ -33,7 +34,9 @@ SUMMARY_KEYS = (
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a policy with synchronous GRPO/PPO")
-    p.add_argument("config", nargs="?", help="YAML config file (default: --preset default)")
+    p.add_argument(
+        "config", nargs="?", help="YAML config file or a preset's name (default: --preset default)"
+    )
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=3")
     p.add_argument("--preset", choices=PRESETS, help="start from a built-in preset")
     p.add_argument("--resume", action="store_true", help="continue from output_dir's latest checkpoint")
@@ -43,17 +46,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="print the resolved config (file or preset, then overrides) as YAML, every key under its "
         "help text, and exit without training",
     )
-
-
-def _split(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """The optional config path is positional, like the overrides: tell them apart by '='."""
-    items = ([args.config] if args.config else []) + list(args.overrides)
-    paths = [i for i in items if "=" not in i]
-    if len(paths) > 1:
-        raise ConfigError(f"config error: more than one config file given: {', '.join(paths)}")
-    if paths and args.preset:
-        raise ConfigError("config error: give a config file or --preset, not both")
-    return (paths[0] if paths else None), [i for i in items if "=" in i]
 
 
 class Display:
@@ -166,10 +158,11 @@ def _check_loggers(cfg: Config) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     try:
-        path, overrides = _split(args)
+        items = ([args.config] if args.config else []) + list(args.overrides)
+        path, preset, overrides = split_config(items, args.preset)
         if args.resume:
             overrides.append("resume=true")
-        cfg = resolve_device(_load(path, args.preset, tuple(overrides)))  # as the run records it
+        cfg = resolve_device(_load(path, preset, tuple(overrides)))  # as the run records it
         if args.show_config:
             print(render(cfg), end="")
             return 0
