@@ -35,7 +35,7 @@ from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.runtime.executor import build_engine
 from rlhfless.runtime.machine import Speed, memory_path
 from rlhfless.runtime.planning import StepPlanner
-from rlhfless.runtime.run_forecast import ScaledPredictor, forecast_for_config, length_pilot
+from rlhfless.runtime.run_forecast import forecast_for_config, length_pilot
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts, train
 
@@ -258,7 +258,6 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert out["time_range_s"][0] == pytest.approx(sum(r["time_range"][0] for r in out["per_step"]))
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
     assert out["machine/speed"] > 0 and min(out["machine/probe_ms"]) > 0  # the cached figures' scale
-    assert out["range"].startswith("predicted lengths x 0.5 .. x 1.5, each group's longest at the cap")
     # For a person: the total, then one row per step (the pilot's lengths now come from the cache).
     assert main(["plan", "--run", "tiny", "trainer.steps=3", "--pilot", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -266,18 +265,6 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert any(line.startswith("machine speed: the cached time figures x ") for line in lines)
     steps = [line.split() for line in lines if line.split()[0] in ("1", "2", "3")]
     assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
-
-
-def test_the_forecasts_pessimistic_end_runs_each_groups_longest_sample_to_the_cap():
-    """Before the run no tail is measured: the high end does not bet that a step's longest sample
-    stops short of the cap, and keeps each group's tokens (its mean) at lengths x 1.5."""
-    base = LengthPredictor()
-    base.update("seen", [10, 20, 30, 40])
-    uids = ["seen", "unseen"]
-    max_now, mean_now = base.predict(uids)
-    max_high, mean_high = ScaledPredictor(base, 1.5, longest=1000).predict(uids)
-    assert max_high.tolist() == [1000, 1000] and max_now.max() < 1000
-    assert mean_high == pytest.approx(mean_now * 1.5)
 
 
 def test_plan_run_takes_a_preset_as_train_does(capsys):

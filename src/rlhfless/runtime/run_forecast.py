@@ -10,9 +10,8 @@ sampled once with the real model on the learner, before step 1; nothing is train
 its seconds and what the learner's slot costs meanwhile are reported apart from the steps'). No
 observation comes in while forecasting, so every step is planned on first-epoch estimates: the
 range re-plans the run with every predicted length halved and increased by half
-(capped at max_new_tokens), the high end with each group's longest sample at that cap, and a
-length guessed from `scheduler.default_length` (a source the pilot did not sample) from one
-token up.
+(capped at max_new_tokens), and a length guessed from `scheduler.default_length` (a source the
+pilot did not sample) from one token up.
 """
 
 from __future__ import annotations
@@ -165,22 +164,16 @@ def length_pilot(
 class ScaledPredictor:
     """A predictor whose every prediction is scaled by `factor` (the forecast's range ends). A
     length resting on `scheduler.default_length` alone (`LengthPredictor.guessed`) is a guess, not
-    an estimate: it becomes `guessed` when that is set (the optimistic end: one token). With
-    `longest` (the pessimistic end: the response cap), each group's longest sample runs that long
-    and the group's mean stays scaled: before the run no tail is measured (`planner.tail`), and a
-    step's longest sample reaching the cap is common (every step of session 54's default runs)."""
+    an estimate: it becomes `guessed` when that is set (the optimistic end: one token)."""
 
     base: LengthPredictor
     factor: float
     guessed: float | None = None
     guesses: int = 0
-    longest: float | None = None
 
     def predict(self, uids, answer_tokens=None, sources=None) -> tuple[np.ndarray, np.ndarray]:
         gmax, gmean = self.base.predict(uids, answer_tokens, sources)
         gmax, gmean = gmax * self.factor, gmean * self.factor
-        if self.longest is not None:
-            gmax = np.maximum(gmean, self.longest)
         if self.guessed is not None:
             mask = self.base.guessed(uids, answer_tokens, sources)
             self.guesses += int(mask.sum())
@@ -270,7 +263,7 @@ def forecast_run(
     low = f"predicted lengths x {LENGTH_RANGE[0]}, a guessed one 1 token"
     _, _, lows = totals(optimist, optimistic=True)
     time_s, cost, rows = totals(predictor)
-    _, _, highs = totals(ScaledPredictor(predictor, LENGTH_RANGE[1], longest=cfg.generation.max_new_tokens))
+    _, _, highs = totals(ScaledPredictor(predictor, LENGTH_RANGE[1]))
     # Each end re-plans its step, and may take another N than the point forecast did (one that is
     # slower at the shorter lengths, where a first step's wait for the learner's decode function
     # weighs more): the range holds the point forecast all the same.
@@ -279,7 +272,7 @@ def forecast_run(
             row[kept] = [min(lo[key], row[key]), max(hi[key], row[key])]
     low_t, high_t = (sum(r["time_range"][end] for r in rows) for end in (0, 1))
     low_c, high_c = (sum(r["cost_range"][end] for r in rows) for end in (0, 1))
-    span = f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}, each group's longest at the cap"
+    span = f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}"
     if optimist.guesses:
         span += f"; {optimist.guesses} guessed from scheduler.default_length (no pilot): 1 token .. x {LENGTH_RANGE[1]}"
     out = {
