@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from rlhfless.cli import main
 from rlhfless.config import load_config
@@ -263,6 +264,7 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("forecast for 3 step(s): ") and "not measured" in lines[0]
     assert any(line.startswith("machine speed: the cached time figures x ") for line in lines)
+    assert any(line.startswith("time model: ") for line in lines)
     steps = [line.split() for line in lines if line.split()[0] in ("1", "2", "3")]
     assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
 
@@ -469,6 +471,9 @@ def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_
     remembering = train_tiny(tmp_path, "c")
     # Its plans use the scale the earlier runs learned, which its first step leaves as it was.
     assert remembering[0]["calibration/decode_scale"] != forgetful[0]["calibration/decode_scale"]
+    # ... and its forecast before step 1 says what it rests on.
+    steps = {run: json.loads((tmp_path / run / "forecast.json").read_text())["memory/steps"] for run in "abc"}
+    assert steps == {"a": 0, "b": 0, "c": len(first)}
 
 
 def test_a_runs_first_step_teaches_the_time_model_only_where_no_earlier_run_has(tmp_path):
@@ -509,6 +514,15 @@ def test_earlier_runs_time_model_is_kept_per_learning_width_and_policy(tmp_path)
     assert where("runtime.learner_width=1") != planners
     assert where("scheduler.policy=verl") != planners  # its functions share the machine otherwise
     assert where("runtime.calibration_memory=false") is None
+    # The config's threads, not the process's: `train` builds its planner before the Ray executor
+    # sets the driver's threads, `plan --run` after, and both read one memory.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if before > 1 else 2)
+        assert where("runtime.learner_width=0") == planners
+    finally:
+        torch.set_num_threads(before)
+    assert where("trainer.threads=3") != planners
 
 
 def test_a_learning_phase_waits_a_ranks_start_where_the_decode_functions_hold_the_slots_it_needs():

@@ -38,6 +38,15 @@ def run_summary(out: dict[str, Any]) -> str:
             f"machine speed: the cached time figures x {out['machine/speed']:.2f} (the probe's "
             f"decode steps: {', '.join(f'{ms:.1f}' for ms in out['machine/probe_ms'])} ms)"
         )
+    if "memory/steps" in out:
+        learned = int(out["memory/steps"])
+        lines.append(
+            f"time model: from {learned} step(s) earlier runs here observed (runtime.calibration_memory)"
+            if learned
+            else "time model: the cached time table and learning rate alone (no earlier run of this "
+            "model, threads and policy here): how fast the run's functions meet the machine, only "
+            "its first step measures"
+        )
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
     rows = out["per_step"]

@@ -236,11 +236,24 @@ def memory_path(cfg: Config, policy: torch.nn.Module) -> Path | None:
     if not cfg.runtime.calibration_memory:
         return None
     key = (
-        f"{cache_key(policy, torch.get_num_threads(), cfg.generation.packed_weights)}-{cfg.runtime.executor}-"
+        f"{cache_key(policy, learner_threads(cfg), cfg.generation.packed_weights)}-{cfg.runtime.executor}-"
         f"{cfg.runtime.profile or 'measured'}-width{learning_width(cfg)}-{cfg.scheduler.policy}"
     )
     name = f"calibration-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     return Path(cfg.model.cache_dir).expanduser() / "profiles" / name
+
+
+def learner_threads(cfg: Config) -> int:
+    """Torch threads the run's learner works with: `trainer.threads` where set, else a CPU slot's
+    (`runtime.threads_per_actor`) under the Ray executor on a CPU, else torch's default. Read from
+    the config, not from the process: `train` built its planner before the Ray executor set the
+    driver's threads, `plan --run` after, so the forecast before a run keyed the run memory by
+    another thread count and never read what `train` had learned (session 54)."""
+    if cfg.trainer.threads:
+        return cfg.trainer.threads
+    if cfg.runtime.executor == "ray" and cfg.runtime.device != "cuda":
+        return cfg.runtime.threads_per_actor
+    return torch.get_num_threads()
 
 
 def learning_width(cfg: Config) -> int:

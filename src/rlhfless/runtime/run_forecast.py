@@ -38,7 +38,7 @@ from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import TARGETS, PlanError
 from rlhfless.runtime.executor import build_engine, build_learner, sampling_params
-from rlhfless.runtime.machine import Speed, cache_key
+from rlhfless.runtime.machine import Speed, cache_key, learner_threads
 from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import Sample, StepPrompt
 
@@ -349,7 +349,16 @@ def start_forecast(
     machine = (
         {"machine/speed": speed.factor, "machine/probe_ms": list(speed.now_ms)} if speed is not None else {}
     )
-    return {**forecast, **pilot, **machine, "learning_seconds_per_token": planner.phases.per_token_s}
+    # What the time model starts from: steps earlier runs here observed (0: the cached table and
+    # learning rate alone, whose speed in the run only its first step measures).
+    learned = {"memory/steps": float(planner.calibration.steps)}
+    return {
+        **forecast,
+        **pilot,
+        **machine,
+        **learned,
+        "learning_seconds_per_token": planner.phases.per_token_s,
+    }
 
 
 def forecast_for_config(cfg: Config) -> dict[str, Any]:
@@ -361,10 +370,7 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     from rlhfless.runtime.planning import build_planner
 
     cfg = resolve_device(cfg)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    elif cfg.runtime.executor == "ray" and cfg.runtime.device == "cpu":
-        torch.set_num_threads(cfg.runtime.threads_per_actor)  # as the Ray executor's learner
+    torch.set_num_threads(learner_threads(cfg))  # as the run's learner
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
