@@ -16,6 +16,7 @@ from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.planner.forecast import (
+    CPU_SERIAL_SHARE,
     NOISE,
     SPREAD,
     Calibration,
@@ -35,7 +36,7 @@ from rlhfless.planner.source_lengths import ANSWER_GROUPS
 from rlhfless.planner.step_plan import PromptSpec
 from rlhfless.runtime.executor import build_engine
 from rlhfless.runtime.machine import Speed, memory_path
-from rlhfless.runtime.planning import StepPlanner
+from rlhfless.runtime.planning import StepPlanner, build_planner
 from rlhfless.runtime.run_forecast import forecast_for_config, length_pilot
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts, train
@@ -692,6 +693,32 @@ def test_each_learning_width_is_forecast_at_its_own_rate_once_it_has_run():
     old = PhaseModel()
     old.load_state_dict({"per_token_s": 0.05, "steps": 3})
     assert old.at_width(1, usual=2) == pytest.approx(0.1)
+
+
+def test_a_width_not_run_yet_is_forecast_by_amdahls_law_with_the_serial_share_measured_on_cpus(tmp_path):
+    """On CPU slots two ranks took 0.58-0.70x one rank's time, not 0.5x: 1/W forecast a first
+    run's learning 14-27% short (session 54). Once a width has run, its own rate stands."""
+    phases = PhaseModel(serial=0.2)
+    phases.observe(100.0, 6.0, width=2)  # two ranks: 0.06 s a token
+    assert phases.at_width(1, usual=2) == pytest.approx(0.1)  # one rank: 0.06 / 0.6
+    assert phases.at_width(4, usual=2) == pytest.approx(0.04)  # four: 0.06 x 0.4 / 0.6
+    phases.observe(100.0, 8.0, width=1)
+    assert phases.at_width(1, usual=2) == pytest.approx(0.08)
+    elastic = StepPlanner(
+        SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0, learning_units=2.0, widths=2,
+        serial=0.2,
+    )  # fmt: skip
+    elastic.learned_alone(0.004)  # one rank's rate, timed before the run
+    assert elastic.phases.per_token_s == pytest.approx(0.0024) == elastic.phases.at_width(2, 2)
+    # The run's planner takes the share measured on CPU slots; GPU ranks are not measured yet.
+    cfg = load_config(
+        preset="tiny",
+        overrides=("runtime.executor=ray", "runtime.profile=derived", f"model.cache_dir={tmp_path}"),
+    )
+    policy = load_model(cfg.model, len(load_tokenizer(cfg.model)), cfg.seed)
+    assert build_planner(cfg, policy).phases.serial == CPU_SERIAL_SHARE > 0
+    on_gpu = replace(cfg, runtime=replace(cfg.runtime, device="cuda"))
+    assert build_planner(on_gpu, policy).phases.serial == 0.0
 
 
 def test_the_phases_bill_is_learned_apart_where_part_of_their_work_was_hidden():

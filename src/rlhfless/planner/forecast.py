@@ -21,6 +21,11 @@ from rlhfless.planner.profile import Profile
 from rlhfless.planner.smoothing import ewma
 
 ALPHA = 0.5  # weight of the newest step in every learned figure
+# The share of a learning phase that more CPU ranks do not shorten (Amdahl): rank 0 alone steps
+# the optimizer and the gradients are summed on it over gloo. Two ranks on two CPU slots took
+# 0.70x one rank's time in session 23, 0.58x and 0.64x in the run memories of session 54 (their
+# width-2 rates against the one-rank rate timed before the run): 0.2 is two ranks at 0.6x.
+CPU_SERIAL_SHARE = 0.2
 
 
 def _times(seconds: float | None, factor: float) -> float | None:
@@ -131,6 +136,7 @@ class PhaseModel:
     by_width: dict[int, float] = field(default_factory=dict)
     provisional: bool = False  # learned from a run's first phase alone: the next phase replaces it
     billed_per_token_s: float | None = None
+    serial: float = 0.0  # of a phase, the share more ranks do not shorten (`at_width`; not learned)
 
     def observe(
         self, tokens: float, seconds: float, width: int | None = None, billed_s: float | None = None
@@ -155,17 +161,20 @@ class PhaseModel:
 
     def at_width(self, width: int, usual: int) -> float | None:
         """The rate at `width`: as measured there; else the nearest measured width's (`per_token_s`
-        standing for the `usual` width before any was measured apart) at the same slot-seconds,
-        W ranks taking 1/W of the time. Data parallelism scales at best so: two ranks on two CPU
-        cores learned in 0.70x one rank's time (session 23), so a narrower width not run yet is
-        forecast slow, a wider one fast, until it has run once."""
+        standing for the `usual` width before any was measured apart) scaled by Amdahl's law,
+        W ranks taking `serial` + (1 - `serial`) / W of one rank's time (`serial` 0: 1/W, data
+        parallelism at best), until that width has run once."""
         if width in self.by_width:
             return self.by_width[width]
         seen = self.by_width or ({usual: self.per_token_s} if self.per_token_s is not None else {})
         if not seen:
             return None
         near = min(seen, key=lambda w: (abs(w - width), w))
-        return seen[near] * near / width
+        return seen[near] * self.amdahl(width) / self.amdahl(near)
+
+    def amdahl(self, width: int) -> float:
+        """W ranks' time as a share of one rank's."""
+        return self.serial + (1.0 - self.serial) / width
 
     def state_dict(self) -> dict[str, Any]:
         by_width = {str(w): r for w, r in self.by_width.items()}

@@ -30,6 +30,7 @@ from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
 from rlhfless.planner.floor import generation_floor
 from rlhfless.planner.forecast import (
+    CPU_SERIAL_SHARE,
     Calibration,
     LearnerWait,
     Margins,
@@ -58,6 +59,8 @@ def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
         learning_units=float(cfg.scheduler.gpus_per_actor * learning_width(cfg)),
         widths=learning_width(cfg) if _elastic(cfg) else 1,
         speed=speed,
+        # Measured on CPU slots (gloo); GPU ranks not yet: data parallelism at best there.
+        serial=CPU_SERIAL_SHARE if cfg.runtime.device != "cuda" else 0.0,
     )
 
 
@@ -83,18 +86,20 @@ class StepPlanner:
         learning_units: float | None = None,
         widths: int = 1,
         speed: Speed | None = None,
+        serial: float = 0.0,
     ):
         """`memory`: where the time model learned by earlier runs of this model on this machine is
         kept; it starts this run's, scaled from the machine's speed when it was written to its
         `speed` now, and every step updates it. `widths`: the learning phase may take 1 .. this
         many ranks, which a budget or deadline chooses with N (1: the phase's width is not the
-        plan's; its units are `learning_units`)."""
+        plan's; its units are `learning_units`). `serial`: the share of a learning phase that more
+        ranks do not shorten, for widths not run yet (`PhaseModel.at_width`)."""
         self.scheduler, self.profile, self.cluster, self.group_size = scheduler, profile, cluster, group_size
         self.max_length, self.resident_units = max_length, resident_units
         self.learning_units = resident_units if learning_units is None else learning_units
         self.widths = widths
         self.calibration = Calibration()
-        self.phases = PhaseModel()
+        self.phases = PhaseModel(serial=serial)
         self.waits = LearnerWait()
         self.margins = Margins()
         self.shortfall = Shortfall()
@@ -159,12 +164,12 @@ class StepPlanner:
     def learned_alone(self, per_token_s: float) -> None:
         """The phases' rate as one process timed it before the run, where no earlier run taught
         one (`run_forecast.learning_seconds_per_token`): one rank's rate. A learner on `_usual`
-        ranks is forecast at W ranks taking 1/W of the time (`PhaseModel.at_width`'s rule) until
-        its first phase is measured; taken as the usual width's own, it forecast two ranks'
-        learning at twice what they took (session 51)."""
+        ranks is forecast at `PhaseModel.at_width`'s rule (Amdahl's law) until its first phase is
+        measured; taken as the usual width's own, it forecast two ranks' learning at twice what
+        they took (session 51), and at 1/W a first run's learning 14-27% short (session 54)."""
         if self.widths > 1:
             self.phases.by_width[1] = per_token_s
-        self.phases.per_token_s = per_token_s / self._usual
+        self.phases.per_token_s = per_token_s * self.phases.amdahl(self._usual)
 
     def _usual_rate(self) -> float | None:
         """The phases' rate a plan without a target forecasts with: where the width is the plan's
