@@ -166,7 +166,7 @@ class StepPlanner:
         one (`run_forecast.learning_seconds_per_token`): one rank's rate. A learner on `_usual`
         ranks is forecast at `PhaseModel.at_width`'s rule (Amdahl's law) until its first phase is
         measured; taken as the usual width's own, it forecast two ranks' learning at twice what
-        they took (session 51), and at 1/W a first run's learning 14-27% short (session 54)."""
+        they took (session 51), and at 1/W a first run's learning 7-27% short (session 54)."""
         if self.widths > 1:
             self.phases.by_width[1] = per_token_s
         self.phases.per_token_s = per_token_s * self.phases.amdahl(self._usual)
