@@ -206,10 +206,13 @@ def main() -> None:
                 )
         whole = json.loads((run_dir(out, policy, r) / "forecast.json").read_text())
         actual_t, actual_c = sum(h["time/step"] for h in run), sum(h["cost/step"] for h in run)
+        (low_t, high_t), (low_c, high_c) = whole["time_range_s"], whole["cost_range"]
+        held = "inside" if low_t <= actual_t <= high_t and low_c <= actual_c <= high_c else "outside"
         print(
             f"  {name_:10s} whole run ({whole['steps']} steps, forecast before step 1): "
             f"time {whole['time_s']:.0f} s vs {actual_t:.0f} s ({whole['time_s'] / actual_t - 1:+.1%}), "
-            f"cost {whole['cost']:.4g} vs {actual_c:.4g} ({whole['cost'] / actual_c - 1:+.1%})"
+            f"cost {whole['cost']:.4g} vs {actual_c:.4g} ({whole['cost'] / actual_c - 1:+.1%}); "
+            f"{held} its range ({low_t:.0f}-{high_t:.0f} s, {low_c:.4g}-{high_c:.4g})"
         )
     if args.json:
         with open(args.json, "w") as f:
