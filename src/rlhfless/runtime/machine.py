@@ -100,9 +100,9 @@ class Speed:
         """How many times slower the machine is now than when the probe's steps took `then` ms:
         the median of the points' ratios (1 where `then` is not this probe's, or untimed)."""
         before, now = np.asarray(then, dtype=float), np.asarray(self.now_ms)
-        if before.shape != now.shape or not (before > 0).any():
-            return 1.0
         timed = before > 0
+        if before.shape != now.shape or not timed.any():
+            return 1.0
         return float(np.median(now[timed] / before[timed]))
 
 
@@ -248,7 +248,8 @@ def learner_threads(cfg: Config) -> int:
     (`runtime.threads_per_actor`) under the Ray executor on a CPU, else torch's default. Read from
     the config, not from the process: `train` built its planner before the Ray executor set the
     driver's threads, `plan --run` after, so the forecast before a run keyed the run memory by
-    another thread count and never read what `train` had learned (session 54)."""
+    another thread count and never read what `train` had learned (session 54). The Ray executor
+    sets the driver's threads by it too."""
     if cfg.trainer.threads:
         return cfg.trainer.threads
     if cfg.runtime.executor == "ray" and cfg.runtime.device != "cuda":

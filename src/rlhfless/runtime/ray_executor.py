@@ -42,6 +42,7 @@ from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.decode_round import DecodeRound
 from rlhfless.runtime.dp_learner import ElasticLearner, Host
 from rlhfless.runtime.lifecycle import Functions
+from rlhfless.runtime.machine import learner_threads
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.preparation import Preparation
@@ -80,10 +81,10 @@ class RayExecutor:
             flat = flat_weights(reference)
             self.reference = (ray.put(flat), int(flat.nbytes))
         self.shape = ModelShape.from_hf_config(policy.config.to_dict())
-        if not gpu and not cfg.trainer.threads:
+        if not gpu:
             # The learner's slot (the driver's prefill, then rank 0's learning) is one CPU slot
             # like every function's: more threads would use cores that nobody is billed for.
-            torch.set_num_threads(cfg.runtime.threads_per_actor)
+            torch.set_num_threads(learner_threads(cfg))
         self.view: ClusterView | None = None  # the cluster the next plan is made for
         self.held: list[Lease] = []
         self.hosts: list[Host] = []  # verl: the held decode functions with slots of their own

@@ -349,14 +349,13 @@ def start_forecast(
     machine = (
         {"machine/speed": speed.factor, "machine/probe_ms": list(speed.now_ms)} if speed is not None else {}
     )
-    # What the time model starts from: steps earlier runs here observed (0: the cached table and
-    # learning rate alone, whose speed in the run only its first step measures).
-    learned = {"memory/steps": float(planner.calibration.steps)}
     return {
         **forecast,
         **pilot,
         **machine,
-        **learned,
+        # What the time model starts from: steps earlier runs here observed (0: the cached table
+        # and learning rate alone, whose speed in the run only its first step measures).
+        "memory/steps": float(planner.calibration.steps),
         "learning_seconds_per_token": planner.phases.per_token_s,
     }
 
