@@ -23,8 +23,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         module.add_parser(sub)
         modules[name] = module
-    args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = parser.parse_known_args(argv)[0].command
+    # The command's own arguments intermixed, as users type them: a flag may stand between the
+    # positionals (`train run.yaml --resume trainer.steps=8`), which plain parsing refuses.
+    args = sub.choices[name].parse_intermixed_args(
+        argv[argv.index(name) + 1 :], argparse.Namespace(command=name)
+    )
+    return int(modules[name].run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,16 @@ def test_show_config_prints_a_config_that_loads_back_with_every_key_under_its_he
     assert all(lines[i - 1].lstrip().startswith("# ") for i in keys)  # no key without its help
 
 
+def test_a_flag_may_stand_between_a_config_file_and_its_overrides(tmp_path, capsys):
+    """`train run.yaml --resume trainer.steps=8`, as users type it: plain argparse refused the
+    overrides after the flag."""
+    path = tmp_path / "a.yaml"
+    save_config(load_config(preset="tiny"), path)
+    assert main(["train", str(path), "--show-config", "trainer.steps=7", "scheduler.lam=0.5"]) == 0
+    cfg = load_config(str(path), overrides=("trainer.steps=7", "scheduler.lam=0.5"))
+    assert capsys.readouterr().out == render(resolve_device(cfg))
+
+
 def test_console_script_exits_2_without_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "rlhfless.cli", "train", "--preset", "tiny", "generation.top_p=2"],
