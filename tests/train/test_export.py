@@ -1,5 +1,8 @@
 """`rlhfless export` turns a checkpoint into a model directory that loads as `model.path=`."""
 
+import os
+import stat
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -54,3 +57,17 @@ def test_an_existing_target_is_never_overwritten(run, tmp_path, capsys):
     assert main(["export", str(run), str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_the_exported_folder_and_every_checkpoint_file_are_readable_as_a_plain_mkdir_makes_them(
+    run, tmp_path
+):
+    """mkdtemp and safetensors make them owner-only; a model is served, a run read, by others."""
+    out = tmp_path / "policy"
+    assert main(["export", str(run), str(out)]) == 0
+    mask = os.umask(0o022)
+    os.umask(mask)
+    checkpoint = run / "checkpoints" / "step_000002"
+    for folder in (out, checkpoint):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~mask
+        assert {stat.S_IMODE(f.stat().st_mode) for f in folder.iterdir()} == {0o666 & ~mask}

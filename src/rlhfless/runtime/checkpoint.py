@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
+from rlhfless.files import shareable
 from rlhfless.inputs import InputError, read_json, read_text
 
 PREFIX = "step_"
@@ -104,7 +105,7 @@ def save_checkpoint(
     on_file("trainer_state.json")
     if final.exists():
         shutil.rmtree(final)
-    tmp.rename(final)
+    shareable(tmp).rename(final)
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

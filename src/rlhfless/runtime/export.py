@@ -14,6 +14,7 @@ from pathlib import Path
 from safetensors.torch import load_model as load_weights
 
 from rlhfless.config import load_config
+from rlhfless.files import shareable
 from rlhfless.inputs import read_text
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.runtime.checkpoint import check_weights, list_checkpoints
@@ -61,7 +62,7 @@ def export_checkpoint(source: Path, target: Path) -> Path:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
+        os.replace(shareable(tmp), target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return checkpoint

@@ -274,7 +274,7 @@ def forecast_run(
     low_c, high_c = (sum(r["cost_range"][end] for r in rows) for end in (0, 1))
     span = f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}"
     if optimist.guesses:
-        span += f"; {optimist.guesses} guessed from scheduler.default_length (no pilot): 1 token .. x {LENGTH_RANGE[1]}"
+        span += f"; {optimist.guesses} lengths guessed from scheduler.default_length (no pilot): 1 token .. x {LENGTH_RANGE[1]}"
     out = {
         "steps": len(rows),
         "first_step": first_step,
