@@ -30,7 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     args = sub.choices[name].parse_intermixed_args(
         argv[argv.index(name) + 1 :], argparse.Namespace(command=name)
     )
-    return int(modules[name].run(args) or 0)
+    try:
+        return int(modules[name].run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line, as a shell expects, not a traceback
+        resume = (
+            "; `rlhfless train ... --resume` continues from the last checkpoint" if name == "train" else ""
+        )
+        print(f"rlhfless {name}: interrupted{resume}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

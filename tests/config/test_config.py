@@ -216,3 +216,13 @@ def test_the_config_imports_nothing_of_the_runtime_it_configures():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_ctrl_c_is_one_line_and_exit_130_not_a_traceback(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("rlhfless.commands.train.run", interrupted)
+    assert main(["train", "--preset", "tiny"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "--resume" in err
