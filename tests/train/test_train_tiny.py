@@ -112,3 +112,16 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_train_and_changes_noth
     assert main([*argv, "trainer.steps=1", "--resume"]) == 0
     assert "nothing to train: the run is at trainer.steps=1; raise it to go on" in capsys.readouterr().out
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
+def test_a_new_run_never_writes_over_a_trained_one(tmp_path, capsys):
+    """Without --resume, an output_dir holding a trained run is refused before anything is
+    written: its metrics and checkpoints stay as they were."""
+    argv = ["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "trainer.progress=false"]
+    assert main([*argv, "trainer.steps=2"]) == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*argv, "trainer.steps=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a trained run (checkpoints to step_000002)" in err
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before

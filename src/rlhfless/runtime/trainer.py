@@ -130,10 +130,25 @@ def build_executor(cfg: Config, tokenizer, policy: torch.nn.Module) -> Executor:
     return InProcessExecutor(cfg, policy, reference, tokenizer, build_reward_fn(cfg.reward))
 
 
+def _refuse_a_trained_run(out: Path) -> None:
+    """A new run never writes over one that trained: its metrics and checkpoints would be lost
+    (and the new run's first checkpoint pruned as the oldest)."""
+    checkpoints = list_checkpoints(out / "checkpoints")
+    metrics = out / "metrics.jsonl"
+    if checkpoints or (metrics.is_file() and metrics.stat().st_size):
+        held = f"checkpoints to {checkpoints[-1].name}" if checkpoints else "metrics, no checkpoint"
+        raise TrainError(
+            f"output_dir: {out} holds a trained run ({held}); expected a new directory, or "
+            "--resume (resume=true) to continue that run"
+        )
+
+
 def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info: None) -> TrainResult:
     """Run `cfg.trainer.steps` synchronous steps; `on_event` feeds progress displays."""
     cfg = resolve_device(cfg)  # chosen once: every model of the run goes there
     out = resolve_output_dir(cfg)
+    if not cfg.resume:
+        _refuse_a_trained_run(out)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.seed)
