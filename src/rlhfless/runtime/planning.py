@@ -16,6 +16,7 @@ import torch
 
 from rlhfless.config import Config
 from rlhfless.files import write_atomic
+from rlhfless.models import model_shape
 from rlhfless.planner import (
     ClusterSpec,
     LengthPredictor,
@@ -38,7 +39,6 @@ from rlhfless.planner.forecast import (
     Shortfall,
     relative_error,
 )
-from rlhfless.planner.hardware import ModelShape
 from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.samples import Sample, StepPrompt
@@ -46,7 +46,7 @@ from rlhfless.runtime.samples import Sample, StepPrompt
 
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
     """The run's StepPlanner: this machine's profile and slots, the learner's slot resident."""
-    shape = ModelShape.from_hf_config(policy.config.to_dict())
+    shape = model_shape(policy)
     profile, speed = machine_profile(cfg, policy)
     return StepPlanner(
         cfg.scheduler,

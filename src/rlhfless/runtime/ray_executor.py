@@ -33,7 +33,7 @@ from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
-from rlhfless.planner.hardware import ModelShape
+from rlhfless.models import model_shape
 from rlhfless.planner.learning import learn_ahead_fits, start_ranks_ahead, start_ranks_now
 from rlhfless.planner.placement import ClusterSpec
 from rlhfless.planner.step_plan import StepPlan
@@ -80,7 +80,7 @@ class RayExecutor:
         if reference is not None:
             flat = flat_weights(reference)
             self.reference = (ray.put(flat), int(flat.nbytes))
-        self.shape = ModelShape.from_hf_config(policy.config.to_dict())
+        self.shape = model_shape(policy)
         if not gpu:
             # The learner's slot (the driver's prefill, then rank 0's learning) is one CPU slot
             # like every function's: more threads would use cores that nobody is billed for.
