@@ -103,6 +103,28 @@ def test_user_function_must_return_a_finite_number(monkeypatch):
         fn(file_prompt(), "x")
 
 
+VERL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    hit = solution_str.strip() == ground_truth
+    return {"score": 1.0 if hit else 0.25, "acc": hit, "source": data_source, "info": extra_info}
+"""
+
+
+def test_a_verl_compute_score_file_is_called_with_verl_s_arguments_and_dict_result(tmp_path):
+    """VERL's `custom_reward_function.path` file and `compute_score` signature, unchanged."""
+    path = tmp_path / "my_reward.py"
+    path.write_text(VERL_REWARD)
+    fn = build_reward_fn(RewardConfig(function=f"{path}:compute_score", format_weight=0.0))
+    clone = pickle.loads(pickle.dumps(fn))  # as a Ray worker receives it
+    assert clone(file_prompt("1000"), " 1000 ").score == 1.0
+    assert clone(file_prompt("1000"), "999").components == {"correct": 0.25, "format": 0.0}
+
+
+def test_a_user_function_file_that_is_missing_is_named(tmp_path):
+    with pytest.raises(RewardError, match=r"cannot import module '.*nowhere.py'.*no such file"):
+        build_reward_fn(RewardConfig(function=f"{tmp_path / 'nowhere.py'}:compute_score"))
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -39,9 +39,12 @@ class RewardConfig:
     function: str | None = field(
         default=None,
         metadata={
-            "help": "optional 'module:function' called as f(prompt, response) -> float; replaces the "
-            "built-in correctness score (the format reward is still added unless format_weight=0); "
-            "trusted code: the module is imported and run"
+            "help": "optional 'module:function' or 'path/to/file.py:function', called as "
+            "f(prompt, response) -> float with the data.Prompt (its ground_truth, data_source, "
+            "extra_info, messages), or, where it takes a solution_str parameter, as VERL's "
+            "compute_score(data_source, solution_str, ground_truth, extra_info) -> float or "
+            "{'score': float, ...}; replaces the built-in correctness score (the format reward is "
+            "still added unless format_weight=0); trusted code: the module is imported and run"
         },
     )
     rule_weight: float = field(
@@ -83,9 +86,11 @@ class RewardConfig:
             ):
                 raise ValueError(f"{name}: got {value!r}, expected a finite number >= 0")
         if self.function is not None:
-            module, sep, attr = self.function.partition(":")
+            module, sep, attr = self.function.rpartition(":")
             if not (sep and module and attr):
-                raise ValueError(f"function: got {self.function!r}, expected 'module:function'")
+                raise ValueError(
+                    f"function: got {self.function!r}, expected 'module:function' or 'path/to/file.py:function'"
+                )
         if self.model is not None and not self.model.strip():
             raise ValueError(f"model: got {self.model!r}, expected a checkpoint directory or null")
         for name in ("model_batch_size", "model_max_tokens"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import json
 import math
 from collections.abc import Callable
@@ -31,11 +33,17 @@ class RewardOutput:
     components: dict[str, float]
 
 
-def load_user_function(spec: str) -> Callable[[Prompt, str], float]:
-    """Import 'module:function'; the error says which part failed."""
-    module_name, _, attr = spec.partition(":")
+def load_user_function(spec: str) -> Callable[[Prompt, str], Any]:
+    """Import 'module:function' or 'path/to/file.py:function' (as VERL's
+    `custom_reward_function.path`), called as f(prompt, response) with the `Prompt`, or, where its
+    parameters say so, as VERL's `compute_score(data_source, solution_str, ground_truth,
+    extra_info)`. The error says which part failed."""
+    module_name, _, attr = spec.rpartition(":")
     try:
-        module = importlib.import_module(module_name)
+        if module_name.endswith(".py"):
+            module = _module_from_file(Path(module_name).expanduser())
+        else:
+            module = importlib.import_module(module_name)
     except Exception as e:  # trusted code, but a broken file (syntax, bytes) is still one line
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = getattr(e, "filename", None)
@@ -46,7 +54,32 @@ def load_user_function(spec: str) -> Callable[[Prompt, str], float]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardError(f"reward.function: module {module_name!r} has no callable {attr!r}")
-    return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: called as f(prompt, response)
+        return fn
+    if "solution_str" not in params:
+        return fn
+    extra = "extra_info" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+    def verl(prompt: Prompt, response: str) -> Any:
+        info = {"extra_info": prompt.extra_info} if extra else {}
+        value = fn(
+            data_source=prompt.data_source, solution_str=response, ground_truth=prompt.ground_truth, **info
+        )
+        return value.get("score", value) if isinstance(value, dict) else value  # VERL's dict result
+
+    return verl
+
+
+def _module_from_file(path: Path) -> Any:
+    """The Python file at `path` as a module (not put in `sys.modules`)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"rlhfless_reward_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
@@ -75,7 +108,7 @@ class RewardFn:
     """Scores responses per `RewardConfig`. Pickles as its config; caches rebuild lazily in each process."""
 
     cfg: RewardConfig
-    _user_fn: Callable[[Prompt, str], float] | None = field(default=None, init=False, repr=False)
+    _user_fn: Callable[[Prompt, str], Any] | None = field(default=None, init=False, repr=False)
     _gym_datasets: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _model: RewardModel | None = field(default=None, init=False, repr=False)
 
