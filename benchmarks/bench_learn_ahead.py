@@ -12,6 +12,7 @@ up to 19% between runs an hour apart).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from rlhfless.runtime.trainer import train
 
 
 def run(on: bool, steps: int, preset: str, extra: tuple[str, ...], out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)  # this benchmark's own run: a rerun into --out replaces it
     cfg = load_config(
         preset=preset,
         overrides=(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -41,6 +42,8 @@ KEYS = (
 
 def run(overlap: str, steps: int, preset: str, extra: tuple[str, ...], out: Path) -> dict:
     """`rlhfless train` itself with overlap `on` or `off`: its metrics, rollouts and final weights."""
+    # this benchmark's own run: a rerun into --out replaces it
+    shutil.rmtree(out / overlap, ignore_errors=True)
     cfg = load_config(
         preset=preset,
         overrides=(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -31,6 +32,7 @@ from rlhfless.runtime.trainer import train
 def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...], out: Path) -> list[dict]:
     """`rlhfless train` itself under one policy, into run directory `out`; per step its metrics and
     sampled responses."""
+    shutil.rmtree(out, ignore_errors=True)  # this benchmark's own run: a rerun into --out replaces it
     cfg = load_config(
         preset=preset,
         overrides=(

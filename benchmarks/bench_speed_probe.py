@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -59,6 +60,7 @@ def main() -> None:
     time.sleep(5)
     before = plan(args.out, "no_probe", args.steps, env, "runtime.speed_probe=false")
     run = args.out / "run"
+    shutil.rmtree(run, ignore_errors=True)  # this benchmark's own run: a rerun replaces it
     rlhfless(
         "train",
         "--preset",

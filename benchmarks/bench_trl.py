@@ -28,6 +28,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def run_rlhfless(steps: int, preset: str, overrides: tuple[str, ...], out: Path,
     from rlhfless.config import load_config
     from rlhfless.runtime.trainer import train
 
+    shutil.rmtree(out, ignore_errors=True)  # this benchmark's own run: a rerun into --out replaces it
     cfg = load_config(
         preset=preset,
         overrides=(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -148,6 +149,8 @@ def same_samples(a: Path, b: Path) -> dict[str, tuple[int, int]]:
 
 def grpo_steps(label: str, model_dir: Path, preset: str, extra: tuple[str, ...], args, out: Path) -> dict:
     """`rlhfless train` on the Ray executor with the `extra` overrides: step times and costs."""
+    # this benchmark's own run: a rerun into --out replaces it
+    shutil.rmtree(out / run_name(label), ignore_errors=True)
     cfg = load_config(
         preset=preset,
         overrides=(
