@@ -141,6 +141,23 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     assert log.rows() == rows
 
 
+def test_a_resumed_run_purges_the_killed_run_s_later_tensorboard_points(tmp_path):
+    """Steps after the checkpoint are redone: TensorBoard shows each once, the redone value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    killed = RunLog(tmp_path, tensorboard=True, wandb_project=None, config={})
+    for step in (1, 2, 3):
+        killed.metrics(step, {"reward/mean": float(step)})
+    killed.close()
+    resumed = RunLog(tmp_path, tensorboard=True, wandb_project=None, config={}, resumed_at=1)
+    resumed.metrics(2, {"reward/mean": 20.0})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 1.0), (2, 20.0)]
+    assert [row["step"] for row in resumed.rows()] == [1, 2]
+
+
 def _train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rlhfless", "train", "--preset", "tiny", f"output_dir={out}", *FAST]
     env = {**os.environ, "PYTHONPATH": str(SRC)}

@@ -18,14 +18,21 @@ def _finite(value: Any) -> Any:
 class RunLog:
     """Appends one metrics line per step and writes per-step files atomically."""
 
-    def __init__(self, root: Path, tensorboard: bool, wandb_project: str | None, config: dict) -> None:
+    def __init__(
+        self, root: Path, tensorboard: bool, wandb_project: str | None, config: dict, resumed_at: int = 0
+    ) -> None:
+        """`resumed_at`: the checkpoint's step a resumed run goes on from. What a killed run
+        recorded after it is forgotten, in `metrics.jsonl` and in TensorBoard (whose events
+        from that step on are purged), since those steps are redone."""
         self.root = root
         self.metrics_path = root / "metrics.jsonl"
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(root / "tb"))
+            self.tb = SummaryWriter(str(root / "tb"), purge_step=resumed_at + 1 if resumed_at else None)
+        if resumed_at:
+            self.truncate_after(resumed_at)
         self.wandb = None
         if wandb_project:
             try:

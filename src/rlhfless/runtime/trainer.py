@@ -197,10 +197,8 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     if start == 0:  # a resumed run keeps the forecast made before it paid anything
         write_atomic(out / "forecast.json", json.dumps(forecast, indent=1))
     on_event("forecast", forecast)
-    log = RunLog(
-        out, cfg.trainer.tensorboard, cfg.trainer.wandb_project if cfg.trainer.wandb else None, to_dict(cfg)
-    )
-    log.truncate_after(start)
+    wandb = cfg.trainer.wandb_project if cfg.trainer.wandb else None
+    log = RunLog(out, cfg.trainer.tensorboard, wandb, to_dict(cfg), resumed_at=start)
     result = TrainResult(out)
     on_event("start", {"output_dir": str(out), "start": start, "steps": cfg.trainer.steps})
     try:
