@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -231,7 +231,14 @@ class Config:
         default=None, metadata={"help": "where the run writes; default runs/<name>-<timestamp>"}
     )
     seed: int = field(default=0, metadata={"help": "seeds data order, sampling and initialisation"})
-    resume: bool = field(default=False, metadata={"help": "continue from output_dir's latest checkpoint"})
+    resume: bool | Literal["auto"] = field(
+        default=False,
+        metadata={
+            "help": "continue from output_dir's latest checkpoint (true: one must be there); auto: "
+            "where one is, else start the run, so that one command starts a preemptible job and "
+            "resumes it when requeued (VERL's resume_mode=auto)"
+        },
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

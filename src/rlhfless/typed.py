@@ -25,15 +25,29 @@ def _adapter(cls: type) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(cls)
 
 
-def _describe(error: Any) -> str:
-    """One pydantic error as `dotted.key: got X, expected Y`."""
-    where = ".".join(str(p) for p in error["loc"])
-    message = error["msg"]
+UNION_TAGS = ("bool", "int", "float", "str", "literal[")  # pydantic's loc tag of a union member
+
+
+def _describe(errors: list[Any]) -> str:
+    """The first of pydantic's errors as `dotted.key: got X, expected Y`; a value that fits no
+    member of a union (`bool | Literal['auto']`) expects any of them."""
+    error = errors[0]
+    loc, expected = error["loc"], _expected(error)
+    if loc and isinstance(loc[-1], str) and loc[-1].startswith(UNION_TAGS):
+        loc = loc[:-1]
+        members = [e for e in errors if e["loc"][:-1] == loc and str(e["loc"][-1]).startswith(UNION_TAGS)]
+        expected = " or ".join(_expected(e).split(", ")[0] for e in members)
+    where = ".".join(str(p) for p in loc)
     if error["type"] == "value_error":  # a __post_init__ check: "field: got X, expected Y"
-        message = message.removeprefix("Value error, ")
-        return f"{where}.{message}" if where else message
-    expected = message.removeprefix("Input should be ").removeprefix("Input should ")
+        return f"{where}.{expected}" if where else expected
     return f"{where}: got {error.get('input')!r}, expected {expected}"
+
+
+def _expected(error: Any) -> str:
+    message = error["msg"]
+    if error["type"] == "value_error":
+        return message.removeprefix("Value error, ")
+    return message.removeprefix("Input should be ").removeprefix("Input should ")
 
 
 def typed(cls: type[T], tree: dict[str, Any]) -> T:
@@ -41,7 +55,7 @@ def typed(cls: type[T], tree: dict[str, Any]) -> T:
     try:
         return _adapter(cls).validate_python(tree)
     except pydantic.ValidationError as err:
-        raise ValueError(_describe(err.errors()[0])) from None
+        raise ValueError(_describe(err.errors())) from None
 
 
 def render(config: Any, width: int = 100) -> str:

@@ -125,3 +125,22 @@ def test_a_new_run_never_writes_over_a_trained_one(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds a trained run (checkpoints to step_000002)" in err
     assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+def test_resume_auto_starts_a_new_run_and_continues_it_when_run_again(tmp_path):
+    """One command for a preemptible job: resume=auto starts where nothing is, resumes after."""
+    argv = ["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "trainer.progress=false"]
+    assert main([*argv, "trainer.steps=1", "resume=auto"]) == 0
+    assert main([*argv, "trainer.steps=2", "resume=auto"]) == 0
+    assert [row["step"] for row in read_metrics(tmp_path / "run")] == [1, 2]
+    assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == [
+        "step_000001",
+        "step_000002",
+    ]
+
+
+def test_resume_takes_true_false_or_auto(capsys):
+    assert load_config(preset="tiny", overrides=("resume=auto",)).resume == "auto"
+    assert main(["train", "--preset", "tiny", "resume=maybe"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "resume: got 'maybe'" in err

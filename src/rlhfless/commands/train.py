@@ -139,10 +139,10 @@ def _load(path: str | None, preset: str | None, overrides: tuple[str, ...]) -> C
 
 def _check_resume(cfg: Config) -> None:
     """Before anything loads or writes: the run to resume was trained with a compatible config."""
-    from rlhfless.runtime.checkpoint import check_resume
+    from rlhfless.runtime.checkpoint import check_resume, resumes
 
     out = resolve_output_dir(cfg)
-    if cfg.resume and (out / "config.yaml").exists():
+    if resumes(cfg.resume, out) and (out / "config.yaml").exists():
         check_resume(out, to_dict(cfg))
 
 

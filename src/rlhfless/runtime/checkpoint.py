@@ -225,6 +225,12 @@ def _dotted(tree: dict, key: str) -> Any:
     return node
 
 
+def resumes(resume: bool | str, run_dir: Path) -> bool:
+    """Whether a run of `resume` (true, false or auto) into `run_dir` continues a checkpoint
+    there: auto continues one where there is one."""
+    return resume is True or (resume == "auto" and bool(list_checkpoints(run_dir / "checkpoints")))
+
+
 def check_resume(run_dir: Path, config: dict) -> None:
     """Refuse to resume `run_dir` with a config that differs in a `RESUME_KEYS` setting.
 

@@ -29,7 +29,7 @@ from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn
-from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, resumes, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
 from rlhfless.runtime.planning import build_planner, observe_lengths, plan_metrics
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
@@ -139,7 +139,7 @@ def _refuse_a_trained_run(out: Path) -> None:
         held = f"checkpoints to {checkpoints[-1].name}" if checkpoints else "metrics, no checkpoint"
         raise TrainError(
             f"output_dir: {out} holds a trained run ({held}); expected a new directory, or "
-            "--resume (resume=true) to continue that run"
+            "--resume (resume=true, or resume=auto) to continue that run"
         )
 
 
@@ -147,7 +147,11 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     """Run `cfg.trainer.steps` synchronous steps; `on_event` feeds progress displays."""
     cfg = resolve_device(cfg)  # chosen once: every model of the run goes there
     out = resolve_output_dir(cfg)
-    if not cfg.resume:
+    checkpoints = list_checkpoints(out / "checkpoints")
+    resuming = resumes(cfg.resume, out)
+    if resuming and not checkpoints:
+        raise TrainError(f"resume: no checkpoint under {out / 'checkpoints'}")
+    if not resuming:
         _refuse_a_trained_run(out)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -165,10 +169,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
 
     kl_ctrl = kl_controller(cfg.algorithm)
     start = 0
-    if cfg.resume:
-        checkpoints = list_checkpoints(out / "checkpoints")
-        if not checkpoints:
-            raise TrainError(f"resume: no checkpoint under {out / 'checkpoints'}")
+    if resuming:
         state = load_checkpoint(checkpoints[-1], policy)
         executor.load_state(checkpoints[-1] / "optimizer.pt")
         loader.load_state_dict(state["loader"])
