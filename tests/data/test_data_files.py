@@ -81,7 +81,8 @@ def test_trl_plain_and_conversational_prompts_with_solution_column(tmp_path):
     prompts = load(write_jsonl(tmp_path / "trl.jsonl", rows), system_prompt="")
     assert prompts[0].messages == [{"role": "user", "content": "Name a colour."}]
     assert [p.ground_truth for p in prompts] == ["red", "7"]
-    assert prompts[1].extra_info == {"level": 2}
+    assert prompts[1].extra_info == {"solution": "7", "level": 2}  # every column, as TRL passes them
+    assert [p.chat for p in prompts] == [False, True]
     assert prompts[0].data_source == "trl"
 
 

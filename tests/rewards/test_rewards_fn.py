@@ -120,6 +120,46 @@ def test_a_verl_compute_score_file_is_called_with_verl_s_arguments_and_dict_resu
     assert clone(file_prompt("1000"), "999").components == {"correct": 0.25, "format": 0.0}
 
 
+TRL_REWARD = """
+seen = {}
+
+def accuracy_reward(prompts, completions, solution, **kwargs):
+    seen.update(prompts=prompts, completions=completions, solution=solution, **kwargs)
+    contents = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [None if s is None else float(c.strip() == s) for c, s in zip(contents, solution)]
+"""
+
+
+def test_a_trl_reward_function_gets_the_batch_in_trl_s_convention(tmp_path, monkeypatch):
+    """TRL's `f(prompts, completions, solution, **kwargs) -> list`: completions as messages where
+    the prompt was, every data column as a keyword, None counting 0."""
+    (tmp_path / "trl_reward.py").write_text(TRL_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = tmp_path / "trl.jsonl"
+    rows.write_text(
+        '{"prompt": "Name a colour.", "solution": "red", "level": 1}\n'
+        '{"prompt": [{"role": "user", "content": "2+5?"}], "solution": "7", "level": 2}\n'
+        '{"prompt": "Write a haiku."}\n'
+    )
+    cfg = DataConfig(source="file", path=str(rows), batch_size=1, system_prompt="")
+    prompts = load_prompts(cfg)
+    fn = build_reward_fn(RewardConfig(function="trl_reward:accuracy_reward", format_weight=0.0))
+    outs = fn.score_batch(prompts, ["red", " 7 ", "an old pond"])
+    assert [o.score for o in outs] == [1.0, 1.0, 0.0]
+    seen = sys.modules["trl_reward"].seen
+    assert seen["prompts"] == ["Name a colour.", [{"role": "user", "content": "2+5?"}], "Write a haiku."]
+    assert seen["completions"] == ["red", [{"role": "assistant", "content": " 7 "}], "an old pond"]
+    assert (seen["solution"], seen["level"]) == (["red", "7", None], [1, 2, None])
+
+
+def test_a_trl_reward_function_must_score_every_completion(tmp_path):
+    path = tmp_path / "short.py"
+    path.write_text("def f(completions, **kwargs):\n    return [1.0]\n")
+    fn = build_reward_fn(RewardConfig(function=f"{path}:f"))
+    with pytest.raises(RewardError, match="returned 1 values for 2 completions"):
+        fn.score_batch([file_prompt(), file_prompt()], ["a", "b"])
+
+
 def test_a_user_function_file_that_is_missing_is_named(tmp_path):
     with pytest.raises(RewardError, match=r"cannot import module '.*nowhere.py'.*no such file"):
         build_reward_fn(RewardConfig(function=f"{tmp_path / 'nowhere.py'}:compute_score"))

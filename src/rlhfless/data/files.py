@@ -29,6 +29,11 @@ class _Row:
     def error(self, name: str, problem: str, expected: str) -> DataError:
         return DataError(f"{self.path}: row {self.number}: field '{name}': {problem}, expected {expected}")
 
+    @property
+    def chat(self) -> bool:
+        """Whether the row's prompt is chat messages, not one string."""
+        return isinstance(self.data.get("prompt"), list)
+
     def messages(self) -> list[dict[str, str]]:
         if "prompt" not in self.data:
             raise self.error("prompt", "missing", PROMPT_EXPECTED)
@@ -117,17 +122,19 @@ def _verl_prompt(row: _Row, index: int, system_prompt: str, default_source: str)
     extra_info = row.data.get("extra_info") or {}
     if not isinstance(extra_info, dict):
         raise row.error("extra_info", f"got {type(extra_info).__name__}", "a mapping")
-    return Prompt(make_uid(data_source, index, messages), messages, ground_truth, data_source, extra_info)
+    uid = make_uid(data_source, index, messages)
+    return Prompt(uid, messages, ground_truth, data_source, extra_info, chat=row.chat)
 
 
 def _trl_prompt(row: _Row, index: int, system_prompt: str, default_source: str) -> Prompt:
     messages = with_system_prompt(row.messages(), system_prompt)
     column = next((c for c in TRL_ANSWER_COLUMNS if c in row.data), None)
     ground_truth = row.answer(row.data[column], column) if column else None
-    extra_info = {k: v for k, v in row.data.items() if k not in ("prompt", column)}
-    return Prompt(
-        make_uid(default_source, index, messages), messages, ground_truth, default_source, extra_info
-    )
+    # Every column but the prompt, the answer's too under its own name: a TRL reward function
+    # takes them as keyword arguments (`solution=...`).
+    extra_info = {k: v for k, v in row.data.items() if k != "prompt"}
+    uid = make_uid(default_source, index, messages)
+    return Prompt(uid, messages, ground_truth, default_source, extra_info, chat=row.chat)
 
 
 def load_file_prompts(

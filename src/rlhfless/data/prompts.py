@@ -29,6 +29,9 @@ class Prompt:
     extra_info: dict[str, Any] = field(default_factory=dict)
     # Where the prompt was read ("train.jsonl: row 3"), for errors that name it; not part of identity.
     origin: str = field(default="", compare=False)
+    # The data gave the prompt as chat messages (TRL's conversational format), not one string: a
+    # TRL reward function then receives its completions as messages too. Not part of identity.
+    chat: bool = field(default=False, compare=False)
 
     @property
     def question(self) -> str:

@@ -43,7 +43,8 @@ class RewardConfig:
             "f(prompt, response) -> float with the data.Prompt (its ground_truth, data_source, "
             "extra_info, messages), or, where it takes a solution_str parameter, as VERL's "
             "compute_score(data_source, solution_str, ground_truth, extra_info) -> float or "
-            "{'score': float, ...}; replaces the built-in correctness score (the format reward is "
+            "{'score': float, ...}, or, where it takes completions, as TRL's f(prompts, "
+            "completions, **columns) -> list of floats, a batch at a time; replaces the built-in correctness score (the format reward is "
             "still added unless format_weight=0); trusted code: the module is imported and run"
         },
     )

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlhfless.data.gym import GYM_KEY, create_gym_dataset
 from rlhfless.data.prompts import Prompt
+from rlhfless.rewards import user
 from rlhfless.rewards.answers import answers_match, extract_answer, format_score, last_number
 from rlhfless.rewards.config import RewardConfig
+from rlhfless.rewards.user import UserReward
 
 if TYPE_CHECKING:
     from rlhfless.rewards.model import RewardModel
@@ -33,53 +31,12 @@ class RewardOutput:
     components: dict[str, float]
 
 
-def load_user_function(spec: str) -> Callable[[Prompt, str], Any]:
-    """Import 'module:function' or 'path/to/file.py:function' (as VERL's
-    `custom_reward_function.path`), called as f(prompt, response) with the `Prompt`, or, where its
-    parameters say so, as VERL's `compute_score(data_source, solution_str, ground_truth,
-    extra_info)`. The error says which part failed."""
-    module_name, _, attr = spec.rpartition(":")
+def load_user_function(spec: str) -> UserReward:
+    """`user.load_user_function`, its refusal a RewardError."""
     try:
-        if module_name.endswith(".py"):
-            module = _module_from_file(Path(module_name).expanduser())
-        else:
-            module = importlib.import_module(module_name)
-    except Exception as e:  # trusted code, but a broken file (syntax, bytes) is still one line
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where = getattr(e, "filename", None)
-        at = f" ({where}, line {e.lineno})" if isinstance(e, SyntaxError) and where else ""
-        raise RewardError(
-            f"reward.function: cannot import module {module_name!r}{at}: {type(e).__name__}: {reason}"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RewardError(f"reward.function: module {module_name!r} has no callable {attr!r}")
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: called as f(prompt, response)
-        return fn
-    if "solution_str" not in params:
-        return fn
-    extra = "extra_info" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-    def verl(prompt: Prompt, response: str) -> Any:
-        info = {"extra_info": prompt.extra_info} if extra else {}
-        value = fn(
-            data_source=prompt.data_source, solution_str=response, ground_truth=prompt.ground_truth, **info
-        )
-        return value.get("score", value) if isinstance(value, dict) else value  # VERL's dict result
-
-    return verl
-
-
-def _module_from_file(path: Path) -> Any:
-    """The Python file at `path` as a module (not put in `sys.modules`)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    spec = importlib.util.spec_from_file_location(f"rlhfless_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        return user.load_user_function(spec)
+    except user.UserFunctionError as err:
+        raise RewardError(str(err)) from None
 
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
@@ -108,7 +65,7 @@ class RewardFn:
     """Scores responses per `RewardConfig`. Pickles as its config; caches rebuild lazily in each process."""
 
     cfg: RewardConfig
-    _user_fn: Callable[[Prompt, str], Any] | None = field(default=None, init=False, repr=False)
+    _user_fn: UserReward | None = field(default=None, init=False, repr=False)
     _gym_datasets: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _model: RewardModel | None = field(default=None, init=False, repr=False)
 
@@ -139,12 +96,17 @@ class RewardFn:
         """
         cfg = self.cfg
         model_scores = self.reward_model()(prompts, responses) if cfg.model else None
+        scored = cfg.rule_weight > 0 and self._user_fn is not None
+        try:
+            user_scores = self._user_fn(prompts, responses) if scored else [None] * len(prompts)
+        except user.UserFunctionError as err:
+            raise RewardError(str(err)) from None
         out = []
         for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
             components = {"format": format_score(response, cfg.answer_format)}
             score = 0.0
             if cfg.rule_weight > 0:
-                components["correct"] = self.correctness(prompt, response)
+                components["correct"] = self.correctness(prompt, response, user_scores[i])
                 rule = cfg.correct_weight * components["correct"] + cfg.format_weight * components["format"]
                 score += cfg.rule_weight * rule
             if model_scores is not None:
@@ -166,13 +128,13 @@ class RewardFn:
                 raise RewardError(str(err)) from err
         return self._model
 
-    def correctness(self, prompt: Prompt, response: str) -> float:
-        """User function if configured; else reasoning-gym's own scorer or a match against ground_truth.
+    def correctness(self, prompt: Prompt, response: str, value: Any = None) -> float:
+        """The user function's `value` for the pair if one is configured; else reasoning-gym's own
+        scorer or a match against ground_truth.
 
         An answer found only by the last-number fallback earns `flexible_credit` of the score.
         """
         if self._user_fn is not None:
-            value = self._user_fn(prompt, response)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise RewardError(
                     f"reward.function {self.cfg.function}: returned {value!r}, expected a finite float"
