@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,27 @@ def test_a_resumed_run_purges_the_killed_run_s_later_tensorboard_points(tmp_path
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 1.0), (2, 20.0)]
     assert [row["step"] for row in resumed.rows()] == [1, 2]
+
+
+def test_a_resumed_run_logs_on_into_the_w_and_b_run_it_started(tmp_path, monkeypatch):
+    """A requeued job's W&B charts stay one run: its id is kept and resumed ("allow")."""
+    calls = []
+
+    class Run:
+        def __init__(self, **kwargs):
+            calls.append(kwargs)
+            self.id = kwargs.get("id", f"run{len(calls)}")
+
+        def log(self, values, step):
+            pass
+
+        def finish(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: Run(**kw)))
+    RunLog(tmp_path, tensorboard=False, wandb_project="p", config={}).close()
+    RunLog(tmp_path, tensorboard=False, wandb_project="p", config={}, resumed_at=3).close()
+    assert "id" not in calls[0] and (calls[1]["id"], calls[1]["resume"]) == ("run1", "allow")
 
 
 def _train(out: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -8,11 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from rlhfless.files import write_atomic
+from rlhfless.inputs import InputError, read_json
 
 
 def _finite(value: Any) -> Any:
     """JSON has no NaN: non-finite floats are written as null."""
     return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+WANDB_RUN = "wandb_run.json"  # the run's W&B id, for a resume to log on into
 
 
 class RunLog:
@@ -41,7 +45,26 @@ class RunLog:
                 raise RuntimeError(
                     "trainer.wandb=true needs the 'wandb' package (pip install wandb)"
                 ) from err
-            self.wandb = wandb.init(project=wandb_project, name=root.name, config=config, dir=str(root))
+            self.wandb = wandb.init(
+                project=wandb_project,
+                name=root.name,
+                config=config,
+                dir=str(root),
+                **self._wandb_resume(resumed_at),
+            )
+            write_atomic(root / WANDB_RUN, json.dumps({"id": self.wandb.id}))
+
+    def _wandb_resume(self, resumed_at: int) -> dict[str, str]:
+        """A resumed run logs on into the W&B run it started (its id kept in the run directory),
+        as W&B's `resume="allow"` does for a requeued job; W&B drops the redone steps it already
+        has (a step may not go back), whose samples and metrics are the same."""
+        path = self.root / WANDB_RUN
+        if not resumed_at or not path.is_file():
+            return {}
+        known = read_json(path, "the run's W&B id (written by the run)").get("id")
+        if not isinstance(known, str):
+            raise InputError(f"{path}: got id {known!r}, expected the W&B run's id as a string")
+        return {"id": known, "resume": "allow"}
 
     def rows(self) -> list[dict]:
         """Every step's metrics recorded so far, steps before a resume included."""
