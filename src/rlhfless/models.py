@@ -148,6 +148,18 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+SHAPE_KEYS = (  # what `ModelShape.from_hf_config` reads
+    "num_attention_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+    "head_dim",
+)
+
+
 def model_shape(model: PreTrainedModel) -> ModelShape:
     """The planner's shape of a loaded model. Its config's fields are read by attribute, which
     also finds them under another name (GPT-2's `n_head`, `n_embd`, `n_layer`); an MLP width the
@@ -163,18 +175,6 @@ def model_shape(model: PreTrainedModel) -> ModelShape:
         return ModelShape.from_hf_config({k: v for k, v in shape.items() if v is not None})
     except ValueError as err:
         raise ModelError(f"model.path: {model.config.name_or_path or config.model_type}: {err}") from None
-
-
-SHAPE_KEYS = (
-    "num_attention_heads",
-    "num_hidden_layers",
-    "hidden_size",
-    "num_key_value_heads",
-    "intermediate_size",
-    "vocab_size",
-    "tie_word_embeddings",
-    "head_dim",
-)
 
 
 def _without_dropout(model: torch.nn.Module) -> None:

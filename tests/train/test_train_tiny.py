@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 
@@ -144,3 +145,14 @@ def test_resume_takes_true_false_or_auto(capsys):
     assert main(["train", "--preset", "tiny", "resume=maybe"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "resume: got 'maybe'" in err
+
+
+def test_a_run_with_metrics_and_no_checkpoint_is_refused_even_by_resume_auto(tmp_path, capsys):
+    """Nothing to resume from, and a new run would overwrite its metrics."""
+    argv = ["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "trainer.progress=false"]
+    assert main([*argv, "trainer.steps=2", "trainer.save_every=0", "trainer.keep_checkpoints=1"]) == 0
+    for checkpoint in list_checkpoints(tmp_path / "run" / "checkpoints"):  # as a run killed before one
+        shutil.rmtree(checkpoint)
+    capsys.readouterr()
+    assert main([*argv, "trainer.steps=3", "resume=auto"]) == 2
+    assert "holds a trained run's metrics and no checkpoint" in capsys.readouterr().err

@@ -135,11 +135,15 @@ def _refuse_a_trained_run(out: Path) -> None:
     (and the new run's first checkpoint pruned as the oldest)."""
     checkpoints = list_checkpoints(out / "checkpoints")
     metrics = out / "metrics.jsonl"
-    if checkpoints or (metrics.is_file() and metrics.stat().st_size):
-        held = f"checkpoints to {checkpoints[-1].name}" if checkpoints else "metrics, no checkpoint"
+    if checkpoints:
         raise TrainError(
-            f"output_dir: {out} holds a trained run ({held}); expected a new directory, or "
-            "--resume (resume=true, or resume=auto) to continue that run"
+            f"output_dir: {out} holds a trained run (checkpoints to {checkpoints[-1].name}); expected "
+            "a new directory, or --resume (resume=true, or resume=auto) to continue that run"
+        )
+    if metrics.is_file() and metrics.stat().st_size:
+        raise TrainError(
+            f"output_dir: {out} holds a trained run's metrics and no checkpoint to resume from; "
+            "expected a new directory"
         )
 
 
