@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlhfless.data import DataConfig, DataError, load_prompts
+from rlhfless.config import ModelConfig
+from rlhfless.data import DataConfig, DataError, check_prompt_tokens, load_prompts
 
 SYSTEM = "Answer in <answer></answer>."
 
@@ -148,3 +149,14 @@ def test_missing_file_is_named(tmp_path):
 def test_empty_file_is_an_error(tmp_path):
     with pytest.raises(DataError, match="no rows"):
         load(write_jsonl(tmp_path / "empty.jsonl", []))
+
+
+def test_a_prompt_that_with_its_new_tokens_overruns_the_model_s_positions_is_named(tmp_path):
+    from rlhfless.models import load_tokenizer
+
+    tokenizer = load_tokenizer(ModelConfig(path="tiny"))
+    rows = [{"prompt": "hi", "solution": "1"}, {"prompt": "x" * 100, "solution": "2"}]
+    prompts = load(write_jsonl(tmp_path / "trl.jsonl", rows), system_prompt="")
+    check_prompt_tokens(prompts, tokenizer, 1024, positions=200, new_tokens=16)  # none past 200
+    with pytest.raises(DataError, match=r"row 2: field 'prompt': \d+ tokens .*max_new_tokens=100 .*=200"):
+        check_prompt_tokens(prompts, tokenizer, 1024, positions=200, new_tokens=100)

@@ -101,3 +101,17 @@ def test_a_row_with_fewer_than_two_points_under_the_budget_still_times_its_first
         model, batches=[2], contexts=[8, 32, 64], prefill_tokens=[16], repeats=1, kv_budget_bytes=1
     )
     assert table["extended"] == [{"batch": 2, "context": 64}]
+
+
+def test_a_model_with_a_position_table_is_timed_only_within_it():
+    """GPT-2 fails past its `n_positions`: contexts past them are extended, longer prefills not
+    timed, and a lone context past them (the speed probe's) is timed at the last position."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=1, n_head=2, n_positions=40))
+    table = measure_profile(model, batches=[1, 2], contexts=[8, 32, 64], prefill_tokens=[16, 64], repeats=1)
+    assert table["extended"] == [{"batch": 1, "context": 64}, {"batch": 2, "context": 64}]
+    assert [p["tokens"] for p in table["prefill"]] == [16]
+    probe = measure_profile(model, batches=[1], contexts=[256], prefill_tokens=[], repeats=1)
+    assert probe["decode"][0]["ms"] > 0 and probe["extended"] == []

@@ -55,17 +55,28 @@ def with_system_prompt(messages: list[dict[str, str]], system_prompt: str) -> li
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def check_prompt_tokens(prompts: list[Prompt], tokenizer: Any, max_tokens: int) -> None:
-    """Refuse, before a run writes anything, a prompt longer than `generation.max_prompt_tokens`.
+def check_prompt_tokens(
+    prompts: list[Prompt], tokenizer: Any, max_tokens: int, positions: int | None = None, new_tokens: int = 0
+) -> None:
+    """Refuse, before a run writes anything, a prompt longer than `generation.max_prompt_tokens`,
+    or one that with `new_tokens` (`generation.max_new_tokens`) would run past the model's
+    `positions` (its `max_position_embeddings`, None: no limit known), where a model with a
+    position table (GPT-2) fails and a rotary one runs beyond what it was trained on.
 
     Counts tokens as the step does: the chat template with the generation prompt, no extra specials.
     """
     for p in prompts:
         text = tokenizer.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        where = p.origin or f"prompt {p.uid} ({p.data_source})"
         if n > max_tokens:
-            where = p.origin or f"prompt {p.uid} ({p.data_source})"
             raise DataError(
                 f"{where}: field 'prompt': {n} tokens with the chat template, expected at most "
                 f"generation.max_prompt_tokens={max_tokens}"
+            )
+        if positions is not None and n + new_tokens > positions:
+            raise DataError(
+                f"{where}: field 'prompt': {n} tokens with the chat template and "
+                f"generation.max_new_tokens={new_tokens} need {n + new_tokens} positions, expected at "
+                f"most the model's max_position_embeddings={positions}"
             )

@@ -65,6 +65,13 @@ def extended_ms(measured: Sequence[tuple[int, float]], context: int) -> float:
     return ms1 + max((ms1 - ms0) / (c1 - c0), 0.0) * (context - c1)
 
 
+def position_limit(model: torch.nn.Module) -> int | None:
+    """The most positions the model holds (`max_position_embeddings`, GPT-2's `n_positions`), or
+    None where its config names none. A model with a position table (GPT-2's 1,024) fails past it."""
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
 def measure_profile(
     model: torch.nn.Module,
     *,
@@ -80,7 +87,8 @@ def measure_profile(
     "max_kv_tokens": K, "extended": [{"batch", "context"}]}`. `packed_weights`: as an engine built
     with it runs its forwards (`Engine`). `kv_budget_bytes` (None: no limit): the most KV a timed
     point may hold; past it a batch's first two contexts are still timed, and its later points
-    are `extended` (`extended_ms`)."""
+    are `extended` (`extended_ms`), as are contexts past the model's positions (`position_limit`),
+    and prefills longer than them are not timed."""
     if repeats < 1:
         raise ValueError(f"repeats: got {repeats}, expected >= 1")
     if kv_budget_bytes is not None and kv_budget_bytes < 1:
@@ -90,6 +98,7 @@ def measure_profile(
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     token_bytes = kv_bytes_per_token(model)
+    limit = position_limit(model) or max(*contexts, *prefill_tokens, 1) + 1
     decode, prefill, extended = [], [], []
     with torch.inference_mode(), PackedLinears(model, packed_weights):
         for batch in batches:
@@ -97,19 +106,23 @@ def measure_profile(
             for context in contexts:
                 span = decode_span(context)  # as the engine attends
                 over = kv_budget_bytes is not None and batch * span * token_bytes > kv_budget_bytes
-                if over and len(measured) >= 2:
-                    ms = round(extended_ms(measured, context), 4)
+                # Past the model's positions no run gets: extended, or timed at the last position
+                # where nothing was timed yet (a probe's one context).
+                beyond = context >= limit
+                if (beyond and measured) or (over and len(measured) >= 2):
+                    ms = round(extended_ms(measured, context) if len(measured) >= 2 else measured[-1][1], 4)
                     extended.append({"batch": int(batch), "context": int(context)})
                 else:
                     slots = SlotCache.for_model(model)
                     slots.reserve(batch, span)
                     tokens = torch.randint(0, vocab, (batch,), generator=generator).to(param.device)
-                    positions = torch.full((batch,), context, dtype=torch.long, device=param.device)
+                    at = min(context, limit - 1)
+                    positions = torch.full((batch,), at, dtype=torch.long, device=param.device)
                     step = partial(decode_forward, model, slots, tokens, positions, kind, span)
                     ms = round(median_ms(step, repeats, param.device), 4)
                     measured.append((context, ms))
                 decode.append({"batch": int(batch), "context": int(context), "ms": ms})
-        for n in prefill_tokens:
+        for n in [n for n in prefill_tokens if n <= limit] or [limit]:
             row = [(torch.randint(0, vocab, (n,), generator=generator).tolist(), None)]
             ms = median_ms(partial(prefill_forward, model, row, 0, kind), repeats, param.device)
             prefill.append({"tokens": int(n), "ms": round(ms, 4)})

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlhfless.config import Config
+from rlhfless.data import Prompt, check_prompt_tokens
+from rlhfless.engine.profiling import position_limit
 from rlhfless.files import write_atomic
 from rlhfless.models import model_shape
 from rlhfless.planner import (
@@ -42,6 +45,13 @@ from rlhfless.planner.forecast import (
 from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.samples import Sample, StepPrompt
+
+
+def check_prompts(cfg: Config, prompts: list[Prompt], tokenizer: Any, policy: torch.nn.Module) -> None:
+    """Every prompt fits `generation.max_prompt_tokens` and, with `max_new_tokens`, the policy's
+    positions (`data.check_prompt_tokens`): before a run or a forecast writes anything."""
+    gen = cfg.generation
+    check_prompt_tokens(prompts, tokenizer, gen.max_prompt_tokens, position_limit(policy), gen.max_new_tokens)
 
 
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:

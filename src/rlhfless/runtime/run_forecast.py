@@ -366,13 +366,14 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     from rlhfless.data import load_prompts
     from rlhfless.devices import learner_device, resolve_device
     from rlhfless.models import load_model, load_tokenizer
-    from rlhfless.runtime.planning import build_planner
+    from rlhfless.runtime.planning import build_planner, check_prompts
 
     cfg = resolve_device(cfg)
     torch.set_num_threads(learner_threads(cfg))  # as the run's learner
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
+    check_prompts(cfg, prompts, tokenizer, policy)
     engine = build_engine(cfg, policy, tokenizer)
     planner = build_planner(cfg, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)

@@ -21,7 +21,7 @@ import torch
 from rlhfless.algo import AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.config import Config, resolve_output_dir, save_config, to_dict
-from rlhfless.data import Prompt, PromptLoader, check_prompt_tokens, load_prompts
+from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.devices import learner_device, resolve_device
 from rlhfless.faults import exit_after
 from rlhfless.files import write_atomic
@@ -31,7 +31,7 @@ from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, resumes, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor
-from rlhfless.runtime.planning import build_planner, observe_lengths, plan_metrics
+from rlhfless.runtime.planning import build_planner, check_prompts, observe_lengths, plan_metrics
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
@@ -162,9 +162,9 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
     seed_everything(cfg.seed)
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
-    check_prompt_tokens(prompts, tokenizer, cfg.generation.max_prompt_tokens)  # before any write
-    loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
+    check_prompts(cfg, prompts, tokenizer, policy)  # before any write
+    loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     # The planner first: a machine's first run measures its profile here, before the executor
     # holds a reference copy or starts Ray's processes beside the timing.
     planner = build_planner(cfg, policy)
