@@ -160,3 +160,14 @@ def test_a_prompt_that_with_its_new_tokens_overruns_the_model_s_positions_is_nam
     check_prompt_tokens(prompts, tokenizer, 1024, positions=200, new_tokens=16)  # none past 200
     with pytest.raises(DataError, match=r"row 2: field 'prompt': \d+ tokens .*max_new_tokens=100 .*=200"):
         check_prompt_tokens(prompts, tokenizer, 1024, positions=200, new_tokens=100)
+
+
+def test_a_json_array_file_loads_as_its_jsonl_does(tmp_path):
+    """`json.dump(rows)` writes an array, as HF `datasets` reads a `.json` file either way."""
+    array = tmp_path / "gsm.json"
+    array.write_text(json.dumps(VERL_ROWS, indent=1))
+    assert load(array) == load(write_jsonl(tmp_path / "gsm.jsonl", VERL_ROWS))
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(VERL_ROWS, indent=1)[:-40])
+    with pytest.raises(DataError, match=r"cut.json: invalid JSON at line \d+ .*expected an array of rows"):
+        load(cut)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfless.data.prompts import DataError, Prompt, make_uid, with_system_prompt
-from rlhfless.inputs import check_file, iter_lines
+from rlhfless.inputs import check_file, iter_lines, read_text
 
 ROLES = ("system", "user", "assistant")
 TRL_ANSWER_COLUMNS = ("solution", "answer", "ground_truth")
@@ -72,6 +72,26 @@ def _read_jsonl(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
             ) from None
 
 
+def _json_array(path: Path) -> bool:
+    """Whether a `.json` file holds one JSON array (as `json.dump(rows)` writes), not JSONL."""
+    with path.open("rb") as handle:
+        head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"[")
+
+
+def _read_json_array(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
+    """The rows of a JSON array, numbered from 1 as items (the file is read whole: within
+    `data.max_file_mb`)."""
+    text = read_text(path, "a JSON array of prompt rows", max_bytes)
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}: invalid JSON at line {e.lineno} ({e.msg}; truncated?), expected an array of rows"
+        ) from None
+    yield from enumerate(rows, start=1)
+
+
 def _read_parquet(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
     """Rows streamed a record batch at a time, so only one batch is ever converted to Python."""
     import pyarrow.parquet as pq
@@ -97,6 +117,8 @@ def read_rows(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     suffix = path.suffix.lower()
+    if suffix == ".json" and _json_array(path):
+        return _read_json_array(path, max_bytes)
     if suffix in (".jsonl", ".json", ".ndjson"):
         return _read_jsonl(path, max_bytes)
     if suffix in (".parquet", ".pq"):
