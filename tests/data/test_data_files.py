@@ -146,6 +146,12 @@ def test_missing_file_is_named(tmp_path):
         load(tmp_path / "nowhere.jsonl")
 
 
+def test_a_directory_is_named_with_how_to_make_a_file_of_it(tmp_path):
+    """A `datasets` folder (save_to_disk) is not a missing file."""
+    with pytest.raises(DataError, match=r"is a directory, expected a \.jsonl, \.json or \.parquet file"):
+        load(tmp_path)
+
+
 def test_empty_file_is_an_error(tmp_path):
     with pytest.raises(DataError, match="no rows"):
         load(write_jsonl(tmp_path / "empty.jsonl", []))

@@ -114,6 +114,11 @@ def read_rows(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
 
     Files over `max_bytes` are refused before they are read (`data.max_file_mb`).
     """
+    if path.is_dir():
+        raise DataError(
+            f"{path}: is a directory, expected a .jsonl, .json or .parquet file (a `datasets` folder "
+            "saved with save_to_disk: load_from_disk(DIR).to_parquet('train.parquet'))"
+        )
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     suffix = path.suffix.lower()
