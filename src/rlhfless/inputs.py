@@ -53,15 +53,20 @@ def read_text(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> str:
     return text
 
 
-def read_json(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> dict[str, Any]:
-    """A JSON object from `path`; truncated or non-object content is refused by name."""
+def read_json_value(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> Any:
+    """The JSON value in `path`; truncated content is refused by name."""
     text = read_text(path, what, max_bytes)
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise InputError(
             f"{path}: line {err.lineno}: invalid JSON ({err.msg}; truncated?), expected {what}"
         ) from None
+
+
+def read_json(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> dict[str, Any]:
+    """A JSON object from `path`; truncated or non-object content is refused by name."""
+    data = read_json_value(path, what, max_bytes)
     if not isinstance(data, dict):
         raise InputError(f"{path}: got a JSON {type(data).__name__}, expected {what} (a JSON object)")
     return data

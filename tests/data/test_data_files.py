@@ -8,6 +8,7 @@ import pytest
 
 from rlhfless.config import ModelConfig
 from rlhfless.data import DataConfig, DataError, check_prompt_tokens, load_prompts
+from rlhfless.inputs import InputError
 
 SYSTEM = "Answer in <answer></answer>."
 
@@ -175,5 +176,7 @@ def test_a_json_array_file_loads_as_its_jsonl_does(tmp_path):
     assert load(array) == load(write_jsonl(tmp_path / "gsm.jsonl", VERL_ROWS))
     cut = tmp_path / "cut.json"
     cut.write_text(json.dumps(VERL_ROWS, indent=1)[:-40])
-    with pytest.raises(DataError, match=r"cut.json: invalid JSON at line \d+ .*expected an array of rows"):
+    with pytest.raises(
+        InputError, match=r"cut.json: line \d+: invalid JSON .*expected a JSON array of prompt rows"
+    ):
         load(cut)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfless.data.prompts import DataError, Prompt, make_uid, with_system_prompt
-from rlhfless.inputs import check_file, iter_lines, read_text
+from rlhfless.inputs import check_file, iter_lines, read_json_value
 
 ROLES = ("system", "user", "assistant")
 TRL_ANSWER_COLUMNS = ("solution", "answer", "ground_truth")
@@ -82,14 +82,7 @@ def _json_array(path: Path) -> bool:
 def _read_json_array(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
     """The rows of a JSON array, numbered from 1 as items (the file is read whole: within
     `data.max_file_mb`)."""
-    text = read_text(path, "a JSON array of prompt rows", max_bytes)
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"{path}: invalid JSON at line {e.lineno} ({e.msg}; truncated?), expected an array of rows"
-        ) from None
-    yield from enumerate(rows, start=1)
+    yield from enumerate(read_json_value(path, "a JSON array of prompt rows", max_bytes), start=1)
 
 
 def _read_parquet(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
