@@ -25,7 +25,9 @@ def _adapter(cls: type) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(cls)
 
 
-UNION_TAGS = ("bool", "int", "float", "str", "literal[")  # pydantic's loc tag of a union member
+def _union_member(tag: Any) -> bool:
+    """Whether a loc entry is pydantic's tag of a union member (`bool`, `literal['auto']`), not a key."""
+    return isinstance(tag, str) and (tag in ("bool", "int", "float", "str") or tag.startswith("literal["))
 
 
 def _describe(errors: list[Any]) -> str:
@@ -33,9 +35,9 @@ def _describe(errors: list[Any]) -> str:
     member of a union (`bool | Literal['auto']`) expects any of them."""
     error = errors[0]
     loc, expected = error["loc"], _expected(error)
-    if loc and isinstance(loc[-1], str) and loc[-1].startswith(UNION_TAGS):
+    if loc and _union_member(loc[-1]):
         loc = loc[:-1]
-        members = [e for e in errors if e["loc"][:-1] == loc and str(e["loc"][-1]).startswith(UNION_TAGS)]
+        members = [e for e in errors if e["loc"][:-1] == loc and _union_member(e["loc"][-1])]
         expected = " or ".join(_expected(e).split(", ")[0] for e in members)
     where = ".".join(str(p) for p in loc)
     if error["type"] == "value_error":  # a __post_init__ check: "field: got X, expected Y"

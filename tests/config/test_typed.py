@@ -1,6 +1,7 @@
 """`rlhfless.typed`: a nested dict as typed dataclasses, refused by dotted key; and back as YAML."""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 import yaml
@@ -35,3 +36,21 @@ def test_a_value_of_the_wrong_type_names_its_dotted_key():
         typed(Outer, {"inner": {"rate": "fast"}})
     with pytest.raises(ValueError, match=r"^count: got 2.5, expected a valid integer"):
         typed(Outer, {"count": 2.5})
+
+
+@dataclass
+class Unions:
+    interval: int = 1  # a key whose name begins as a union tag does ("int")
+    resume: bool | Literal["auto"] = False
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"resume": "maybe"}, "resume: got 'maybe', expected a valid boolean or 'auto'"),
+        ({"interval": "abc"}, "interval: got 'abc', expected a valid integer"),
+    ],
+)
+def test_a_value_fitting_no_member_of_a_union_names_its_key_and_every_member(tree, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        typed(Unions, tree)
