@@ -190,3 +190,12 @@ def test_unimportable_user_function_is_a_clear_error(spec, message):
 def test_invalid_reward_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RewardConfig(**kwargs)
+
+
+def test_a_trl_reward_function_without_kwargs_gets_only_what_it_names(tmp_path):
+    path = tmp_path / "named.py"
+    path.write_text(
+        "def f(completions, solution):\n    return [float(c == s) for c, s in zip(completions, solution)]\n"
+    )
+    fn = build_reward_fn(RewardConfig(function=f"{path}:f", format_weight=0.0))
+    assert [o.score for o in fn.score_batch([file_prompt("a"), file_prompt("b")], ["a", "c"])] == [1.0, 0.0]

@@ -102,16 +102,14 @@ def _trl(fn: Callable[..., Any], params: Mapping[str, inspect.Parameter], spec: 
         for name in TRL_ANSWER_COLUMNS:  # reasoning-gym's and VERL's answers, as TRL names them
             if name in params and name not in columns:
                 columns[name] = [p.ground_truth for p in prompts]
-        if not _takes_any(params):
+        columns["prompts"] = [p.messages if p.chat else p.question for p in prompts]
+        if not _takes_any(params):  # what it names, where it takes no **kwargs
             columns = {k: v for k, v in columns.items() if k in params}
-        values = fn(
-            prompts=[p.messages if p.chat else p.question for p in prompts],
-            completions=[
-                [{"role": "assistant", "content": r}] if p.chat else r
-                for p, r in zip(prompts, responses, strict=True)
-            ],
-            **columns,
-        )
+        completions = [
+            [{"role": "assistant", "content": r}] if p.chat else r
+            for p, r in zip(prompts, responses, strict=True)
+        ]
+        values = fn(completions=completions, **columns)
         if not isinstance(values, list | tuple) or len(values) != len(prompts):
             got = f"{len(values)} values" if isinstance(values, list | tuple) else repr(values)[:40]
             raise UserFunctionError(
