@@ -32,12 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(modules[name].run(args) or 0)
-    except KeyboardInterrupt:  # Ctrl-C: one line, as a shell expects, not a traceback
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM in train: one line, not a traceback
+        term = bool(err.args) and err.args[0] == "SIGTERM"  # `runtime.trainer.Interrupted`
+        how = "stopped by SIGTERM" if term else "interrupted"
         resume = (
             "; `rlhfless train ... --resume` continues from the last checkpoint" if name == "train" else ""
         )
-        print(f"rlhfless {name}: interrupted{resume}", file=sys.stderr)
-        return 130
+        print(f"rlhfless {name}: {how}{resume}", file=sys.stderr)
+        return 143 if term else 130
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +50,16 @@ def start_ray(rt: RuntimeConfig) -> bool:
     """
     if ray.is_initialized():
         return False
+    # ray.init sets a SIGTERM handler of its own: a driver's own (`trainer`'s) is put back.
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        return _init(rt)
+    finally:
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+
+
+def _init(rt: RuntimeConfig) -> bool:
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     added = set_defaults(os.environ)  # an embedded Ray's processes inherit the driver's environment
     if rt.ray_address:

@@ -9,11 +9,15 @@ from __future__ import annotations
 import copy
 import json
 import random
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -147,8 +151,41 @@ def _refuse_a_trained_run(out: Path) -> None:
         )
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal: `args[0]` names it (SIGINT: Ctrl-C; SIGTERM: `ray job stop`, a
+    scheduler's preemption). What its last checkpoint holds resumes."""
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM stops the run as Ctrl-C does, through its `finally` blocks (the executor closed, the
+    logs flushed), where Python's default would kill the driver outright, and is told apart. Only
+    in the main thread, where Python handles signals; the caller's handler is put back after."""
+    received = ["SIGINT"]
+
+    def on_term(signum: int, frame: Any) -> None:
+        received[0] = "SIGTERM"
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(received[0]) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info: None) -> TrainResult:
-    """Run `cfg.trainer.steps` synchronous steps; `on_event` feeds progress displays."""
+    """Run `cfg.trainer.steps` synchronous steps; `on_event` feeds progress displays. A SIGINT or
+    SIGTERM stops it with `Interrupted`."""
+    with _stopped_by_signals():
+        return _train(cfg, on_event)
+
+
+def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     cfg = resolve_device(cfg)  # chosen once: every model of the run goes there
     out = resolve_output_dir(cfg)
     checkpoints = list_checkpoints(out / "checkpoints")
