@@ -156,3 +156,11 @@ def test_a_run_with_metrics_and_no_checkpoint_is_refused_even_by_resume_auto(tmp
     capsys.readouterr()
     assert main([*argv, "trainer.steps=3", "resume=auto"]) == 2
     assert "holds a trained run's metrics and no checkpoint" in capsys.readouterr().err
+
+
+def test_an_output_dir_under_a_file_is_one_line_before_anything_loads(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "run"
+    assert main(["train", "--preset", "tiny", f"output_dir={out}", "trainer.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file, expected a directory to write the run in" in err
