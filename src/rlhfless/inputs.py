@@ -8,6 +8,7 @@ whose message starts with the path, which the commands print as one line with ex
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,20 @@ def _decode(path: Path, raw: bytes, where: str) -> str:
             f"{path}: {where}byte {err.start} is not UTF-8 ({raw[err.start : err.start + 1]!r}), "
             "expected UTF-8 text"
         ) from None
+
+
+def check_writable(path: Path, what: str) -> None:
+    """`path` (a file or folder to create) can be made by this user, checked without creating
+    anything: its nearest existing ancestor is a directory this user may write. A command checks
+    its outputs so before it loads or computes anything."""
+    here = Path(path).absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if here != Path(path).absolute() and not here.is_dir():
+        raise InputError(f"{what}: {path}: {here} is a file, expected a directory to write in")
+    folder = here if here.is_dir() else here.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: {path}: {folder} is not writable by this user")
 
 
 def read_text(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> str:

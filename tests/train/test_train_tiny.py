@@ -163,4 +163,8 @@ def test_an_output_dir_under_a_file_is_one_line_before_anything_loads(tmp_path, 
     out = tmp_path / "file" / "run"
     assert main(["train", "--preset", "tiny", f"output_dir={out}", "trainer.progress=false"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is a file, expected a directory to write the run in" in err
+    assert (
+        err.count("\n") == 1
+        and "output_dir: " in err
+        and "is a file, expected a directory to write in" in err
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfless.files import write_atomic
+from rlhfless.inputs import check_writable
 
 SIMULATED_KEYS = {
     "gpu": "built-in GPU (h100, h200, a100, l40s) or a JSON file with a GpuSpec dict",
@@ -184,6 +185,8 @@ def summary(table: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.output:  # before the minutes a measured table takes
+            check_writable(args.output, "--output")
         options = parse_overrides(args.overrides)
         table = simulated_table(options) if args.simulated else measured_table(options)
     except (ValueError, RuntimeError, OSError) as err:

@@ -48,11 +48,12 @@ def check_run_dir(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlhfless.inputs import InputError
+    from rlhfless.inputs import InputError, check_writable
 
     try:
         for path in args.run_dirs:
             check_run_dir(path)
+        check_writable(args.out or args.run_dirs[0] / "report.html", "--out")
     except InputError as err:
         print(f"rlhfless report: {err}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlhfless.inputs import read_mapping
+from rlhfless.inputs import check_writable, read_mapping
 from rlhfless.typed import render
 
 
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             print("---\n".join(shown), end="")
             return 0
         output = args.output or Path("sim_out") / name
+        check_writable(output, "--output")
         table = simulate(name, scenarios, items, output, sweeps=not args.no_sweeps)
     except (ValueError, OSError) as err:
         print(f"rlhfless simulate: {err}", file=sys.stderr)

@@ -15,7 +15,7 @@ from safetensors.torch import load_model as load_weights
 
 from rlhfless.config import load_config
 from rlhfless.files import shareable
-from rlhfless.inputs import read_text
+from rlhfless.inputs import check_writable, read_text
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.runtime.checkpoint import check_weights, list_checkpoints
 
@@ -50,6 +50,7 @@ def export_checkpoint(source: Path, target: Path) -> Path:
     """
     if target.exists():
         raise ExportError(f"{target}: already exists; expected a new directory")
+    check_writable(target, "OUT_DIR")
     checkpoint, run = _locate(source)
     read_text(run / "config.yaml", "the run's config (written by the run)")  # named before YAML reads it
     cfg = load_config(path=str(run / "config.yaml"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import signal
 import statistics
@@ -30,6 +29,7 @@ from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.devices import learner_device, resolve_device
 from rlhfless.faults import exit_after
 from rlhfless.files import write_atomic
+from rlhfless.inputs import check_writable
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError
@@ -135,20 +135,6 @@ def build_executor(cfg: Config, tokenizer, policy: torch.nn.Module) -> Executor:
     return InProcessExecutor(cfg, policy, reference, tokenizer, build_reward_fn(cfg.reward))
 
 
-def _check_writable(out: Path) -> None:
-    """`output_dir` can be made and written by this user: checked before anything loads, and
-    without creating it (a refused run creates nothing)."""
-    here = out.absolute()
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    if not here.is_dir():
-        raise TrainError(f"output_dir: {out}: {here} is a file, expected a directory to write the run in")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise TrainError(
-            f"output_dir: {out}: {here} is not writable by this user, expected a directory it can write"
-        )
-
-
 def _refuse_a_trained_run(out: Path) -> None:
     """A new run never writes over one that trained: its metrics and checkpoints would be lost
     (and the new run's first checkpoint pruned as the oldest)."""
@@ -203,7 +189,7 @@ def train(cfg: Config, on_event: Callable[[str, dict], None] = lambda kind, info
 def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     cfg = resolve_device(cfg)  # chosen once: every model of the run goes there
     out = resolve_output_dir(cfg)
-    _check_writable(out)
+    check_writable(out, "output_dir")  # before anything loads
     checkpoints = list_checkpoints(out / "checkpoints")
     resuming = resumes(cfg.resume, out)
     if resuming and not checkpoints:
@@ -252,7 +238,7 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
         raise TrainError(f"forecast: {err}") from None
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # what `_check_writable` cannot see (a path under /proc, a full disk)
+    except OSError as err:  # what `check_writable` cannot see (a path under /proc, a full disk)
         executor.close()
         raise TrainError(f"output_dir: {out}: cannot be made ({err.strerror})") from None
     save_config(cfg, out / "config.yaml")
