@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from rlhfless.cli import main
 from rlhfless.config import ModelConfig
 from rlhfless.models import ModelError, load_model, model_shape, tiny_model
 from rlhfless.planner.hardware import ModelShape
@@ -51,3 +52,19 @@ def test_a_config_without_a_field_the_planner_needs_is_one_line_naming_it():
     model = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: text, name_or_path="m"))
     with pytest.raises(ModelError, match=r"^model.path: m: config.json: missing 'num_attention_heads'"):
         model_shape(model)
+
+
+def test_a_hub_id_not_in_the_local_cache_is_one_line_and_never_fetched(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "model.path=nobody-here/no-such-model",
+        f"output_dir={tmp_path / 'r'}",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "model.path: cannot load a tokenizer from 'nobody-here/no-such-model'" in err
+    )
