@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from rlhfless.commands import simulate
 from rlhfless.sim.presets import preset
 
@@ -46,9 +48,17 @@ def test_preset_run_writes_summary_steps_and_figures(tmp_path, capsys):
     assert "paper, best case (reported)" in out and "1.35x" in out and "(simulated)" in out
 
 
-def test_bad_override_is_reported_with_its_key(tmp_path, capsys):
-    rc, out = run(["cluster.gpus=3", "--no-sweeps", "--output", str(tmp_path)], capsys)
-    assert rc == 2 and "gpus" in out
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("cluster.gpus=3", "gpus"),
+        ("model.name=llama-3-8b", "model.name: got 'llama-3-8b'"),  # was "model.model"
+        ("cluster.inter_node_gbps=abc", "cluster.inter_node_gbps: got 'abc'"),  # not "cluster:"
+    ],
+)
+def test_bad_override_is_reported_with_its_key(tmp_path, capsys, override, key):
+    rc, out = run([override, "--no-sweeps", "--output", str(tmp_path)], capsys)
+    assert rc == 2 and key in out
 
 
 def test_show_config_prints_each_scenarios_config_that_loads_back(tmp_path, capsys):

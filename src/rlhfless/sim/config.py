@@ -146,7 +146,10 @@ class SimModelConfig:
             self.decode_tp,
             f"only model.tp ({self.tp}) with a measured model.profile (other sizes are untimed)",
         )
-        self.shape  # noqa: B018 - validates the name now
+        try:
+            self.shape  # noqa: B018 - validates the name now
+        except ValueError as err:  # ModelShape names its argument `model`; here it is `name`
+            raise ValueError(str(err).replace("model: ", "name: ", 1)) from None
 
     @property
     def shape(self) -> ModelShape:
