@@ -31,6 +31,7 @@ def test_simulated_json_is_the_issue_format_and_does_not_import_torch():
     assert status == {"rc": 0, "torch": False}
     table = json.loads(body)
     assert set(table) >= {"decode", "prefill"} and table["gpus"] == 8
+    assert table["note"] == "roofline: llama-2-70b on 8 x h100"  # read back, not taken for measured
     assert set(table["decode"][0]) == {"batch", "context", "ms"} and set(table["prefill"][0]) == {
         "tokens",
         "ms",

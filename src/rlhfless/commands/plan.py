@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         baseline = None
         if args.profile:
             profiles = [Profile.load(args.profile)]
-            source = f"measured table {args.profile}"
+            source = f"table {args.profile}" + (f" ({profiles[0].note})" if profiles[0].note else "")
             if args.decode_tp and _sizes(args.decode_tp) != [profiles[0].gpus]:
                 raise ValueError(
                     f"--decode-tp: got {args.decode_tp!r}, expected only the measured table's size "

@@ -309,8 +309,14 @@ class Roofline:
 def roofline_table(
     model: str | dict[str, Any] | ModelShape, gpu: str | dict[str, Any] | GpuSpec, tp: int = 1, **knobs: Any
 ) -> dict[str, Any]:
-    """Derived profile table as a JSON-ready dict (what `rlhfless profile --simulated` prints)."""
-    return Roofline(ModelShape.resolve(model), GpuSpec.resolve(gpu), tp, **knobs).table()
+    """Derived profile table as a JSON-ready dict (what `rlhfless profile --simulated` prints),
+    its note saying so: a table read back (`plan --profile`) is then not taken for a measured one."""
+    roof = Roofline(ModelShape.resolve(model), GpuSpec.resolve(gpu), tp, **knobs)
+    return {**roof.table(), "note": _roofline_note(roof)}
+
+
+def _roofline_note(roof: Roofline) -> str:
+    return f"roofline: {roof.model.name} on {roof.tp} x {roof.gpu.name}"
 
 
 def roofline_profile(
@@ -324,7 +330,7 @@ def roofline_profile(
     roof = Roofline(ModelShape.resolve(model), GpuSpec.resolve(gpu), tp, **knobs)
     profile = Profile.from_dict(roof.table())
     profile.cold_start_s = cold_start_s
-    profile.note = f"roofline: {roof.model.name} on {tp} x {roof.gpu.name}"
+    profile.note = _roofline_note(roof)
     return profile
 
 
