@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each module exposes `add_parser(subparsers)` and `run(args) -> int`.
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(modules[name].run(args) or 0)
+    except BrokenPipeError:  # the reader went away (`| head`): quiet, as a Unix tool is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM in train: one line, not a traceback
         term = bool(err.args) and err.args[0] == "SIGTERM"  # `runtime.trainer.Interrupted`
         how = "stopped by SIGTERM" if term else "interrupted"

@@ -28,7 +28,8 @@ def check_file(path: Path, what: str, max_bytes: int = SMALL_FILE_BYTES) -> int:
     if not path.exists():
         raise InputError(f"{path}: not found, expected {what}")
     if not path.is_file():
-        raise InputError(f"{path}: is a directory, expected {what}")
+        state = "is a directory" if path.is_dir() else "is not a regular file (a pipe or a device)"
+        raise InputError(f"{path}: {state}, expected {what}")
     size = path.stat().st_size
     if size > max_bytes:
         raise InputError(f"{path}: {size / MB:.1f} MB, expected {what} of at most {max_bytes / MB:.0f} MB")

@@ -1,5 +1,6 @@
 """The config is YAML plus dotted overrides; every mistake is one clear line and exit code 2."""
 
+import os
 import subprocess
 import sys
 
@@ -226,3 +227,22 @@ def test_ctrl_c_is_one_line_and_exit_130_not_a_traceback(monkeypatch, capsys):
     assert main(["train", "--preset", "tiny"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "interrupted" in err and "--resume" in err
+
+
+def test_a_reader_that_goes_away_is_no_traceback():
+    """`rlhfless ... | head`: the writer stops quietly (exit 141, as SIGPIPE's), not a traceback."""
+    code = (
+        "import sys; from rlhfless import cli; import rlhfless.commands.report as r; "
+        "r.run = lambda args: print('x' * (1 << 22)); sys.exit(cli.main(['report', 'any']))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the writer is done
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_a_config_read_from_a_pipe_is_named_as_one(tmp_path, capsys):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    assert main(["train", str(fifo)]) == 2
+    assert "is not a regular file (a pipe or a device), expected" in capsys.readouterr().err
