@@ -7,12 +7,15 @@ import importlib
 import os
 import sys
 
+from rlhfless import __version__
+
 # Each module exposes `add_parser(subparsers)` and `run(args) -> int`.
 COMMANDS = ("train", "export", "plan", "profile", "simulate", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlhfless", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rlhfless {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name in COMMANDS:

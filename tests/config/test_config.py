@@ -1,5 +1,6 @@
 """The config is YAML plus dotted overrides; every mistake is one clear line and exit code 2."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -246,3 +247,10 @@ def test_a_config_read_from_a_pipe_is_named_as_one(tmp_path, capsys):
     os.mkfifo(fifo)
     assert main(["train", str(fifo)]) == 2
     assert "is not a regular file (a pipe or a device), expected" in capsys.readouterr().err
+
+
+def test_version_prints_the_package_s(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"rlhfless {importlib.metadata.version('rlhfless')}\n"
