@@ -9,12 +9,17 @@ import sys
 
 from rlhfless import __version__
 
+DESCRIPTION = (
+    "Synchronous RLHF post-training (GRPO, RLOO, REINFORCE++, PPO) whose rollout workers run as "
+    "elastic Ray functions: train a policy, forecast a run's time and cost before paying for it "
+    "(plan --run), simulate clusters you do not have, and report runs side by side."
+)
 # Each module exposes `add_parser(subparsers)` and `run(args) -> int`.
 COMMANDS = ("train", "export", "plan", "profile", "simulate", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlhfless", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rlhfless", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"rlhfless {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}

@@ -39,7 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=3")
     p.add_argument("--preset", choices=PRESETS, help="start from a built-in preset")
-    p.add_argument("--resume", action="store_true", help="continue from output_dir's latest checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from output_dir's latest checkpoint (resume=auto: where there is one, else "
+        "start the run)",
+    )
     p.add_argument(
         "--show-config",
         action="store_true",
