@@ -144,10 +144,10 @@ def _load(path: str | None, preset: str | None, overrides: tuple[str, ...]) -> C
 
 def _check_resume(cfg: Config) -> None:
     """Before anything loads or writes: the run to resume was trained with a compatible config."""
-    from rlhfless.runtime.checkpoint import check_resume, resumes
+    from rlhfless.runtime.checkpoint import check_resume, list_checkpoints, resumes
 
     out = resolve_output_dir(cfg)
-    if resumes(cfg.resume, out) and (out / "config.yaml").exists():
+    if resumes(cfg.resume, list_checkpoints(out / "checkpoints")) and (out / "config.yaml").exists():
         check_resume(out, to_dict(cfg))
 
 

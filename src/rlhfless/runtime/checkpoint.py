@@ -225,10 +225,10 @@ def _dotted(tree: dict, key: str) -> Any:
     return node
 
 
-def resumes(resume: bool | str, run_dir: Path) -> bool:
-    """Whether a run of `resume` (true, false or auto) into `run_dir` continues a checkpoint
-    there: auto continues one where there is one."""
-    return resume is True or (resume == "auto" and bool(list_checkpoints(run_dir / "checkpoints")))
+def resumes(resume: bool | str, checkpoints: list[Path]) -> bool:
+    """Whether a run of `resume` (true, false or auto) continues one of its directory's
+    `checkpoints` (`list_checkpoints`): auto continues one where there is one."""
+    return resume is True or (resume == "auto" and bool(checkpoints))
 
 
 def check_resume(run_dir: Path, config: dict) -> None:

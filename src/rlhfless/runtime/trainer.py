@@ -135,10 +135,9 @@ def build_executor(cfg: Config, tokenizer, policy: torch.nn.Module) -> Executor:
     return InProcessExecutor(cfg, policy, reference, tokenizer, build_reward_fn(cfg.reward))
 
 
-def _refuse_a_trained_run(out: Path) -> None:
-    """A new run never writes over one that trained: its metrics and checkpoints would be lost
-    (and the new run's first checkpoint pruned as the oldest)."""
-    checkpoints = list_checkpoints(out / "checkpoints")
+def _refuse_a_trained_run(out: Path, checkpoints: list[Path]) -> None:
+    """A new run never writes over one that trained (`checkpoints`: its directory's): its metrics
+    and checkpoints would be lost (and the new run's first checkpoint pruned as the oldest)."""
     metrics = out / "metrics.jsonl"
     if checkpoints:
         raise TrainError(
@@ -191,11 +190,11 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     out = resolve_output_dir(cfg)
     check_writable(out, "output_dir")  # before anything loads
     checkpoints = list_checkpoints(out / "checkpoints")
-    resuming = resumes(cfg.resume, out)
+    resuming = resumes(cfg.resume, checkpoints)
     if resuming and not checkpoints:
         raise TrainError(f"resume: no checkpoint under {out / 'checkpoints'}")
     if not resuming:
-        _refuse_a_trained_run(out)
+        _refuse_a_trained_run(out, checkpoints)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.seed)
