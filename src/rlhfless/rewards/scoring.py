@@ -10,17 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from rlhfless.data.gym import GYM_KEY, create_gym_dataset
 from rlhfless.data.prompts import Prompt
-from rlhfless.rewards import user
 from rlhfless.rewards.answers import answers_match, extract_answer, format_score, last_number
 from rlhfless.rewards.config import RewardConfig
-from rlhfless.rewards.user import UserReward
+from rlhfless.rewards.user import RewardError, UserReward, load_user_function
 
 if TYPE_CHECKING:
     from rlhfless.rewards.model import RewardModel
-
-
-class RewardError(Exception):
-    """A reward that cannot be computed (unimportable or misbehaving user function)."""
 
 
 @dataclass
@@ -29,14 +24,6 @@ class RewardOutput:
 
     score: float
     components: dict[str, float]
-
-
-def load_user_function(spec: str) -> UserReward:
-    """`user.load_user_function`, its refusal a RewardError."""
-    try:
-        return user.load_user_function(spec)
-    except user.UserFunctionError as err:
-        raise RewardError(str(err)) from None
 
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
@@ -97,10 +84,7 @@ class RewardFn:
         cfg = self.cfg
         model_scores = self.reward_model()(prompts, responses) if cfg.model else None
         scored = cfg.rule_weight > 0 and self._user_fn is not None
-        try:
-            user_scores = self._user_fn(prompts, responses) if scored else [None] * len(prompts)
-        except user.UserFunctionError as err:
-            raise RewardError(str(err)) from None
+        user_scores = self._user_fn(prompts, responses) if scored else [None] * len(prompts)
         out = []
         for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
             components = {"format": format_score(response, cfg.answer_format)}

@@ -28,8 +28,8 @@ from rlhfless.data.prompts import Prompt
 UserReward = Callable[[list[Prompt], list[str]], list[Any]]
 
 
-class UserFunctionError(Exception):
-    """A function that cannot be imported, or answers in no known convention."""
+class RewardError(Exception):
+    """A reward that cannot be computed (unimportable or misbehaving user function)."""
 
 
 def load_user_function(spec: str) -> UserReward:
@@ -58,12 +58,12 @@ def _import(spec: str) -> Callable[..., Any]:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = getattr(e, "filename", None)
         at = f" ({where}, line {e.lineno})" if isinstance(e, SyntaxError) and where else ""
-        raise UserFunctionError(
+        raise RewardError(
             f"reward.function: cannot import module {module_name!r}{at}: {type(e).__name__}: {reason}"
         ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise UserFunctionError(f"reward.function: module {module_name!r} has no callable {attr!r}")
+        raise RewardError(f"reward.function: module {module_name!r} has no callable {attr!r}")
     return fn
 
 
@@ -112,7 +112,7 @@ def _trl(fn: Callable[..., Any], params: Mapping[str, inspect.Parameter], spec: 
         values = fn(completions=completions, **columns)
         if not isinstance(values, list | tuple) or len(values) != len(prompts):
             got = f"{len(values)} values" if isinstance(values, list | tuple) else repr(values)[:40]
-            raise UserFunctionError(
+            raise RewardError(
                 f"reward.function {spec}: returned {got} for {len(prompts)} completions, expected "
                 "one score each (TRL's convention: it takes `completions`)"
             )
