@@ -223,6 +223,55 @@ class TrainerConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """The `validation.` section: held-out prompts scored between steps (VERL's `data.val_files`,
+    `trainer.test_freq` and `val_kwargs`), by the run's own reward."""
+
+    every: int = field(
+        default=0,
+        metadata={
+            "help": "validate after every N-th step and after the last (VERL's trainer.test_freq); "
+            "0 turns validation off"
+        },
+    )
+    before_train: bool = field(
+        default=True,
+        metadata={"help": "also validate the initial policy, as step 0 (not when resuming)"},
+    )
+    path: str | None = field(
+        default=None,
+        metadata={
+            "help": "JSONL or Parquet file of held-out prompts, in data.format (VERL's data.val_files); "
+            "unset: with data.source=reasoning_gym, validation.size prompts of data.tasks generated "
+            "from a seed of their own, any question also in the training set dropped"
+        },
+    )
+    size: int = field(
+        default=64, metadata={"help": "held-out reasoning_gym prompts generated (without validation.path)"}
+    )
+    samples: int = field(
+        default=1,
+        metadata={"help": "responses per held-out prompt (VERL's val_kwargs.n); best@N is logged too"},
+    )
+    temperature: float = field(
+        default=0.0,
+        metadata={"help": "sampling temperature of validation; 0 is greedy (VERL's do_sample=False)"},
+    )
+
+    def __post_init__(self) -> None:
+        check(self.every >= 0, "every", self.every, "an integer >= 0")
+        check(self.size >= 1, "size", self.size, "an integer >= 1")
+        check(self.samples >= 1, "samples", self.samples, "an integer >= 1")
+        check(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
+        check(
+            self.every > 0 or not self.path,
+            "path",
+            self.path,
+            "validation.every >= 1 to validate on it (with every=0 the file would be ignored)",
+        )
+
+
+@dataclass
 class Config:
     """A whole run."""
 
@@ -248,8 +297,15 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     def __post_init__(self) -> None:
+        check(
+            not self.validation.every or self.validation.path or self.data.source == "reasoning_gym",
+            "validation.path",
+            self.validation.path,
+            "a held-out JSONL or Parquet file when data.source=file (or validation.every=0)",
+        )
         check(
             self.scheduler.predictor not in TOLD,
             "scheduler.predictor",

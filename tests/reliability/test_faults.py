@@ -137,9 +137,17 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     rows = [{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.25}]
     text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew'
     (tmp_path / "metrics.jsonl").write_text(text)
-    log = RunLog(tmp_path, tensorboard=False, wandb_project=None, config={})
-    log.truncate_after(2)
+    log = RunLog(tmp_path, tensorboard=False, wandb_project=None, config={}, resumed_at=2)
     assert log.rows() == rows
+
+
+def test_a_resumed_run_forgets_the_validations_after_its_checkpoint(tmp_path):
+    """A validation after the checkpoint is redone with its step: validation.jsonl keeps one each."""
+    killed = RunLog(tmp_path, tensorboard=False, wandb_project=None, config={})
+    for step in (0, 2, 4):
+        killed.validation(step, {"val/reward/mean": step / 10})
+    resumed = RunLog(tmp_path, tensorboard=False, wandb_project=None, config={}, resumed_at=3)
+    assert [v["step"] for v in resumed.validations()] == [0, 2]
 
 
 def test_a_resumed_run_purges_the_killed_run_s_later_tensorboard_points(tmp_path):

@@ -31,6 +31,13 @@ SUMMARY_KEYS = (
     ("time/step", "step s"),
 )
 
+VALIDATION_KEYS = (
+    ("val/reward/mean", "held-out reward"),
+    ("val/response_length/mean", "len"),
+    ("val/prompts", "prompts"),
+    ("time/validation", "s"),
+)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a policy with synchronous GRPO/PPO")
@@ -90,6 +97,9 @@ class Display:
             print(f"rlhfless: warning: {info['message']}", file=sys.stderr)  # one line
         elif kind == "phase":
             self.progress.update(self.task, phase=f"step {info['step']}: {info['phase']}")
+        elif kind == "validation":
+            parts = [f"{label} {info[key]:.3g}" for key, label in VALIDATION_KEYS if info.get(key) is not None]
+            self.progress.console.print(f"val  {info['step']:>4} | " + " | ".join(parts), soft_wrap=True)
         elif kind == "step":
             self.rows.append(info)
             self.progress.update(self.task, advance=1, phase="")

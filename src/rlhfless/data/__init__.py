@@ -3,7 +3,7 @@
 from rlhfless.data.config import DEFAULT_SYSTEM_PROMPT, DataConfig
 from rlhfless.data.loader import PromptLoader
 from rlhfless.data.prompts import DataError, Prompt, check_prompt_tokens
-from rlhfless.data.sources import load_prompts
+from rlhfless.data.sources import load_prompts, load_validation_prompts
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
@@ -13,4 +13,5 @@ __all__ = [
     "PromptLoader",
     "check_prompt_tokens",
     "load_prompts",
+    "load_validation_prompts",
 ]

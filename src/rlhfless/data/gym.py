@@ -31,9 +31,10 @@ def task_counts(tasks: dict[str, float], size: int) -> dict[str, int]:
     return counts
 
 
-def task_seed(dataset_seed: int, task: str) -> int:
-    """A per-task generator seed, stable across processes and Python versions."""
-    digest = hashlib.sha256(f"{dataset_seed}:{task}".encode()).digest()
+def task_seed(dataset_seed: int, task: str, split: str = "") -> int:
+    """A per-task generator seed, stable across processes and Python versions; a `split` other
+    than training's ("") draws its own questions."""
+    digest = hashlib.sha256(f"{dataset_seed}:{task}{':' + split if split else ''}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
 
@@ -58,8 +59,10 @@ def load_gym_prompts(
     dataset_seed: int,
     system_prompt: str,
     answer_reminder: str = "",
+    split: str = "",
 ) -> list[Prompt]:
-    """Generate `size` prompts, interleaved in a fixed seeded order so every batch mixes tasks.
+    """Generate `size` prompts, interleaved in a fixed seeded order so every batch mixes tasks;
+    `split` names a held-out set drawn from seeds of its own (`task_seed`).
 
     Each prompt's extra_info[GYM_KEY] records task, config, seed, size and index (enough to
     regenerate the entry) and the entry itself when it is JSON-able, for the task's score_answer.
@@ -69,7 +72,7 @@ def load_gym_prompts(
         if count == 0:
             continue
         config = dict(task_config.get(task, {}))
-        seed = task_seed(dataset_seed, task)
+        seed = task_seed(dataset_seed, task, split)
         dataset = create_gym_dataset(task, config, seed, count)
         for index in range(count):
             entry = dataset[index]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from rlhfless.data.config import DataConfig
 from rlhfless.data.files import load_file_prompts
 from rlhfless.data.gym import load_gym_prompts
@@ -16,3 +18,24 @@ def load_prompts(cfg: DataConfig) -> list[Prompt]:
     return load_gym_prompts(
         cfg.tasks, cfg.task_config, cfg.size, cfg.dataset_seed, cfg.system_prompt, cfg.answer_reminder
     )
+
+
+def load_validation_prompts(
+    cfg: DataConfig, path: str | None, size: int, training: list[Prompt]
+) -> list[Prompt]:
+    """The held-out prompts: `path` read as data.path is (in data.format), or `size` reasoning_gym
+    prompts of the training mix drawn from seeds of their own, less any whose messages a training
+    prompt has (easy tasks repeat questions), so that validation never scores what was trained on."""
+    if path:
+        return load_file_prompts(path, cfg.format, cfg.system_prompt, cfg.max_file_mb * MB)
+    drawn = load_gym_prompts(
+        cfg.tasks,
+        cfg.task_config,
+        size,
+        cfg.dataset_seed,
+        cfg.system_prompt,
+        cfg.answer_reminder,
+        split="validation",
+    )
+    seen = {json.dumps(p.messages, sort_keys=True) for p in training}
+    return [p for p in drawn if json.dumps(p.messages, sort_keys=True) not in seen]

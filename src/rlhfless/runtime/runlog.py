@@ -30,13 +30,15 @@ class RunLog:
         from that step on are purged), since those steps are redone."""
         self.root = root
         self.metrics_path = root / "metrics.jsonl"
+        self.validation_path = root / "validation.jsonl"
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(root / "tb"), purge_step=resumed_at + 1 if resumed_at else None)
         if resumed_at:
-            self.truncate_after(resumed_at)
+            for path in (self.metrics_path, self.validation_path):
+                truncate_after(path, resumed_at)
         self.wandb = None
         if wandb_project:
             try:
@@ -68,30 +70,24 @@ class RunLog:
 
     def rows(self) -> list[dict]:
         """Every step's metrics recorded so far, steps before a resume included."""
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return read_rows(self.metrics_path)
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, forget metrics of steps after the checkpoint (they will be redone), and a
-        last line cut short by a kill (a step after the checkpoint too: its line came first)."""
-        if not self.metrics_path.exists():
-            return
-        kept = []
-        for line in self.metrics_path.read_text().splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if row.get("step", 0) <= step:
-                kept.append(row)
-        write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in kept))
+    def validations(self) -> list[dict]:
+        """Every validation recorded so far (step 0: the initial policy's), resumes included."""
+        return read_rows(self.validation_path)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
+        """A step's metrics: a line of `metrics.jsonl`, TensorBoard and W&B scalars."""
+        self._append(self.metrics_path, step, values)
+
+    def validation(self, step: int, values: dict[str, float]) -> None:
+        """A validation's metrics: a line of `validation.jsonl` (its own file, since step 0's
+        validation has no step's metrics beside it), and the same scalars at that step."""
+        self._append(self.validation_path, step, values)
+
+    def _append(self, path: Path, step: int, values: dict[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in values.items()}}
-        with self.metrics_path.open("a") as handle:
+        with path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         for key, value in values.items():
             if self.tb is not None and isinstance(value, int | float) and math.isfinite(value):
@@ -114,3 +110,28 @@ class RunLog:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The records of a JSON-lines log (none where it is not written)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """On resume, forget what a log holds of steps after the checkpoint (they will be redone), and
+    a last line cut short by a kill (a step after the checkpoint too: its line came first)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if row.get("step", 0) <= step:
+            kept.append(row)
+    write_atomic(path, "".join(json.dumps(row) + "\n" for row in kept))

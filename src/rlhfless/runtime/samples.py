@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from rlhfless.data import Prompt
@@ -41,3 +42,19 @@ class Sample:
 def canonical(samples: list[Sample]) -> list[Sample]:
     """Samples sorted by (uid, sample): the order is independent of which actor produced what."""
     return sorted(samples, key=lambda s: s.key)
+
+
+def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Reward and length curves of scored samples (a step's; a validation's, under `val/`)."""
+    rewards = [s.reward for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    out = {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/max": float(max(lengths)),
+        "response_length/clip_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
+    }
+    for key in sorted({k for s in samples for k in s.reward_components}):
+        out[f"reward/{key}"] = statistics.fmean(s.reward_components.get(key, 0.0) for s in samples)
+    return out

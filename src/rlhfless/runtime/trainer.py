@@ -25,7 +25,7 @@ import torch
 from rlhfless.algo import AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.config import Config, resolve_output_dir, save_config, to_dict
-from rlhfless.data import Prompt, PromptLoader, load_prompts
+from rlhfless.data import Prompt, PromptLoader, load_prompts, load_validation_prompts
 from rlhfless.devices import learner_device, resolve_device
 from rlhfless.faults import exit_after
 from rlhfless.files import write_atomic
@@ -40,7 +40,8 @@ from rlhfless.runtime.planning import build_planner, check_prompts, observe_leng
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
-from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.samples import Sample, StepPrompt, rollout_metrics
+from rlhfless.runtime.validation import Validator
 
 PHASES = ("plan", "generate", "prepare", "learn")
 
@@ -87,21 +88,6 @@ def kl_controller(algo: AlgorithmConfig) -> FixedKLController | AdaptiveKLContro
     if algo.kl_ctrl == "adaptive":
         return AdaptiveKLController(algo.kl_coef, algo.target_kl, algo.kl_horizon)
     return FixedKLController(algo.kl_coef)
-
-
-def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
-    rewards = [s.reward for s in samples]
-    lengths = [len(s.response_ids) for s in samples]
-    out = {
-        "reward/mean": statistics.fmean(rewards),
-        "reward/std": statistics.pstdev(rewards),
-        "response_length/mean": statistics.fmean(lengths),
-        "response_length/max": float(max(lengths)),
-        "response_length/clip_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
-    }
-    for key in sorted({k for s in samples for k in s.reward_components}):
-        out[f"reward/{key}"] = statistics.fmean(s.reward_components.get(key, 0.0) for s in samples)
-    return out
 
 
 def rollout_records(
@@ -200,14 +186,19 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     seed_everything(cfg.seed)
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
+    held_out = held_out_prompts(cfg, prompts)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
-    check_prompts(cfg, prompts, tokenizer, policy)  # before any write
+    check_prompts(cfg, prompts + held_out, tokenizer, policy)  # before any write
     loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     # The planner first: a machine's first run measures its profile here, before the executor
     # holds a reference copy or starts Ray's processes beside the timing.
     planner = build_planner(cfg, policy)
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
+    validator = None
+    if held_out:
+        tokenized = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
+        validator = Validator(cfg, tokenized, executor.engine, tokenizer, build_reward_fn(cfg.reward))
 
     kl_ctrl = kl_controller(cfg.algorithm)
     start = 0
@@ -249,6 +240,8 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     result = TrainResult(out)
     on_event("start", {"output_dir": str(out), "start": start, "steps": cfg.trainer.steps})
     try:
+        if validator is not None and start == 0 and cfg.validation.before_train:
+            validate(validator, 0, log, on_event)
         for step in range(start + 1, cfg.trainer.steps + 1):
             metrics = run_step(
                 cfg, step, next(loader), tokenizer, planner, predictor, executor, log, on_event, kl_ctrl
@@ -256,6 +249,8 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
             log.metrics(step, metrics)
             result.history.append({"step": step, **metrics})
             on_event("step", {"step": step, **metrics})
+            if validator is not None and validator.due(step):  # before its checkpoint, as VERL
+                validate(validator, step, log, on_event)
             if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.steps:
                 trainer_state = {
                     "loader": loader.state_dict(),
@@ -275,8 +270,29 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     finally:
         log.close()
         executor.close()
-    write_summary(out, log.rows())
+    write_summary(out, log.rows(), log.validations())
     return result
+
+
+def held_out_prompts(cfg: Config, training: list[Prompt]) -> list[Prompt]:
+    """The validation set (none when `validation.every` is 0); one left empty is refused."""
+    if not cfg.validation.every:
+        return []
+    prompts = load_validation_prompts(cfg.data, cfg.validation.path, cfg.validation.size, training)
+    if not prompts:
+        raise TrainError(
+            f"validation.size: every one of the {cfg.validation.size} held-out prompts drawn is a "
+            "training prompt too; expected tasks with more distinct questions, or a validation.path"
+        )
+    return prompts
+
+
+def validate(validator: Validator, step: int, log: RunLog, on_event: Callable[[str, dict], None]) -> None:
+    on_event("phase", {"step": step, "phase": "validate"})
+    metrics, records = validator.run(step)
+    log.validation(step, metrics)
+    log.step_file("validation", step, records)
+    on_event("validation", {"step": step, **metrics})
 
 
 def run_step(
@@ -364,9 +380,10 @@ def run_step(
 WINDOWED = ("reward/mean", "loss/value", "value/explained_variance")
 
 
-def write_summary(out: Path, rows: list[dict]) -> None:
+def write_summary(out: Path, rows: list[dict], validations: list[dict] = ()) -> None:
     """The whole run's summary from its metrics log's `rows`, steps before a resume included, with the
-    mean of each windowed curve over the first and the last `window` steps."""
+    mean of each windowed curve over the first and the last `window` steps, and the first and the
+    last validation's held-out reward."""
     if not rows:
         return
     window = max(1, min(10, len(rows) // 2))
@@ -385,4 +402,7 @@ def write_summary(out: Path, rows: list[dict]) -> None:
                 summary[f"{name}_window/{key}"] = statistics.fmean(values)
     if all("cost/step" in r for r in rows):
         summary["mean_cost_per_step"] = statistics.fmean(r["cost/step"] for r in rows)
+    if validations:
+        for name, row in (("first", validations[0]), ("last", validations[-1])):
+            summary[f"{name}_validation"] = {"step": row["step"], "val/reward/mean": row["val/reward/mean"]}
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))

@@ -1,0 +1,126 @@
+"""Held-out validation between steps: the policy as it stands, on prompts it never trains on,
+sampled as `validation.` says (greedy by default, as VERL's `val_kwargs`) and scored by the run's
+own reward. It runs on the learner's engine (the driver's), so it needs no function started and no
+weights moved; its seconds are billed as the learner's unit's (`cost/validation`, Ray executor)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from rlhfless.config import Config
+from rlhfless.engine import Engine, PrefixTree, SamplingParams, rollout
+from rlhfless.planner.pricing import charge
+from rlhfless.rewards import RewardFn
+from rlhfless.runtime.executor import score
+from rlhfless.runtime.samples import Sample, StepPrompt, canonical, rollout_metrics
+
+# Sampling streams of validation, apart from every training step's (whose `step` is >= 1).
+VALIDATION_STREAM = -1
+
+
+def shared_prefix(prompts: list[StepPrompt]) -> PrefixTree | None:
+    """One prefix level: the tokens every held-out prompt starts with (the system prompt and the
+    chat template's header), prefilled once; None when they share none (or there is one prompt)."""
+    ids = [p.prompt_ids for p in prompts]
+    if len(ids) < 2:
+        return None
+    end = len(os.path.commonprefix(ids))
+    end = min(end, min(map(len, ids)) - 1)  # each prompt keeps a token of its own to prefill
+    if end < 1:
+        return None
+    return PrefixTree([list(ids[0][:end])], [-1], {p.uid: 0 for p in prompts})
+
+
+class Validator:
+    """Scores the held-out `prompts` when `due`; the engine is the learner's (its weights are the
+    policy's at every call)."""
+
+    def __init__(
+        self, cfg: Config, prompts: list[StepPrompt], engine: Engine, tokenizer, reward_fn: RewardFn
+    ) -> None:
+        self.cfg, self.prompts, self.engine = cfg, prompts, engine
+        self.tokenizer, self.reward_fn = tokenizer, reward_fn
+        val = cfg.validation
+        self.params = SamplingParams(
+            max_new_tokens=cfg.generation.max_new_tokens,
+            temperature=val.temperature,
+            top_p=cfg.generation.top_p,
+            seed=cfg.seed,
+        )
+        self.tree = shared_prefix(prompts)
+
+    def due(self, step: int) -> bool:
+        """After every `validation.every`-th step and the last one."""
+        every = self.cfg.validation.every
+        return step % every == 0 or step == self.cfg.trainer.steps
+
+    def run(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        """The metrics (`val/...`, with `time/validation`) and one record per response."""
+        start = time.perf_counter()
+        self.engine.model.eval()
+        results, _ = rollout(
+            self.engine,
+            [(p.uid, p.prompt_ids) for p in self.prompts],
+            self.cfg.validation.samples,
+            self.params,
+            VALIDATION_STREAM,
+            self.tree,
+        )
+        texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
+        samples = canonical(
+            [
+                Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
+                for r, text in zip(results, texts, strict=True)
+            ]
+        )
+        score(self.prompts, samples, self.reward_fn)
+        seconds = time.perf_counter() - start
+        metrics = {f"val/{k}": v for k, v in validation_metrics(self.prompts, samples).items()}
+        metrics["time/validation"] = seconds
+        if self.cfg.runtime.executor == "ray":  # where steps are billed: the learner's one unit
+            metrics["cost/validation"] = float(charge(self.cfg.scheduler.pricing, 1.0, seconds))
+        return metrics, records(self.prompts, samples, step)
+
+
+def validation_metrics(prompts: list[StepPrompt], samples: list[Sample]) -> dict[str, float]:
+    """The rollout curves, each data source's mean reward (`source/<data_source>`, VERL's
+    test_score per source), the held-out set's size and, with several responses per prompt,
+    `reward/best@N`: the mean over prompts of their best response's reward."""
+    out = rollout_metrics(samples) | {"prompts": float(len(prompts))}
+    source = {p.uid: p.prompt.data_source for p in prompts}
+    by_source: dict[str, list[float]] = defaultdict(list)
+    by_prompt: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        by_source[source[s.uid]].append(s.reward)
+        by_prompt[s.uid].append(s.reward)
+    for name in sorted(by_source):
+        out[f"source/{name}"] = statistics.fmean(by_source[name])
+    n = max(map(len, by_prompt.values()))
+    if n > 1:
+        out[f"reward/best@{n}"] = float(np.mean([max(r) for r in by_prompt.values()]))
+    return out
+
+
+def records(prompts: list[StepPrompt], samples: list[Sample], step: int) -> list[dict]:
+    """What `validation/step_NNNNNN.jsonl` holds: each response with its prompt and reward."""
+    by_uid = {p.uid: p for p in prompts}
+    return [
+        {
+            "step": step,
+            "uid": s.uid,
+            "sample": s.sample,
+            "data_source": by_uid[s.uid].prompt.data_source,
+            "prompt": by_uid[s.uid].text,
+            "response": s.response,
+            "response_tokens": len(s.response_ids),
+            "reward": s.reward,
+            "reward_components": s.reward_components,
+            "finish_reason": s.finish_reason,
+        }
+        for s in samples
+    ]
