@@ -1,0 +1,180 @@
+"""Validation: held-out prompts scored between steps, which change nothing that is trained."""
+
+import json
+
+import pytest
+
+from rlhfless.cli import main
+from rlhfless.config import load_config
+from rlhfless.data import DataConfig, Prompt, load_prompts, load_validation_prompts
+from rlhfless.engine import Engine, SamplingParams, rollout
+from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.trainer import train
+from rlhfless.runtime.validation import shared_prefix, validation_metrics
+from tests.engine.engine_support import small_llama
+
+# A reward that varies on a random model's text (it rarely scores on the task): the share of
+# characters with an odd code point.
+REWARD = "def odd_share(prompt, response):\n    return sum(ord(c) % 2 for c in response) / max(len(response), 1)\n"
+# Deterministic training quantities (timings, and the forecasts made from them, are not).
+COMPARED = ("reward/mean", "response_length/mean", "kl/mean", "loss/policy", "grad_norm")
+
+
+def tiny(tmp_path, *overrides):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    fn = tmp_path / "odd.py"
+    fn.write_text(REWARD)
+    return load_config(
+        preset="tiny",
+        overrides=(
+            f"output_dir={tmp_path / 'run'}",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.threads=1",
+            f"reward.function={fn}:odd_share",
+            *overrides,
+        ),
+    )
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def trained(rows):
+    return [{k: r[k] for k in COMPARED} for r in rows]
+
+
+def test_validation_runs_before_training_every_n_steps_and_after_the_last(tmp_path):
+    train(tiny(tmp_path, "validation.every=2", "validation.size=6", "trainer.steps=3"))
+    run = tmp_path / "run"
+    rows = lines(run / "validation.jsonl")
+    assert [r["step"] for r in rows] == [0, 2, 3]
+    for row in rows:
+        assert row["val/prompts"] == 6 and 0 <= row["val/reward/mean"] <= 1
+        assert row["time/validation"] > 0
+        sources = [k for k in row if k.startswith("val/source/reasoning_gym/")]
+        assert sources  # each task's mean reward, VERL's test_score per data source
+    records = lines(run / "validation" / "step_000002.jsonl")
+    assert len(records) == 6 and {r["step"] for r in records} == {2}
+    assert all(r["response"] is not None and r["data_source"].startswith("reasoning_gym/") for r in records)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["first_validation"]["step"] == 0 and summary["last_validation"]["step"] == 3
+    # the trained policy answers differently from the initial one on the held-out prompts
+    assert lines(run / "validation" / "step_000000.jsonl") != lines(run / "validation" / "step_000003.jsonl")
+
+
+def test_validation_changes_no_trained_sample_or_number(tmp_path):
+    plain = train(tiny(tmp_path / "a", "trainer.steps=3"))
+    validated = train(tiny(tmp_path / "b", "trainer.steps=3", "validation.every=1", "validation.samples=2"))
+    assert trained(plain.history) == trained(validated.history)
+    for step in (1, 2, 3):
+        name = f"rollouts/step_{step:06d}.jsonl"
+        assert lines(tmp_path / "a" / "run" / name) == lines(tmp_path / "b" / "run" / name)
+
+
+def test_greedy_validation_of_the_same_policy_is_the_same(tmp_path):
+    """Step 0 of two runs validates one initial policy: every held-out response is the same."""
+    for name in ("a", "b"):
+        train(tiny(tmp_path / name, "trainer.steps=1", "validation.every=1", "validation.size=5"))
+    first = [lines(tmp_path / n / "run" / "validation" / "step_000000.jsonl") for n in ("a", "b")]
+    assert first[0] == first[1]
+
+
+def test_a_resumed_run_validates_each_step_once(tmp_path):
+    args = ("validation.every=1", "validation.size=4")
+    train(tiny(tmp_path, "trainer.steps=2", *args))
+    train(tiny(tmp_path, "trainer.steps=3", "resume=true", *args))
+    assert [r["step"] for r in lines(tmp_path / "run" / "validation.jsonl")] == [0, 1, 2, 3]
+
+
+def test_held_out_reasoning_gym_prompts_are_never_training_prompts():
+    """Easy tasks repeat questions; a held-out one that is also a training prompt is dropped."""
+    one_digit_pairs = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    cfg = DataConfig(tasks={"chain_sum": 1.0}, task_config={"chain_sum": one_digit_pairs}, size=128)
+    training = load_prompts(cfg)
+    held_out = load_validation_prompts(cfg, None, 64, training)
+    seen = {json.dumps(p.messages) for p in training}
+    assert 0 < len(held_out) < 64  # some drawn questions were training ones, and went
+    assert not any(json.dumps(p.messages) in seen for p in held_out)
+    assert held_out == load_validation_prompts(cfg, None, 64, training)  # the same set every run
+    assert load_prompts(cfg) == training  # training's draw is as without validation
+
+
+def test_a_validation_file_is_read_as_data_files_are(tmp_path):
+    path = tmp_path / "val.jsonl"
+    rows = [
+        {
+            "data_source": "held/out",
+            "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+            "reward_model": {"ground_truth": str(i + 1)},
+        }
+        for i in range(3)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train(tiny(tmp_path, "trainer.steps=1", "validation.every=1", f"validation.path={path}"))
+    row = lines(tmp_path / "run" / "validation.jsonl")[-1]
+    assert row["val/prompts"] == 3 and "val/source/held/out" in row
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("validation.path=val.jsonl",), "validation.path: got 'val.jsonl', expected validation.every >= 1"),
+        (("validation.every=-1",), "validation.every: got -1, expected an integer >= 0"),
+        (
+            ("validation.every=2", "data.source=file", "data.path=train.jsonl"),
+            "validation.path: got None, expected a held-out JSONL or Parquet file when data.source=file",
+        ),
+    ],
+)
+def test_a_bad_validation_setting_is_one_line_and_exit_2(overrides, message, tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_validation_file_is_named_before_any_work(tmp_path, capsys):
+    missing = tmp_path / "val.jsonl"
+    args = ["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "validation.every=1"]
+    assert main([*args, f"validation.path={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def step_prompt(uid, ids, source="s"):
+    return StepPrompt(Prompt(uid, [{"role": "user", "content": uid}], None, source, {}), uid, ids)
+
+
+def test_the_shared_prefix_leaves_each_prompt_a_token_of_its_own():
+    same = shared_prefix([step_prompt("a", [1, 2, 3]), step_prompt("b", [1, 2, 3, 4])])
+    assert same.tokens == [[1, 2]] and same.node_of == {"a": 0, "b": 0}
+    assert shared_prefix([step_prompt("a", [1, 2]), step_prompt("b", [3, 4])]) is None
+    assert shared_prefix([step_prompt("a", [1, 2])]) is None
+
+
+def test_prefilling_the_shared_prefix_once_gives_the_same_greedy_responses():
+    engine = Engine(small_llama(256, 512), eos_token_ids=[1, 2], pad_token_id=0)
+    system = [40, 41, 42, 43, 44, 45]
+    prompts = [step_prompt(f"p{i}", system + [50 + i] * (i + 1)) for i in range(4)]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    requests = [(p.uid, p.prompt_ids) for p in prompts]
+    whole, _ = rollout(engine, requests, 1, params, -1, None)
+    shared, stats = rollout(engine, requests, 1, params, -1, shared_prefix(prompts))
+    assert [r.response_ids for r in whole] == [r.response_ids for r in shared]
+    assert stats.unique_prefixes == 1
+
+
+def test_best_of_n_is_the_mean_of_each_prompt_s_best_response():
+    prompts = [step_prompt("a", [1], "x"), step_prompt("b", [2], "y")]
+    samples = [
+        Sample("a", 0, [1], [5], "stop", reward=0.0),
+        Sample("a", 1, [1], [5], "stop", reward=1.0),
+        Sample("b", 0, [2], [5], "stop", reward=0.5),
+        Sample("b", 1, [2], [5], "stop", reward=0.0),
+    ]
+    metrics = validation_metrics(prompts, samples)
+    assert metrics["reward/best@2"] == 0.75 and metrics["reward/mean"] == 0.375
+    assert metrics["source/x"] == 0.5 and metrics["source/y"] == 0.25
