@@ -98,7 +98,9 @@ class Display:
         elif kind == "phase":
             self.progress.update(self.task, phase=f"step {info['step']}: {info['phase']}")
         elif kind == "validation":
-            parts = [f"{label} {info[key]:.3g}" for key, label in VALIDATION_KEYS if info.get(key) is not None]
+            parts = [
+                f"{label} {info[key]:.3g}" for key, label in VALIDATION_KEYS if info.get(key) is not None
+            ]
             self.progress.console.print(f"val  {info['step']:>4} | " + " | ".join(parts), soft_wrap=True)
         elif kind == "step":
             self.rows.append(info)

@@ -40,10 +40,12 @@ def _runs_section(runs: list[Run]) -> Section:
             str(len(run.rollouts)),
             str(len(run.plans)),
             str(len(run.timelines)),
+            _held_out(run),
         ]
         for run in runs
     ]
-    section.html.append(table(["run", "directory", "steps", "rollouts", "plans", "timelines"], rows))
+    header = ["run", "directory", "steps", "rollouts", "plans", "timelines", "held-out reward"]
+    section.html.append(table(header, rows))
     for run in runs:
         if run.problems:
             items = "".join(f"<li>{escape(p)}</li>" for p in run.problems)
@@ -58,6 +60,15 @@ def _runs_section(runs: list[Run]) -> Section:
         else:
             section.notes.append(f"{run.name}: no config.yaml")
     return section
+
+
+def _held_out(run: Run) -> str:
+    """The first and the last validation's held-out reward, with their steps ("-": not validated)."""
+    steps = sorted(s for s, v in run.validations.items() if "val/reward/mean" in v)
+    if not steps:
+        return "-"
+    first, last = (run.validations[s]["val/reward/mean"] for s in (steps[0], steps[-1]))
+    return f"{fmt(first)} (step {steps[0]}) to {fmt(last)} (step {steps[-1]})"
 
 
 def _comparison_section(runs: list[Run]) -> Section:
@@ -92,7 +103,10 @@ def _comparison_section(runs: list[Run]) -> Section:
 
 def _curves_section(runs: list[Run], out: Path) -> Section:
     section = Section(
-        "curves", "Training curves", "Reward (band: one std), KL, response length and loss per step."
+        "curves",
+        "Training curves",
+        "Reward (band: one std; dashed, squares: the held-out reward of each validation, step 0 the "
+        "initial policy's), KL, response length and loss per step.",
     )
     for run in runs:
         missing = [k for k in CURVE_KEYS if not run.has(k)]

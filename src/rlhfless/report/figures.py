@@ -98,7 +98,8 @@ def _line(ax: Axes, runs: list[Run], key: str, *, style: str = "-", label_suffix
 
 
 def curves(runs: list[Run]) -> Figure:
-    """Reward (with std band), KL, response length (mean and max) and loss per step."""
+    """Reward (with std band, and the held-out reward where validated), KL, response length (mean
+    and max) and loss per step."""
     fig = Figure(figsize=(WIDTH, 7), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
     panels = [
@@ -128,6 +129,12 @@ def curves(runs: list[Run]) -> Figure:
             m = np.array([run.metrics[s]["reward/mean"] for s in both])
             sd = np.array([std[s] for s in both])
             axes[0].fill_between(both, m - sd, m + sd, color=run_color(i), alpha=0.15, linewidth=0)
+        held_out = sorted(s for s, v in run.validations.items() if "val/reward/mean" in v)
+        if held_out:
+            values = [run.validations[s]["val/reward/mean"] for s in held_out]
+            axes[0].plot(held_out, values, "--s", color=run_color(i), label=f"{run.name} held-out")
+            axes[0].legend(fontsize="small")
+            _steps_axis(axes[0])
     return fig
 
 

@@ -121,6 +121,7 @@ class Run:
     path: Path
     name: str
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    validations: dict[int, dict[str, float]] = field(default_factory=dict)  # validation.jsonl; step 0 too
     rollouts: dict[int, list[Sample]] = field(default_factory=dict)
     plans: dict[int, Plan] = field(default_factory=dict)
     timelines: dict[int, Timeline] = field(default_factory=dict)
@@ -193,12 +194,13 @@ def _step_files(folder: Path, suffix: str) -> Iterator[tuple[int, Path]]:
 
 
 def _read_metrics(path: Path, problems: list[str]) -> dict[int, dict[str, float]]:
-    """Numeric metrics per step; a step logged twice (a resumed run) keeps its last record."""
+    """Numeric metrics per step (`metrics.jsonl`, `validation.jsonl`); a step logged twice (a
+    resumed run) keeps its last record."""
     metrics: dict[int, dict[str, float]] = {}
     for obj in _json_lines(path, problems):
         step = _int(obj.get("step"))
         if step is None:
-            problems.append("metrics.jsonl has a record without an integer `step`; skipped")
+            problems.append(f"{path.name} has a record without an integer `step`; skipped")
             continue
         metrics[step] = {k: v for k, v in ((k, _number(v)) for k, v in obj.items()) if v is not None}
     return metrics
@@ -357,6 +359,8 @@ def load_run(path: Path, name: str | None = None) -> Run:
         run.metrics = _read_metrics(metrics, run.problems)
     else:
         run.problems.append("no metrics.jsonl")
+    if (path / "validation.jsonl").is_file():
+        run.validations = _read_metrics(path / "validation.jsonl", run.problems)
     config = path / "config.yaml"
     run.config_text = config.read_text(encoding="utf-8", errors="replace") if config.is_file() else None
     if (path / "forecast.json").is_file():
