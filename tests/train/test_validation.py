@@ -60,6 +60,7 @@ def test_validation_runs_before_training_every_n_steps_and_after_the_last(tmp_pa
     assert all(r["response"] is not None and r["data_source"].startswith("reasoning_gym/") for r in records)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["first_validation"]["step"] == 0 and summary["last_validation"]["step"] == 3
+    assert summary["validation_seconds"] == pytest.approx(sum(r["time/validation"] for r in rows))
     # the trained policy answers differently from the initial one on the held-out prompts
     assert lines(run / "validation" / "step_000000.jsonl") != lines(run / "validation" / "step_000003.jsonl")
 
@@ -161,8 +162,8 @@ def test_prefilling_the_shared_prefix_once_gives_the_same_greedy_responses():
     prompts = [step_prompt(f"p{i}", system + [50 + i] * (i + 1)) for i in range(4)]
     params = SamplingParams(max_new_tokens=8, temperature=0.0)
     requests = [(p.uid, p.prompt_ids) for p in prompts]
-    whole, _ = rollout(engine, requests, 1, params, -1, None)
-    shared, stats = rollout(engine, requests, 1, params, -1, shared_prefix(prompts))
+    whole, _ = rollout(engine, requests, 1, params, -2, None)
+    shared, stats = rollout(engine, requests, 1, params, -2, shared_prefix(prompts))
     assert [r.response_ids for r in whole] == [r.response_ids for r in shared]
     assert stats.unique_prefixes == 1
 

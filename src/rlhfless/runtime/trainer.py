@@ -383,7 +383,7 @@ WINDOWED = ("reward/mean", "loss/value", "value/explained_variance")
 def write_summary(out: Path, rows: list[dict], validations: list[dict] = ()) -> None:
     """The whole run's summary from its metrics log's `rows`, steps before a resume included, with the
     mean of each windowed curve over the first and the last `window` steps, and the first and the
-    last validation's held-out reward."""
+    last validation's held-out reward, with what every validation took."""
     if not rows:
         return
     window = max(1, min(10, len(rows) // 2))
@@ -405,4 +405,7 @@ def write_summary(out: Path, rows: list[dict], validations: list[dict] = ()) -> 
     if validations:
         for name, row in (("first", validations[0]), ("last", validations[-1])):
             summary[f"{name}_validation"] = {"step": row["step"], "val/reward/mean": row["val/reward/mean"]}
+        summary["validation_seconds"] = sum(v["time/validation"] for v in validations)
+        if all("cost/validation" in v for v in validations):
+            summary["validation_cost"] = sum(v["cost/validation"] for v in validations)
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))

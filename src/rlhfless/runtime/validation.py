@@ -19,8 +19,10 @@ from rlhfless.rewards import RewardFn
 from rlhfless.runtime.executor import score
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical, rollout_metrics
 
-# Sampling streams of validation, apart from every training step's (whose `step` is >= 1).
-VALIDATION_STREAM = -1
+# The sampling key's step of every validation: apart from training steps' (>= 1) and the length
+# pilot's (`run_forecast.PILOT_STEP`, -1). One for all validations: with a temperature, each draws
+# the same noise, so that the held-out curve moves with the policy, not with the draw.
+VALIDATION_STREAM = -2
 
 
 def shared_prefix(prompts: list[StepPrompt]) -> PrefixTree | None:
