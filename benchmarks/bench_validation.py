@@ -58,7 +58,9 @@ def main() -> None:
     print(f"{len(prompts)} held-out prompts, greedy, {torch.get_num_threads()} thread(s)")
     for name, seconds in best.items():
         print(f"{name:30s} {seconds:7.2f} s")
-    print(f"packed / plain: {packed / plain:.2f}; responses the same: {same} of {len(records['packed weights'])}")
+    print(
+        f"packed / plain: {packed / plain:.2f}; responses the same: {same} of {len(records['packed weights'])}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from tests.engine.engine_support import small_llama
 
 # A reward that varies on a random model's text (it rarely scores on the task): the share of
 # characters with an odd code point.
-REWARD = "def odd_share(prompt, response):\n    return sum(ord(c) % 2 for c in response) / max(len(response), 1)\n"
+REWARD = (
+    "def odd_share(prompt, response):\n    return sum(ord(c) % 2 for c in response) / max(len(response), 1)\n"
+)
 # Deterministic training quantities (timings, and the forecasts made from them, are not).
 COMPARED = ("reward/mean", "response_length/mean", "kl/mean", "loss/policy", "grad_norm")
 
