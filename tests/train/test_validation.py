@@ -10,7 +10,7 @@ from rlhfless.data import DataConfig, Prompt, load_prompts, load_validation_prom
 from rlhfless.engine import Engine, SamplingParams, rollout
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.trainer import train
-from rlhfless.runtime.validation import shared_prefix, validation_metrics
+from rlhfless.runtime.validation import shared_prefix, validation_metrics, validation_steps
 from tests.engine.engine_support import small_llama
 
 # A reward that varies on a random model's text (it rarely scores on the task): the share of
@@ -65,6 +65,27 @@ def test_validation_runs_before_training_every_n_steps_and_after_the_last(tmp_pa
     assert summary["validation_seconds"] == pytest.approx(sum(r["time/validation"] for r in rows))
     # the trained policy answers differently from the initial one on the held-out prompts
     assert lines(run / "validation" / "step_000000.jsonl") != lines(run / "validation" / "step_000003.jsonl")
+
+
+@pytest.mark.parametrize(
+    "settings, start, steps",
+    [
+        (("validation.every=2",), 0, [0, 2, 4, 5]),
+        (("validation.every=2",), 2, [4, 5]),  # a resumed run: its checkpoint's step was validated
+        (("validation.every=2", "validation.before_train=false"), 0, [2, 4, 5]),
+        (("validation.every=9",), 0, [0, 5]),
+        ((), 0, []),
+    ],
+)
+def test_the_steps_validated_are_every_nth_and_the_last(settings, start, steps, tmp_path):
+    assert validation_steps(tiny(tmp_path, "trainer.steps=5", *settings), start) == steps
+
+
+def test_the_forecast_before_the_run_counts_and_prices_its_validations(tmp_path):
+    train(tiny(tmp_path, "validation.every=2", "validation.size=6", "trainer.steps=3"))
+    forecast = json.loads((tmp_path / "run" / "forecast.json").read_text())
+    assert forecast["validation/count"] == len(lines(tmp_path / "run" / "validation.jsonl")) == 3
+    assert forecast["validation/seconds"] > 0 and forecast["validation/cost"] > 0
 
 
 def test_validation_changes_no_trained_sample_or_number(tmp_path):

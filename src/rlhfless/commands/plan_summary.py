@@ -17,10 +17,16 @@ def seconds(x: float) -> str:
 def forecast_line(info: dict[str, Any]) -> str:
     """A run forecast in one line: total time and cost, their ranges, and what the range assumes."""
     (lo, hi), (clo, chi) = info["time_range_s"], info["cost_range"]
+    validations = ""
+    if info.get("validation/count"):
+        validations = (
+            f"; and {int(info['validation/count'])} validation(s): {seconds(info['validation/seconds'])} s, "
+            f"${info['validation/cost']:.4g}"
+        )
     return (
         f"forecast for {info['steps']} step(s): {seconds(info['time_s'])} s "
         f"({seconds(lo)}-{seconds(hi)}), "
-        f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}"
+        f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}{validations}"
     )
 
 

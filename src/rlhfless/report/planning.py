@@ -91,6 +91,13 @@ def forecast_section(runs: list[Run], out: Path) -> Section:
             )
         if "warning" in f:
             pilots.append(f"{run.name}: before the run: {f['warning']}")
+        if "validation/seconds" in f:
+            measured = [v["time/validation"] for v in run.validations.values() if "time/validation" in v]
+            pilots.append(
+                f"{run.name}: {f['validation/count']:.0f} validation(s) forecast at "
+                f"{f['validation/seconds']:.1f} s, ${f['validation/cost']:.4g} (apart from the steps'); "
+                + (f"{len(measured)} took {sum(measured):.1f} s" if measured else "none measured")
+            )
         for name, key, unit in (("time", "time_s", " s"), ("cost", "cost", " $")):
             if key not in outcome:
                 continue

@@ -9,6 +9,7 @@ step's forecast against what happened.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,27 @@ class StepPlanner:
             self.billing(warm, cluster, profile, host_starting_s, first),
             self.max_length,
         )
+
+    def alone_seconds(
+        self,
+        prompts: list[StepPrompt],
+        answer_tokens: list[int | None],
+        predictor: LengthPredictor,
+        group_size: int,
+    ) -> float:
+        """Seconds one engine takes to generate `group_size` responses to each prompt on its own
+        (a validation on the learner's engine): verl's plan of one actor on the run's calibrated
+        profile, from `predictor`'s lengths."""
+        specs = [
+            PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
+            for p, a in zip(prompts, answer_tokens, strict=True)
+        ]
+        profile = self.calibration.profile(self.profile)
+        one = replace(self.cluster, node_gpus=(profile.gpus,))
+        alone = replace(self.scheduler, policy="verl", budget_per_step=None, deadline_per_step=None)
+        return plan_step(
+            specs, predictor, profile, one, alone, group_size, max_length=self.max_length
+        ).predicted_time
 
     def observe(self, plan: StepPlan, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
         """The step's forecast against what happened, and its floor; then learn from it for the

@@ -41,6 +41,7 @@ from rlhfless.runtime.executor import build_engine, build_learner, sampling_para
 from rlhfless.runtime.machine import Speed, cache_key, learner_threads
 from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.validation import held_out_prompts, validation_steps
 
 PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it
 
@@ -298,9 +299,33 @@ def forecast_run(
     return out
 
 
+def validation_forecast(
+    cfg: Config,
+    held_out: list[StepPrompt],
+    answers: Callable[[list[StepPrompt]], list[int | None]],
+    planner: StepPlanner,
+    predictor: LengthPredictor,
+    start: int,
+) -> dict[str, float]:
+    """The run's validations (`validation_steps` from step `start`), each timed as the learner's
+    engine generating the held-out set alone (`StepPlanner.alone_seconds`) and billed as the
+    learner's units: apart from the steps' figures, as the pilot is."""
+    steps = validation_steps(cfg, start)
+    if not steps:
+        return {}
+    each = planner.alone_seconds(held_out, answers(held_out), predictor, cfg.validation.samples)
+    seconds = each * len(steps)
+    return {
+        "validation/count": float(len(steps)),
+        "validation/seconds": seconds,
+        "validation/cost": float(charge(cfg.scheduler.pricing, planner.resident_units, seconds)),
+    }
+
+
 def start_forecast(
     cfg: Config,
     prompts: list[Prompt],
+    held_out: list[Prompt],
     tokenizer,
     planner: StepPlanner,
     predictor,
@@ -313,7 +338,8 @@ def start_forecast(
     fresh run), then the whole run's forecast from step `start + 1`. `warm_up` starts what the
     run's functions need, once the learner's rate is timed (alone, as it is cached) and before
     the pilot and the forecast, which it then overlaps; `host_starting` says how long the decode
-    function it started on the learner's resources has been starting."""
+    function it started on the learner's resources has been starting. `held_out`: the validation
+    set, whose validations are forecast apart (`validation_forecast`)."""
     from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts
 
     done: dict[str, StepPrompt] = {}  # every epoch holds the same prompts: each is tokenized once
@@ -345,6 +371,8 @@ def start_forecast(
         # It runs on the learner, whose slot a serverless platform bills meanwhile.
         pilot["pilot/cost"] = charge(cfg.scheduler.pricing, planner.resident_units, pilot["pilot/seconds"])
     forecast = forecast_run(cfg, prompts, tokenize, answers, planner, predictor, start + 1, host_starting())
+    if held_out:
+        forecast |= validation_forecast(cfg, tokenize(held_out), answers, planner, predictor, start)
     speed = planner.speed
     machine = (
         {"machine/speed": speed.factor, "machine/probe_ms": list(speed.now_ms)} if speed is not None else {}
@@ -372,8 +400,9 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     torch.set_num_threads(learner_threads(cfg))  # as the run's learner
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
+    held_out = held_out_prompts(cfg, prompts)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
-    check_prompts(cfg, prompts, tokenizer, policy)
+    check_prompts(cfg, prompts + held_out, tokenizer, policy)
     engine = build_engine(cfg, policy, tokenizer)
     planner = build_planner(cfg, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
@@ -385,5 +414,14 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
         return time.time() - begun[0] if cfg.runtime.executor == "ray" else None
 
     return start_forecast(
-        cfg, prompts, tokenizer, planner, predictor, engine, 0, lambda: begun.append(time.time()), starting
+        cfg,
+        prompts,
+        held_out,
+        tokenizer,
+        planner,
+        predictor,
+        engine,
+        0,
+        lambda: begun.append(time.time()),
+        starting,
     )

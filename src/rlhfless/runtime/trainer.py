@@ -25,7 +25,7 @@ import torch
 from rlhfless.algo import AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfless.algo.config import AlgorithmConfig
 from rlhfless.config import Config, resolve_output_dir, save_config, to_dict
-from rlhfless.data import Prompt, PromptLoader, load_prompts, load_validation_prompts
+from rlhfless.data import Prompt, PromptLoader, load_prompts
 from rlhfless.devices import learner_device, resolve_device
 from rlhfless.faults import exit_after
 from rlhfless.files import write_atomic
@@ -41,7 +41,7 @@ from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt, rollout_metrics
-from rlhfless.runtime.validation import Validator
+from rlhfless.runtime.validation import Validator, held_out_prompts, validation_steps
 
 PHASES = ("plan", "generate", "prepare", "learn")
 
@@ -215,6 +215,7 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
         forecast = start_forecast(
             cfg,
             prompts,
+            held_out,
             tokenizer,
             planner,
             predictor,
@@ -240,7 +241,8 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     result = TrainResult(out)
     on_event("start", {"output_dir": str(out), "start": start, "steps": cfg.trainer.steps})
     try:
-        if validator is not None and start == 0 and cfg.validation.before_train:
+        validating = set(validation_steps(cfg, start)) if validator is not None else set()
+        if 0 in validating:
             validate(validator, 0, log, on_event)
         for step in range(start + 1, cfg.trainer.steps + 1):
             metrics = run_step(
@@ -249,7 +251,7 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
             log.metrics(step, metrics)
             result.history.append({"step": step, **metrics})
             on_event("step", {"step": step, **metrics})
-            if validator is not None and validator.due(step):  # before its checkpoint, as VERL
+            if step in validating:  # before its checkpoint, as VERL
                 validate(validator, step, log, on_event)
             if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.steps:
                 trainer_state = {
@@ -272,19 +274,6 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
         executor.close()
     write_summary(out, log.rows(), log.validations())
     return result
-
-
-def held_out_prompts(cfg: Config, training: list[Prompt]) -> list[Prompt]:
-    """The validation set (none when `validation.every` is 0); one left empty is refused."""
-    if not cfg.validation.every:
-        return []
-    prompts = load_validation_prompts(cfg.data, cfg.validation.path, cfg.validation.size, training)
-    if not prompts:
-        raise TrainError(
-            f"validation.size: every one of the {cfg.validation.size} held-out prompts drawn is a "
-            "training prompt too; expected tasks with more distinct questions, or a validation.path"
-        )
-    return prompts
 
 
 def validate(validator: Validator, step: int, log: RunLog, on_event: Callable[[str, dict], None]) -> None:

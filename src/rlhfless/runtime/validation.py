@@ -13,6 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from rlhfless.config import Config
+from rlhfless.data import DataError, Prompt, load_validation_prompts
 from rlhfless.engine import Engine, PrefixTree, SamplingParams, rollout
 from rlhfless.planner.pricing import charge
 from rlhfless.rewards import RewardFn
@@ -39,8 +40,8 @@ def shared_prefix(prompts: list[StepPrompt]) -> PrefixTree | None:
 
 
 class Validator:
-    """Scores the held-out `prompts` when `due`; the engine is the learner's (its weights are the
-    policy's at every call)."""
+    """Scores the held-out `prompts` on the learner's engine (its weights are the policy's at every
+    call), at the steps `validation_steps` names."""
 
     def __init__(
         self, cfg: Config, prompts: list[StepPrompt], engine: Engine, tokenizer, reward_fn: RewardFn
@@ -55,11 +56,6 @@ class Validator:
             seed=cfg.seed,
         )
         self.tree = shared_prefix(prompts)
-
-    def due(self, step: int) -> bool:
-        """After every `validation.every`-th step and the last one."""
-        every = self.cfg.validation.every
-        return step % every == 0 or step == self.cfg.trainer.steps
 
     def run(self, step: int) -> tuple[dict[str, float], list[dict]]:
         """The metrics (`val/...`, with `time/validation`) and one record per response."""
@@ -87,6 +83,29 @@ class Validator:
         if self.cfg.runtime.executor == "ray":  # where steps are billed: the learner's one unit
             metrics["cost/validation"] = float(charge(self.cfg.scheduler.pricing, 1.0, seconds))
         return metrics, records(self.prompts, samples, step)
+
+
+def held_out_prompts(cfg: Config, training: list[Prompt]) -> list[Prompt]:
+    """The validation set (none when `validation.every` is 0); one left empty is refused."""
+    if not cfg.validation.every:
+        return []
+    prompts = load_validation_prompts(cfg.data, cfg.validation.path, cfg.validation.size, training)
+    if not prompts:
+        raise DataError(
+            f"validation.size: every one of the {cfg.validation.size} held-out prompts drawn is a "
+            "training prompt too; expected tasks with more distinct questions, or a validation.path"
+        )
+    return prompts
+
+
+def validation_steps(cfg: Config, start: int) -> list[int]:
+    """The steps a run going on from step `start` validates after (0: the initial policy, where
+    the run starts and `validation.before_train`); none with `validation.every=0`."""
+    every, last = cfg.validation.every, cfg.trainer.steps
+    if not every:
+        return []
+    first = [0] if start == 0 and cfg.validation.before_train else []
+    return first + [s for s in range(start + 1, last + 1) if s % every == 0 or s == last]
 
 
 def validation_metrics(prompts: list[StepPrompt], samples: list[Sample]) -> dict[str, float]:
