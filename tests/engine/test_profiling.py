@@ -115,3 +115,24 @@ def test_a_model_with_a_position_table_is_timed_only_within_it():
     assert [p["tokens"] for p in table["prefill"]] == [16]
     probe = measure_profile(model, batches=[1], contexts=[256], prefill_tokens=[], repeats=1)
     assert probe["decode"][0]["ms"] > 0 and probe["extended"] == []
+    assert probe["prefill"] == []  # the probe times decode steps only
+
+
+def test_the_speed_probe_prefills_nothing_and_prefills_past_the_positions_take_the_longest():
+    """The probe asks for no prefill: it times none (it prefilled every position, 8,192 tokens of
+    the default model on one thread, for minutes before each run's first step); asked-for prefills
+    all past the positions are timed once, at the longest there is."""
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=48,
+        )
+    )
+    assert measure_profile(model, batches=[1], contexts=[8], prefill_tokens=(), repeats=1)["prefill"] == []
+    past = measure_profile(model, batches=[1], contexts=[8], prefill_tokens=[64, 128], repeats=1)
+    assert [p["tokens"] for p in past["prefill"]] == [48]

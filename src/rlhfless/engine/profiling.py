@@ -122,7 +122,10 @@ def measure_profile(
                     ms = round(median_ms(step, repeats, param.device), 4)
                     measured.append((context, ms))
                 decode.append({"batch": int(batch), "context": int(context), "ms": ms})
-        for n in [n for n in prefill_tokens if n <= limit] or [limit]:
+        within = [n for n in prefill_tokens if n <= limit]
+        # Every asked-for prompt past the positions: the longest there is. None asked (the speed
+        # probe's decode steps): none timed, where a prefill of every position took minutes.
+        for n in within or [limit] * bool(prefill_tokens):
             row = [(torch.randint(0, vocab, (n,), generator=generator).tolist(), None)]
             ms = median_ms(partial(prefill_forward, model, row, 0, kind), repeats, param.device)
             prefill.append({"tokens": int(n), "ms": round(ms, 4)})
