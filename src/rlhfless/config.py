@@ -257,6 +257,18 @@ class ValidationConfig:
         default=0.0,
         metadata={"help": "sampling temperature of validation; 0 is greedy (VERL's do_sample=False)"},
     )
+    only: bool = field(
+        default=False,
+        metadata={
+            "help": "validate once and stop, training nothing (VERL's trainer.val_only): the model as "
+            "it loads, or with --resume the run's last checkpoint, into output_dir's validation.jsonl"
+        },
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run scores a held-out set at all."""
+        return self.every > 0 or self.only
 
     def __post_init__(self) -> None:
         check(self.every >= 0, "every", self.every, "an integer >= 0")
@@ -264,10 +276,10 @@ class ValidationConfig:
         check(self.samples >= 1, "samples", self.samples, "an integer >= 1")
         check(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
         check(
-            self.every > 0 or not self.path,
+            self.enabled or not self.path,
             "path",
             self.path,
-            "validation.every >= 1 to validate on it (with every=0 the file would be ignored)",
+            "validation.every >= 1 (or validation.only) to validate on it (else the file would be ignored)",
         )
 
 
@@ -301,7 +313,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check(
-            not self.validation.every or self.validation.path or self.data.source == "reasoning_gym",
+            not self.validation.enabled or self.validation.path or self.data.source == "reasoning_gym",
             "validation.path",
             self.validation.path,
             "a held-out JSONL or Parquet file when data.source=file (or validation.every=0)",

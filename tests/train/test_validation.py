@@ -202,3 +202,29 @@ def test_best_of_n_is_the_mean_of_each_prompt_s_best_response():
     metrics = validation_metrics(prompts, samples)
     assert metrics["reward/best@2"] == 0.75 and metrics["reward/mean"] == 0.375
     assert metrics["source/x"] == 0.5 and metrics["source/y"] == 0.25
+
+
+def test_validation_only_scores_the_model_and_trains_nothing(tmp_path):
+    """VERL's trainer.val_only: the held-out responses are the step-0 validation of a run."""
+    train(tiny(tmp_path / "a", "trainer.steps=1", "validation.every=1", "validation.size=5"))
+    result = train(tiny(tmp_path / "b", "validation.only=true", "validation.size=5"))
+    run = tmp_path / "b" / "run"
+    assert result.history == [] and [r["step"] for r in lines(run / "validation.jsonl")] == [0]
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+    assert (run / "config.yaml").is_file()
+    trained_run = tmp_path / "a" / "run" / "validation" / "step_000000.jsonl"
+    assert lines(run / "validation" / "step_000000.jsonl") == lines(trained_run)
+
+
+def test_validation_only_with_resume_scores_the_run_s_last_checkpoint(tmp_path, capsys):
+    args = ("trainer.steps=2", "validation.size=5")
+    train(tiny(tmp_path, *args, "validation.every=1"))
+    before = lines(tmp_path / "run" / "validation" / "step_000002.jsonl")
+    run = str(tmp_path / "run")
+    reward = f"reward.function={tmp_path / 'odd.py'}:odd_share"
+    code = main(
+        ["train", "--preset", "tiny", f"output_dir={run}", reward, *args, "validation.only=true", "--resume"]
+    )
+    assert code == 0 and "nothing to train" not in capsys.readouterr().out
+    assert [r["step"] for r in lines(tmp_path / "run" / "validation.jsonl")] == [0, 1, 2, 2]
+    assert lines(tmp_path / "run" / "validation" / "step_000002.jsonl") == before  # the same weights

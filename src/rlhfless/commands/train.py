@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlhfless: {err}", file=sys.stderr)
         return 2
     display.finish()
-    if not result.history:  # a resumed run already at trainer.steps
+    if not result.history and not cfg.validation.only:  # a resumed run already at trainer.steps
         console.print(f"nothing to train: the run is at trainer.steps={cfg.trainer.steps}; raise it to go on")
     console.print(f"run written to {result.output_dir}")
     if cfg.trainer.report:

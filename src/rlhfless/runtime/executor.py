@@ -94,10 +94,13 @@ def cuda_graphs(cfg: Config, device: str | torch.device) -> bool:
     return cfg.generation.cuda_graphs and torch.device(device).type == "cuda"
 
 
-def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer) -> Engine:
+def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer, decodes: bool | None = None) -> Engine:
     """The learner's engine on the policy's own parameters, in their dtype (never `compute_dtype`:
     see `precision`): the prefill function (and, in-process, the only decode actor, which alone
-    reorders its weights for `generation.packed_weights`: under Ray it only prefills)."""
+    reorders its weights for `generation.packed_weights`: under Ray it only prefills). `decodes`:
+    whether it decodes (default: in-process)."""
+    if decodes is None:
+        decodes = cfg.runtime.executor == "inprocess"
     return Engine(
         policy,
         eos_token_ids=[tokenizer.eos_token_id],
@@ -105,7 +108,7 @@ def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer) -> Engine:
         weight_version=0,
         max_running=cfg.generation.max_running,
         cuda_graphs=cuda_graphs(cfg, next(policy.parameters()).device),
-        packed_weights=cfg.generation.packed_weights and cfg.runtime.executor == "inprocess",
+        packed_weights=cfg.generation.packed_weights and decodes,
     )
 
 

@@ -35,7 +35,7 @@ from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, resumes, save_checkpoint
-from rlhfless.runtime.executor import Executor, InProcessExecutor
+from rlhfless.runtime.executor import Executor, InProcessExecutor, build_engine
 from rlhfless.runtime.planning import build_planner, check_prompts, observe_lengths, plan_metrics
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
@@ -184,6 +184,8 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.seed)
+    if cfg.validation.only:
+        return _validate_only(cfg, out, checkpoints[-1] if resuming else None, on_event)
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg.data)
     held_out = held_out_prompts(cfg, prompts)
@@ -274,6 +276,36 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
         executor.close()
     write_summary(out, log.rows(), log.validations())
     return result
+
+
+def _validate_only(
+    cfg: Config, out: Path, checkpoint: Path | None, on_event: Callable[[str, dict], None]
+) -> TrainResult:
+    """`validation.only`: the policy (as it loads, or `checkpoint`'s) scored once on the held-out
+    set, in this process on an engine that decodes; no planner, function or step. A new
+    `output_dir` gets the config; a run's own keeps its."""
+    tokenizer = load_tokenizer(cfg.model)
+    held_out = held_out_prompts(cfg, load_prompts(cfg.data))
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
+    check_prompts(cfg, held_out, tokenizer, policy)
+    step = 0 if checkpoint is None else int(load_checkpoint(checkpoint, policy)["step"])
+    prompts = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
+    engine = build_engine(cfg, policy, tokenizer, decodes=True)
+    validator = Validator(cfg, prompts, engine, tokenizer, build_reward_fn(cfg.reward))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrainError(f"output_dir: {out}: cannot be made ({err.strerror})") from None
+    if checkpoint is None:
+        save_config(cfg, out / "config.yaml")
+    wandb = cfg.trainer.wandb_project if cfg.trainer.wandb else None
+    log = RunLog(out, cfg.trainer.tensorboard, wandb, to_dict(cfg))
+    on_event("start", {"output_dir": str(out), "start": step, "steps": step})
+    try:
+        validate(validator, step, log, on_event)
+    finally:
+        log.close()
+    return TrainResult(out)
 
 
 def validate(validator: Validator, step: int, log: RunLog, on_event: Callable[[str, dict], None]) -> None:

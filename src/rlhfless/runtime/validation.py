@@ -86,8 +86,8 @@ class Validator:
 
 
 def held_out_prompts(cfg: Config, training: list[Prompt]) -> list[Prompt]:
-    """The validation set (none when `validation.every` is 0); one left empty is refused."""
-    if not cfg.validation.every:
+    """The validation set (none where the run validates nothing); one left empty is refused."""
+    if not cfg.validation.enabled:
         return []
     prompts = load_validation_prompts(cfg.data, cfg.validation.path, cfg.validation.size, training)
     if not prompts:
