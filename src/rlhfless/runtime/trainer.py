@@ -13,7 +13,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,6 +309,7 @@ def _validate_only(
 
 
 def validate(validator: Validator, step: int, log: RunLog, on_event: Callable[[str, dict], None]) -> None:
+    """One validation, recorded: its metrics line, its responses, the display's line."""
     on_event("phase", {"step": step, "phase": "validate"})
     metrics, records = validator.run(step)
     log.validation(step, metrics)
@@ -401,7 +402,7 @@ def run_step(
 WINDOWED = ("reward/mean", "loss/value", "value/explained_variance")
 
 
-def write_summary(out: Path, rows: list[dict], validations: list[dict] = ()) -> None:
+def write_summary(out: Path, rows: list[dict], validations: Sequence[dict] = ()) -> None:
     """The whole run's summary from its metrics log's `rows`, steps before a resume included, with the
     mean of each windowed curve over the first and the last `window` steps, and the first and the
     last validation's held-out reward, with what every validation took."""

@@ -1,7 +1,7 @@
 """Held-out validation between steps: the policy as it stands, on prompts it never trains on,
 sampled as `validation.` says (greedy by default, as VERL's `val_kwargs`) and scored by the run's
 own reward. It runs on the learner's engine (the driver's), so it needs no function started and no
-weights moved; its seconds are billed as the learner's unit's (`cost/validation`, Ray executor)."""
+weights moved; its seconds are billed as the learner's units' (`cost/validation`, Ray executor)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,9 @@ class Validator:
         seconds = time.perf_counter() - start
         metrics = {f"val/{k}": v for k, v in validation_metrics(self.prompts, samples).items()}
         metrics["time/validation"] = seconds
-        if self.cfg.runtime.executor == "ray":  # where steps are billed: the learner's one unit
-            metrics["cost/validation"] = float(charge(self.cfg.scheduler.pricing, 1.0, seconds))
+        if self.cfg.runtime.executor == "ray":  # where steps are billed: the learner's units
+            units = float(self.cfg.scheduler.gpus_per_actor)
+            metrics["cost/validation"] = float(charge(self.cfg.scheduler.pricing, units, seconds))
         return metrics, records(self.prompts, samples, step)
 
 
