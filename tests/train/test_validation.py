@@ -228,3 +228,19 @@ def test_validation_only_with_resume_scores_the_run_s_last_checkpoint(tmp_path, 
     assert code == 0 and "nothing to train" not in capsys.readouterr().out
     assert [r["step"] for r in lines(tmp_path / "run" / "validation.jsonl")] == [0, 1, 2, 2]
     assert lines(tmp_path / "run" / "validation" / "step_000002.jsonl") == before  # the same weights
+
+
+@pytest.mark.parametrize("key", ["validation.path", "data.path"])
+def test_prompts_without_an_answer_to_score_are_refused_before_any_work(key, tmp_path, capsys):
+    """Without reward.function, a row with no ground truth could not be scored: found when its first
+    response was, it stopped a run after its forecast (a held-out one after training)."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"Name {i} colours."}) + "\n" for i in range(4)))
+    args = ["train", "--preset", "tiny", f"output_dir={tmp_path / 'run'}", "validation.every=1"]
+    files = [f"{key}={rows}"] + (
+        ["data.source=file", f"validation.path={rows}"] if key == "data.path" else []
+    )
+    assert main([*args, *files]) == 2
+    err = capsys.readouterr().err
+    assert f"{rows}: row 1: no ground_truth" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

@@ -2,7 +2,7 @@
 
 from rlhfless.rewards.answers import extract_answer, format_score
 from rlhfless.rewards.config import RewardConfig
-from rlhfless.rewards.scoring import RewardError, RewardFn, RewardOutput, build_reward_fn
+from rlhfless.rewards.scoring import RewardError, RewardFn, RewardOutput, build_reward_fn, check_scorable
 
 __all__ = [
     "RewardConfig",
@@ -10,6 +10,7 @@ __all__ = [
     "RewardFn",
     "RewardOutput",
     "build_reward_fn",
+    "check_scorable",
     "extract_answer",
     "format_score",
 ]

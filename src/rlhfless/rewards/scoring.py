@@ -151,5 +151,21 @@ class RewardFn:
             return 0.0
 
 
+def check_scorable(cfg: RewardConfig, prompts: list[Prompt]) -> None:
+    """Before any work: every prompt the rule reward scores has what it scores against (a ground
+    truth, or reasoning-gym's entry), where no `reward.function` scores it; found only when its
+    first response was scored, such a row stopped a run after its forecast (and a held-out one
+    after training)."""
+    if cfg.rule_weight <= 0 or cfg.function:
+        return
+    for p in prompts:
+        if p.ground_truth is None and not isinstance(p.extra_info.get(GYM_KEY), dict):
+            where = p.origin or f"prompt {p.uid} ({p.data_source})"
+            raise RewardError(
+                f"{where}: no ground_truth (an answer) to score responses against; expected an answer "
+                "column, reward.function, or reward.rule_weight=0 with a reward.model"
+            )
+
+
 def build_reward_fn(cfg: RewardConfig) -> RewardFn:
     return RewardFn(cfg)

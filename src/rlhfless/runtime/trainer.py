@@ -33,7 +33,7 @@ from rlhfless.inputs import check_writable
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner import LengthPredictor
 from rlhfless.planner.scaling import PlanError
-from rlhfless.rewards import build_reward_fn
+from rlhfless.rewards import build_reward_fn, check_scorable
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, resumes, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor, build_engine
 from rlhfless.runtime.planning import build_planner, check_prompts, observe_lengths, plan_metrics
@@ -191,6 +191,7 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     held_out = held_out_prompts(cfg, prompts)
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     check_prompts(cfg, prompts + held_out, tokenizer, policy)  # before any write
+    check_scorable(cfg.reward, prompts + held_out)
     loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     # The planner first: a machine's first run measures its profile here, before the executor
     # holds a reference copy or starts Ray's processes beside the timing.
@@ -288,6 +289,7 @@ def _validate_only(
     held_out = held_out_prompts(cfg, load_prompts(cfg.data))
     policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
     check_prompts(cfg, held_out, tokenizer, policy)
+    check_scorable(cfg.reward, held_out)
     step = 0 if checkpoint is None else int(load_checkpoint(checkpoint, policy)["step"])
     prompts = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
     engine = build_engine(cfg, policy, tokenizer, decodes=True)
