@@ -244,3 +244,16 @@ def test_prompts_without_an_answer_to_score_are_refused_before_any_work(key, tmp
     err = capsys.readouterr().err
     assert f"{rows}: row 1: no ground_truth" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_an_exported_policy_validates_as_the_run_s_last_validation(tmp_path):
+    """Train, export, then `validation.only` on the exported model: the same held-out responses."""
+    train(tiny(tmp_path / "a", "trainer.steps=2", "validation.every=2", "validation.size=5"))
+    run = tmp_path / "a" / "run"
+    assert main(["export", str(run), str(tmp_path / "export")]) == 0
+    only = ("validation.only=true", "validation.size=5", f"model.path={tmp_path / 'export'}")
+    train(tiny(tmp_path / "b", *only))
+    exported = lines(tmp_path / "b" / "run" / "validation" / "step_000000.jsonl")
+    assert [r["response"] for r in exported] == [
+        r["response"] for r in lines(run / "validation" / "step_000002.jsonl")
+    ]
