@@ -257,3 +257,17 @@ def test_an_exported_policy_validates_as_the_run_s_last_validation(tmp_path):
     assert [r["response"] for r in exported] == [
         r["response"] for r in lines(run / "validation" / "step_000002.jsonl")
     ]
+
+
+def test_under_ray_the_driver_validates_the_weights_its_learner_ranks_trained(tmp_path):
+    """Two data-parallel ranks learn; the driver's policy, which validation decodes, follows them:
+    every held-out response as in-process, and the trained policy's differ from the initial one's."""
+    args = ("trainer.steps=3", "validation.every=1", "validation.size=5", "runtime.learner_width=2")
+    for executor in ("ray", "inprocess"):
+        train(tiny(tmp_path / executor, *args, f"runtime.executor={executor}"))
+    for step in range(4):
+        name = f"validation/step_{step:06d}.jsonl"
+        ray_side, local = (lines(tmp_path / e / "run" / name) for e in ("ray", "inprocess"))
+        assert [r["response"] for r in ray_side] == [r["response"] for r in local]
+    first, last = (lines(tmp_path / "ray" / "run" / f"validation/step_{s:06d}.jsonl") for s in (0, 3))
+    assert first != last
