@@ -309,11 +309,19 @@ def test_the_forecast_figure_crosses_the_deadline_at_each_step_that_took_the_nea
 
 def test_a_validated_run_shows_its_held_out_reward_from_first_to_last(tmp_path: Path) -> None:
     run = write_fake_run(tmp_path / "validated", steps=3)
-    rows = [{"step": 0, "val/reward/mean": 0.125}, {"step": 3, "val/reward/mean": 0.5}]
+    rows = [
+        {"step": 0, "val/reward/mean": 0.125, "val/source/a": 0.25, "val/source/b": 0.0},
+        {"step": 3, "val/reward/mean": 0.5, "val/source/a": 0.75, "val/source/b": 0.25},
+    ]
     (run / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert {s: v["val/reward/mean"] for s, v in load_run(run).validations.items()} == {0: 0.125, 3: 0.5}
-    runs_table = _parts(write_report([run])).tables[0]
-    assert runs_table[-1][-1] == "0.125 (step 0) to 0.5 (step 3)"
+    tables = _parts(write_report([run])).tables
+    assert tables[0][-1][-1] == "0.125 (step 0) to 0.5 (step 3)"
+    per_source = [t for t in tables if t and t[-1][1:2] == ["b"]][0]
+    assert [row for row in per_source if row] == [
+        ["validated", "a", "0.25 (step 0)", "0.75 (step 3)"],
+        ["validated", "b", "0 (step 0)", "0.25 (step 3)"],
+    ]
 
 
 def test_a_run_without_validation_says_so_in_the_runs_table(tiny_page: Path) -> None:

@@ -116,7 +116,30 @@ def _curves_section(runs: list[Run], out: Path) -> Section:
         section.images.append(
             image(out, "curves", figures.curves(runs), "reward, KL, length and loss per step")
         )
+    rows = [row for run in runs for row in _held_out_sources(run)]
+    if rows:
+        header = ["run", "held-out data source", "first validation", "last validation"]
+        section.html.append(table(header, rows))
     return section
+
+
+def _held_out_sources(run: Run) -> list[list[str]]:
+    """Each data source's held-out reward at the run's first and last validation (VERL's
+    test_score per source): one row per source."""
+    steps = sorted(run.validations)
+    if not steps:
+        return []
+    first, last = run.validations[steps[0]], run.validations[steps[-1]]
+    prefix = "val/source/"
+    return [
+        [
+            run.name,
+            key[len(prefix) :],
+            f"{fmt(first.get(key))} (step {steps[0]})",
+            f"{fmt(last.get(key))} (step {steps[-1]})",
+        ]
+        for key in sorted(k for k in set(first) | set(last) if k.startswith(prefix))
+    ]
 
 
 def _cost_time_section(runs: list[Run], out: Path) -> Section:
