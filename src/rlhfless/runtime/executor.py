@@ -22,7 +22,7 @@ from rlhfless.runtime.checkpoint import load_learner_state
 from rlhfless.runtime.critic import Critic, ValueModel
 from rlhfless.runtime.learner import Learner, prime
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
-from rlhfless.runtime.samples import Sample, StepPrompt, canonical
+from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded
 
 
 class Executor(Protocol):
@@ -327,13 +327,11 @@ class InProcessExecutor(LocalLearner):
             step,
             prefix_tree(plan, prompts),
         )
-        texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
-        samples = [
-            Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
-            for r, text in zip(results, texts, strict=True)
-        ]
         metrics = stats.metrics()
-        return canonical(samples), {**metrics, **prefill_metrics(plan, metrics["prefill/tokens_computed"])}
+        return canonical(decoded(results, self.tokenizer)), {
+            **metrics,
+            **prefill_metrics(plan, metrics["prefill/tokens_computed"]),
+        }
 
     def prepare(self, prompts: list[StepPrompt], samples: list[Sample]) -> tuple[list[Tensor] | None, dict]:
         start = time.perf_counter()

@@ -31,7 +31,7 @@ from rlhfless.engine.sequences import SequenceResult
 from rlhfless.runtime.billing import Invocation, Meter
 from rlhfless.runtime.lifecycle import LOST, Functions
 from rlhfless.runtime.pool import Lease
-from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.samples import Sample, StepPrompt, decoded
 from rlhfless.runtime.transfer import Transfer
 
 Key = tuple[str, int]  # (uid, sample index)
@@ -292,11 +292,7 @@ class Preparation:
     def _samples(self, uids: list[str]) -> list[Sample]:
         """The finished samples of groups `uids`, decoded, in sample order."""
         results = [self.finished[uid][s] for uid in uids for s in sorted(self.finished[uid])]
-        texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
-        return [
-            Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
-            for r, text in zip(results, texts, strict=True)
-        ]
+        return decoded(results, self.tokenizer)
 
     def _send(self, p: Worker, uids: list[str]) -> None:
         samples = self._samples(uids)

@@ -49,7 +49,7 @@ from rlhfless.runtime.preparation import Preparation
 from rlhfless.runtime.publishing import Weights, publish_prefix_kv
 from rlhfless.runtime.ray_cluster import ClusterView, start_ray
 from rlhfless.runtime.returns import advantages, group_local
-from rlhfless.runtime.samples import Sample, StepPrompt, canonical
+from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded
 from rlhfless.runtime.transfer import flat_weights
 
 
@@ -170,13 +170,8 @@ class RayExecutor:
         metrics["actors/planned"] = float(len(plan.actors))
         metrics["cluster/nodes"] = float(len(view.nodes))
         ordered = [results[key] for key in sorted(results)]
-        texts = self.tokenizer.batch_decode([r.response_ids for r in ordered], skip_special_tokens=True)
-        samples = [
-            Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
-            for r, text in zip(ordered, texts, strict=True)
-        ]
         self.timeline_nodes = view.to_dict()
-        return canonical(samples), dict(metrics)
+        return canonical(decoded(ordered, self.tokenizer)), dict(metrics)
 
     def _on_learner(self, kind: str, start: float, done: float, end: float) -> None:
         """Record a function that ran inside the learner (busy until `done`, alive until `end`):

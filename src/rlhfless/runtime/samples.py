@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from rlhfless.data import Prompt
+from rlhfless.engine.sequences import SequenceResult
 
 
 @dataclass
@@ -37,6 +38,15 @@ class Sample:
     @property
     def key(self) -> tuple[str, int]:
         return (self.uid, self.sample)
+
+
+def decoded(results: list[SequenceResult], tokenizer) -> list[Sample]:
+    """The engine's finished sequences as samples, their responses decoded in one batch."""
+    texts = tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
+    return [
+        Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
+        for r, text in zip(results, texts, strict=True)
+    ]
 
 
 def canonical(samples: list[Sample]) -> list[Sample]:

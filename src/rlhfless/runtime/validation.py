@@ -18,7 +18,7 @@ from rlhfless.engine import Engine, PrefixTree, SamplingParams, rollout
 from rlhfless.planner.pricing import charge
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.executor import score
-from rlhfless.runtime.samples import Sample, StepPrompt, canonical, rollout_metrics
+from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded, rollout_metrics
 
 # The sampling key's step of every validation: apart from training steps' (>= 1) and the length
 # pilot's (`run_forecast.PILOT_STEP`, -1). One for all validations: with a temperature, each draws
@@ -69,13 +69,7 @@ class Validator:
             VALIDATION_STREAM,
             self.tree,
         )
-        texts = self.tokenizer.batch_decode([r.response_ids for r in results], skip_special_tokens=True)
-        samples = canonical(
-            [
-                Sample(r.uid, r.sample, list(r.prompt_ids), list(r.response_ids), r.finish_reason, text)
-                for r, text in zip(results, texts, strict=True)
-            ]
-        )
+        samples = canonical(decoded(results, self.tokenizer))
         score(self.prompts, samples, self.reward_fn)
         seconds = time.perf_counter() - start
         metrics = {f"val/{k}": v for k, v in validation_metrics(self.prompts, samples).items()}
