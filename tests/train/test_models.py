@@ -68,3 +68,28 @@ def test_a_hub_id_not_in_the_local_cache_is_one_line_and_never_fetched(monkeypat
     assert (
         err.count("\n") == 1 and "model.path: cannot load a tokenizer from 'nobody-here/no-such-model'" in err
     )
+
+
+@pytest.mark.parametrize(
+    "family, config",
+    [
+        ("llama", {"intermediate_size": 96, "num_key_value_heads": 2}),
+        ("mistral", {"intermediate_size": 96, "num_key_value_heads": 2}),
+        ("qwen2", {"intermediate_size": 96, "num_key_value_heads": 2}),
+        ("phi3", {"intermediate_size": 96, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+        ("gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}),
+    ],
+)
+def test_the_shape_counts_the_blocks_matrices_as_the_model_holds_them(family, config):
+    """Weights moved and multiplied per token: a gated MLP has three matrices, GPT-2's two (the
+    shape counted three for every model, GPT-2's MLP half again its size)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    common = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **common | config))
+    blocks = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if p.ndim == 2 and not any(part in name for part in ("embed", "wte", "wpe", "lm_head"))
+    )
+    assert model_shape(model).layer_params == blocks

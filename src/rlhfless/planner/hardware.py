@@ -101,9 +101,19 @@ class ModelShape:
     tied_embeddings: bool = False
     head_dim: int = 0  # 0: hidden // heads
     dtype_bytes: int = 2
+    mlp_matrices: int = 3  # a gated MLP's gate, up and down (Llama, Qwen, Mistral, Gemma); 2 ungated
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "dtype_bytes"):
+        for name in (
+            "layers",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "intermediate",
+            "vocab",
+            "dtype_bytes",
+            "mlp_matrices",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int) and value > 0):
                 raise ValueError(f"{name}: got {value!r}, expected a positive integer")
@@ -148,6 +158,7 @@ class ModelShape:
                 vocab=int(cfg["vocab_size"]),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 head_dim=int(cfg.get("head_dim") or 0),
+                mlp_matrices=2 if cfg.get("model_type") in UNGATED_MLP else 3,
             )
         except KeyError as err:
             raise ValueError(
@@ -156,10 +167,10 @@ class ModelShape:
 
     @property
     def layer_params(self) -> int:
-        """Linear weights of all transformer blocks (attention projections + gated MLP)."""
+        """Linear weights of all transformer blocks (attention projections + MLP)."""
         q_and_o = 2 * self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        mlp = 3 * self.hidden * self.intermediate
+        mlp = self.mlp_matrices * self.hidden * self.intermediate
         return self.layers * (q_and_o + kv + mlp)
 
     @property
@@ -180,6 +191,12 @@ class ModelShape:
         """KV heads are split across TP ranks; with more ranks than KV heads they are replicated."""
         return 2 * self.layers * math.ceil(self.kv_heads / tp) * self.head_dim * self.dtype_bytes
 
+
+# Model families whose MLP is up and down only (`model_type` in their config.json): the rest
+# (Llama, Qwen2, Mistral, Gemma, Phi-3) gate it with a third matrix.
+UNGATED_MLP = frozenset(
+    {"gpt2", "gpt_neo", "gpt_neox", "gptj", "gpt_bigcode", "phi", "opt", "bloom", "falcon", "starcoder2"}
+)
 
 BUILTIN_MODELS: dict[str, ModelShape] = {
     "qwen2.5-3b": ModelShape("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, tied_embeddings=True),
