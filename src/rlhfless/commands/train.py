@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     if not result.history and not cfg.validation.only:  # a resumed run already at trainer.steps
         console.print(f"nothing to train: the run is at trainer.steps={cfg.trainer.steps}; raise it to go on")
     console.print(f"run written to {result.output_dir}")
-    if cfg.trainer.report:
+    if cfg.trainer.report and not cfg.validation.only:  # a validation alone has no step to report
         from rlhfless.report import write_report
 
         console.print(f"report: {write_report([result.output_dir])}")
