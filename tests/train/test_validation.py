@@ -222,9 +222,8 @@ def test_validation_only_with_resume_scores_the_run_s_last_checkpoint(tmp_path, 
     before = lines(tmp_path / "run" / "validation" / "step_000002.jsonl")
     run = str(tmp_path / "run")
     reward = f"reward.function={tmp_path / 'odd.py'}:odd_share"
-    code = main(
-        ["train", "--preset", "tiny", f"output_dir={run}", reward, *args, "validation.only=true", "--resume"]
-    )
+    only = ("validation.only=true", "trainer.report=true", "--resume")
+    code = main(["train", "--preset", "tiny", f"output_dir={run}", reward, *args, *only])
     out = capsys.readouterr().out
     assert code == 0 and "nothing to train" not in out and "report:" not in out
     assert [r["step"] for r in lines(tmp_path / "run" / "validation.jsonl")] == [0, 1, 2, 2]
