@@ -238,11 +238,11 @@ class ValidationConfig:
         default=True,
         metadata={"help": "also validate the initial policy, as step 0 (not when resuming)"},
     )
-    path: str | None = field(
+    path: str | list[str] | None = field(
         default=None,
         metadata={
-            "help": "JSONL or Parquet file of held-out prompts, in data.format (VERL's data.val_files); "
-            "unset: with data.source=reasoning_gym, validation.size prompts of data.tasks generated "
+            "help": "JSONL, Parquet or JSON file of held-out prompts, or a list of them, in data.format "
+            "(VERL's data.val_files); unset: with data.source=reasoning_gym, validation.size prompts of data.tasks generated "
             "from a seed of their own, any question also in the training set dropped"
         },
     )

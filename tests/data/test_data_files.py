@@ -180,3 +180,16 @@ def test_a_json_array_file_loads_as_its_jsonl_does(tmp_path):
         InputError, match=r"cut.json: line \d+: invalid JSON .*expected a JSON array of prompt rows"
     ):
         load(cut)
+
+
+def test_a_list_of_files_reads_each_in_order_as_verl_s_train_files(tmp_path):
+    """VERL's data.train_files is a list; each file keeps its own layout and names its own rows."""
+    verl = write_jsonl(tmp_path / "gsm.jsonl", VERL_ROWS)
+    trl = write_jsonl(tmp_path / "extra.jsonl", [{"prompt": "What is 5+5?", "solution": "10"}])
+    prompts = load_prompts(DataConfig(source="file", path=[str(verl), str(trl)], system_prompt=SYSTEM))
+    assert [p.ground_truth for p in prompts] == ["4", "9", "10"]
+    assert [p.data_source for p in prompts] == ["openai/gsm8k", "openai/gsm8k", "extra"]
+    assert prompts[-1].origin == f"{trl}: row 1"
+    broken = write_jsonl(tmp_path / "broken.jsonl", [{"no_prompt": 1}])
+    with pytest.raises(DataError, match=f"^{broken}: row 1"):
+        load_prompts(DataConfig(source="file", path=[str(verl), str(broken)]))

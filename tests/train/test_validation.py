@@ -136,9 +136,11 @@ def test_a_validation_file_is_read_as_data_files_are(tmp_path):
         for i in range(3)
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train(tiny(tmp_path, "trainer.steps=1", "validation.every=1", f"validation.path={path}"))
+    trl = tmp_path / "more.jsonl"  # VERL's data.val_files is a list: files of either layout
+    trl.write_text(json.dumps({"prompt": "What is 7 + 1?", "solution": "8"}) + "\n")
+    train(tiny(tmp_path, "trainer.steps=1", "validation.every=1", f"validation.path=[{path},{trl}]"))
     row = lines(tmp_path / "run" / "validation.jsonl")[-1]
-    assert row["val/prompts"] == 3 and "val/source/held/out" in row
+    assert row["val/prompts"] == 4 and "val/source/held/out" in row and "val/source/more" in row
 
 
 @pytest.mark.parametrize(

@@ -83,8 +83,12 @@ class DataConfig:
     dataset_seed: int = field(
         default=0, metadata={"help": "seed of the generated prompts (independent of the training seed)"}
     )
-    path: str | None = field(
-        default=None, metadata={"help": "JSONL or Parquet file of prompts (source=file)"}
+    path: str | list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "JSONL, Parquet or JSON file of prompts, or a list of them read in order (VERL's "
+            "data.train_files); source=file"
+        },
     )
     max_file_mb: int = field(
         default=1024,
@@ -136,7 +140,10 @@ class DataConfig:
         if not isinstance(self.tasks, dict) or not isinstance(self.task_config, dict):
             raise ValueError("tasks/task_config: expected mappings of task name -> value")
         if self.source == "file" and not self.path:
-            raise ValueError(f"path: got {self.path!r}, expected a JSONL or Parquet file when source=file")
+            raise ValueError(
+                f"path: got {self.path!r}, expected a JSONL or Parquet file (or a list of them) when "
+                "source=file"
+            )
         if self.path and self.source != "file":  # else the file would be silently ignored
             raise ValueError(
                 f"path: got {self.path!r} with source={self.source!r}, expected source=file to train on it"
