@@ -26,19 +26,34 @@ def _adapter(cls: type) -> pydantic.TypeAdapter:
 
 
 def _union_member(tag: Any) -> bool:
-    """Whether a loc entry is pydantic's tag of a union member (`bool`, `literal['auto']`), not a key."""
-    return isinstance(tag, str) and (tag in ("bool", "int", "float", "str") or tag.startswith("literal["))
+    """Whether a loc entry is pydantic's tag of a union member (`bool`, `literal['auto']`,
+    `list[str]`), not a key."""
+    return isinstance(tag, str) and (
+        tag in ("bool", "int", "float", "str") or tag.startswith(("literal[", "list["))
+    )
+
+
+def _member_expects(error: Any, depth: int) -> str:
+    """What one union member expected; a list member's item (its loc past the member's tag) by
+    its index."""
+    expected = _expected(error).split(", ")[0]
+    inner = error["loc"][depth + 1 :]
+    return f"a list whose item {inner[0]} is {expected}" if inner else expected
 
 
 def _describe(errors: list[Any]) -> str:
     """The first of pydantic's errors as `dotted.key: got X, expected Y`; a value that fits no
-    member of a union (`bool | Literal['auto']`) expects any of them."""
+    member of a union (`bool | Literal['auto']`, `str | list[str]`) expects any of them."""
     error = errors[0]
     loc, expected = error["loc"], _expected(error)
     if loc and _union_member(loc[-1]):
         loc = loc[:-1]
-        members = [e for e in errors if e["loc"][:-1] == loc and _union_member(e["loc"][-1])]
-        expected = " or ".join(_expected(e).split(", ")[0] for e in members)
+        members = [
+            e
+            for e in errors
+            if e["loc"][: len(loc)] == loc and len(e["loc"]) > len(loc) and _union_member(e["loc"][len(loc)])
+        ]
+        expected = " or ".join(_member_expects(e, len(loc)) for e in members)
     where = ".".join(str(p) for p in loc)
     if error["type"] == "value_error":  # a __post_init__ check: "field: got X, expected Y"
         return f"{where}.{expected}" if where else expected

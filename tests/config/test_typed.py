@@ -42,6 +42,7 @@ def test_a_value_of_the_wrong_type_names_its_dotted_key():
 class Unions:
     interval: int = 1  # a key whose name begins as a union tag does ("int")
     resume: bool | Literal["auto"] = False
+    path: str | list[str] | None = None  # a file or a list of them (data.path)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,11 @@ class Unions:
     [
         ({"resume": "maybe"}, "resume: got 'maybe', expected a valid boolean or 'auto'"),
         ({"interval": "abc"}, "interval: got 'abc', expected a valid integer"),
+        ({"path": 3}, "path: got 3, expected a valid string or a valid list"),
+        (
+            {"path": ["a.jsonl", 3]},
+            r"path: got \['a.jsonl', 3\], expected a valid string or a list whose item 1 is a valid string",
+        ),
     ],
 )
 def test_a_value_fitting_no_member_of_a_union_names_its_key_and_every_member(tree, message):
