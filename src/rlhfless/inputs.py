@@ -46,6 +46,13 @@ def _decode(path: Path, raw: bytes, where: str) -> str:
         ) from None
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's message to its first line (its type's name where it has none): what a
+    library said, inside a refusal that is one line."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def check_writable(path: Path, what: str) -> None:
     """`path` (a file or folder to create) can be made by this user, checked without creating
     anything: its nearest existing ancestor is a directory this user may write. A command checks

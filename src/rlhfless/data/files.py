@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfless.data.prompts import DataError, Prompt, make_uid, with_system_prompt
-from rlhfless.inputs import check_file, iter_lines, read_json_value
+from rlhfless.inputs import check_file, first_line, iter_lines, read_json_value
 
 ROLES = ("system", "user", "assistant")
 TRL_ANSWER_COLUMNS = ("solution", "answer", "ground_truth")
@@ -98,8 +98,9 @@ def _read_parquet(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:
                 number += 1
                 yield number, row
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"{path}: not a readable Parquet file ({reason}), expected Parquet rows") from None
+        raise DataError(
+            f"{path}: not a readable Parquet file ({first_line(e)}), expected Parquet rows"
+        ) from None
 
 
 def read_rows(path: Path, max_bytes: int) -> Iterator[tuple[int, Any]]:

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhfless.data.prompts import Prompt
+from rlhfless.inputs import first_line
 
 
 class RewardModelError(ValueError):
@@ -30,8 +31,7 @@ class RewardModel:
             self.tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
             self.model = AutoModelForSequenceClassification.from_pretrained(where, local_files_only=True)
         except (OSError, ValueError) as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RewardModelError(f"reward.model: {path}: cannot load ({reason})") from None
+            raise RewardModelError(f"reward.model: {path}: cannot load ({first_line(err)})") from None
         self.model.eval().requires_grad_(False)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

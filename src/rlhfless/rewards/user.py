@@ -24,6 +24,7 @@ from typing import Any
 from rlhfless.data.files import TRL_ANSWER_COLUMNS
 from rlhfless.data.gym import GYM_KEY
 from rlhfless.data.prompts import Prompt
+from rlhfless.inputs import first_line
 
 UserReward = Callable[[list[Prompt], list[str]], list[Any]]
 
@@ -55,11 +56,10 @@ def _import(spec: str) -> Callable[..., Any]:
         else:
             module = importlib.import_module(module_name)
     except Exception as e:  # trusted code, but a broken file (syntax, bytes) is still one line
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = getattr(e, "filename", None)
         at = f" ({where}, line {e.lineno})" if isinstance(e, SyntaxError) and where else ""
         raise RewardError(
-            f"reward.function: cannot import module {module_name!r}{at}: {type(e).__name__}: {reason}"
+            f"reward.function: cannot import module {module_name!r}{at}: {type(e).__name__}: {first_line(e)}"
         ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):

@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from rlhfless.files import shareable
-from rlhfless.inputs import InputError, read_json, read_text
+from rlhfless.inputs import InputError, first_line, read_json, read_text
 
 PREFIX = "step_"
 # Settings a resumed run must share with the run that wrote the checkpoint: they fix the weights'
@@ -154,9 +154,8 @@ def load_learner_state(path: Path, mmap: bool = False) -> dict:
     try:
         state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
-            f"{path}: refused ({reason[:160]}), expected tensors and plain containers only"
+            f"{path}: refused ({first_line(err)[:160]}), expected tensors and plain containers only"
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: got {type(state).__name__}, expected a state mapping")
