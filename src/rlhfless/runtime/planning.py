@@ -81,6 +81,14 @@ def _elastic(cfg: Config) -> bool:
     return cfg.runtime.executor == "ray" and cfg.scheduler.policy != "verl" and not cfg.runtime.learner_width
 
 
+def prompt_specs(prompts: list[StepPrompt], answer_tokens: list[int | None]) -> list[PromptSpec]:
+    """What the planner reads of tokenized prompts, with each one's answer length."""
+    return [
+        PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
+        for p, a in zip(prompts, answer_tokens, strict=True)
+    ]
+
+
 class StepPlanner:
     """Calls the planner each step with this run's profile, cluster and settings, corrected by
     what the run has measured so far."""
@@ -216,14 +224,10 @@ class StepPlanner:
         """The step's plan for `cluster` (what the executor has now) or the run's fixed one;
         `warm` and `host_starting_s` as the executor's `warm_functions` and `host_starting_s`;
         `first`: the run's first step in this process."""
-        specs = [
-            PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
-            for p, a in zip(prompts, answer_tokens, strict=True)
-        ]
         profile, cluster = self.calibration.profile(self.profile), cluster or self.cluster
         self.slots = cluster.max_actors(profile.gpus)  # the step's, for `observe`
         return plan_step(
-            specs,
+            prompt_specs(prompts, answer_tokens),
             predictor,
             profile,
             cluster,
@@ -243,10 +247,7 @@ class StepPlanner:
         """Seconds one engine takes to generate `group_size` responses to each prompt on its own
         (a validation on the learner's engine): verl's plan of one actor on the run's calibrated
         profile, from `predictor`'s lengths."""
-        specs = [
-            PromptSpec(p.uid, p.prompt_ids, a, p.prompt.data_source)
-            for p, a in zip(prompts, answer_tokens, strict=True)
-        ]
+        specs = prompt_specs(prompts, answer_tokens)
         profile = self.calibration.profile(self.profile)
         one = replace(self.cluster, node_gpus=(profile.gpus,))
         alone = replace(self.scheduler, policy="verl", budget_per_step=None, deadline_per_step=None)
