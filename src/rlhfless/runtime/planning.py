@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from rlhfless.config import Config
-from rlhfless.data import Prompt, check_prompt_tokens
+from rlhfless.data import Prompt, check_prompt_tokens, load_prompts
+from rlhfless.devices import learner_device
 from rlhfless.engine.profiling import position_limit
 from rlhfless.files import write_atomic
-from rlhfless.models import model_shape
+from rlhfless.models import load_model, load_tokenizer, model_shape
 from rlhfless.planner import (
     ClusterSpec,
     LengthPredictor,
@@ -46,6 +47,7 @@ from rlhfless.planner.forecast import (
 from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.validation import held_out_prompts
 
 
 def check_prompts(cfg: Config, prompts: list[Prompt], tokenizer: Any, policy: torch.nn.Module) -> None:
@@ -53,6 +55,17 @@ def check_prompts(cfg: Config, prompts: list[Prompt], tokenizer: Any, policy: to
     positions (`data.check_prompt_tokens`): before a run or a forecast writes anything."""
     gen = cfg.generation
     check_prompt_tokens(prompts, tokenizer, gen.max_prompt_tokens, position_limit(policy), gen.max_new_tokens)
+
+
+def load_inputs(cfg: Config) -> tuple[Any, list[Prompt], list[Prompt], torch.nn.Module]:
+    """What a run and its forecast start from: the tokenizer, the training and held-out prompts,
+    and the policy on the run's device, every prompt checked against it (`check_prompts`)."""
+    tokenizer = load_tokenizer(cfg.model)
+    prompts = load_prompts(cfg.data)
+    held_out = held_out_prompts(cfg, prompts)
+    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
+    check_prompts(cfg, prompts + held_out, tokenizer, policy)
+    return tokenizer, prompts, held_out, policy
 
 
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:

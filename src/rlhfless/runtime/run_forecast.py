@@ -41,7 +41,7 @@ from rlhfless.runtime.executor import build_engine, build_learner, sampling_para
 from rlhfless.runtime.machine import Speed, cache_key, learner_threads
 from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import Sample, StepPrompt
-from rlhfless.runtime.validation import held_out_prompts, validation_steps
+from rlhfless.runtime.validation import validation_steps
 
 PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it
 
@@ -391,18 +391,12 @@ def start_forecast(
 def forecast_for_config(cfg: Config) -> dict[str, Any]:
     """`rlhfless plan --run`: the whole run's forecast without training (model, data and profile
     loaded as `rlhfless train` would, with the learner's thread count)."""
-    from rlhfless.data import load_prompts
-    from rlhfless.devices import learner_device, resolve_device
-    from rlhfless.models import load_model, load_tokenizer
-    from rlhfless.runtime.planning import build_planner, check_prompts
+    from rlhfless.devices import resolve_device
+    from rlhfless.runtime.planning import build_planner, load_inputs
 
     cfg = resolve_device(cfg)
     torch.set_num_threads(learner_threads(cfg))  # as the run's learner
-    tokenizer = load_tokenizer(cfg.model)
-    prompts = load_prompts(cfg.data)
-    held_out = held_out_prompts(cfg, prompts)
-    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
-    check_prompts(cfg, prompts + held_out, tokenizer, policy)
+    tokenizer, prompts, held_out, policy = load_inputs(cfg)
     engine = build_engine(cfg, policy, tokenizer)
     planner = build_planner(cfg, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)

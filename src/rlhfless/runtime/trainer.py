@@ -36,7 +36,7 @@ from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn, check_scorable
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, resumes, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor, build_engine
-from rlhfless.runtime.planning import build_planner, check_prompts, observe_lengths, plan_metrics
+from rlhfless.runtime.planning import build_planner, check_prompts, load_inputs, observe_lengths, plan_metrics
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
@@ -186,11 +186,7 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     seed_everything(cfg.seed)
     if cfg.validation.only:
         return _validate_only(cfg, out, checkpoints[-1] if resuming else None, on_event)
-    tokenizer = load_tokenizer(cfg.model)
-    prompts = load_prompts(cfg.data)
-    held_out = held_out_prompts(cfg, prompts)
-    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
-    check_prompts(cfg, prompts + held_out, tokenizer, policy)  # before any write
+    tokenizer, prompts, held_out, policy = load_inputs(cfg)  # checked before any write
     check_scorable(cfg.reward, prompts + held_out)
     loader = PromptLoader(prompts, cfg.data.batch_size, cfg.seed, cfg.data.shuffle)
     # The planner first: a machine's first run measures its profile here, before the executor
@@ -231,16 +227,13 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
         executor.close()
         raise TrainError(f"forecast: {err}") from None
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # what `check_writable` cannot see (a path under /proc, a full disk)
+        log = _run_log(cfg, out, start)
+    except TrainError:
         executor.close()
-        raise TrainError(f"output_dir: {out}: cannot be made ({err.strerror})") from None
-    save_config(cfg, out / "config.yaml")
+        raise
     if start == 0:  # a resumed run keeps the forecast made before it paid anything
         write_atomic(out / "forecast.json", json.dumps(forecast, indent=1))
     on_event("forecast", forecast)
-    wandb = cfg.trainer.wandb_project if cfg.trainer.wandb else None
-    log = RunLog(out, cfg.trainer.tensorboard, wandb, to_dict(cfg), resumed_at=start)
     result = TrainResult(out)
     on_event("start", {"output_dir": str(out), "start": start, "steps": cfg.trainer.steps})
     try:
@@ -279,6 +272,18 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     return result
 
 
+def _run_log(cfg: Config, out: Path, resumed_at: int = 0, config: bool = True) -> RunLog:
+    """The run directory made, its config written (unless `config` is false) and its log opened."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # what `check_writable` cannot see (a path under /proc, a full disk)
+        raise TrainError(f"output_dir: {out}: cannot be made ({err.strerror})") from None
+    if config:
+        save_config(cfg, out / "config.yaml")
+    wandb = cfg.trainer.wandb_project if cfg.trainer.wandb else None
+    return RunLog(out, cfg.trainer.tensorboard, wandb, to_dict(cfg), resumed_at=resumed_at)
+
+
 def _validate_only(
     cfg: Config, out: Path, checkpoint: Path | None, on_event: Callable[[str, dict], None]
 ) -> TrainResult:
@@ -294,14 +299,7 @@ def _validate_only(
     prompts = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
     engine = build_engine(cfg, policy, tokenizer, decodes=True)
     validator = Validator(cfg, prompts, engine, tokenizer, build_reward_fn(cfg.reward))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise TrainError(f"output_dir: {out}: cannot be made ({err.strerror})") from None
-    if checkpoint is None:
-        save_config(cfg, out / "config.yaml")
-    wandb = cfg.trainer.wandb_project if cfg.trainer.wandb else None
-    log = RunLog(out, cfg.trainer.tensorboard, wandb, to_dict(cfg))
+    log = _run_log(cfg, out, config=checkpoint is None)
     on_event("start", {"output_dir": str(out), "start": step, "steps": step})
     try:
         validate(validator, step, log, on_event)
