@@ -123,8 +123,9 @@ class ModelShape:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     @classmethod
-    def resolve(cls, model: str | dict[str, Any] | ModelShape) -> ModelShape:
-        """A built-in name, a path to a HF `config.json` (or its folder), a config dict, or a shape."""
+    def resolve(cls, model: str | dict[str, Any] | ModelShape, key: str = "model") -> ModelShape:
+        """A built-in name, a path to a HF `config.json` (or its folder), a config dict, or a shape;
+        an unknown name is refused as the value of `key`."""
         if isinstance(model, ModelShape):
             return model
         if isinstance(model, dict):
@@ -134,7 +135,7 @@ class ModelShape:
         if Path(model).exists():
             return cls.from_hf_config(model)
         raise ValueError(
-            f"model: got {model!r}, expected one of {sorted(BUILTIN_MODELS)} or a path to a config.json"
+            f"{key}: got {model!r}, expected one of {sorted(BUILTIN_MODELS)} or a path to a config.json"
         )
 
     @classmethod

@@ -146,14 +146,11 @@ class SimModelConfig:
             self.decode_tp,
             f"only model.tp ({self.tp}) with a measured model.profile (other sizes are untimed)",
         )
-        try:
-            self.shape  # noqa: B018 - validates the name now
-        except ValueError as err:  # ModelShape names its argument `model`; here it is `name`
-            raise ValueError(str(err).replace("model: ", "name: ", 1)) from None
+        self.shape  # noqa: B018 - validates the name now
 
     @property
     def shape(self) -> ModelShape:
-        return ModelShape.resolve(self.name)
+        return ModelShape.resolve(self.name, key="name")
 
 
 @dataclass
