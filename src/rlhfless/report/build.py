@@ -64,11 +64,10 @@ def _runs_section(runs: list[Run]) -> Section:
 
 def _held_out(run: Run) -> str:
     """The first and the last validation's held-out reward, with their steps ("-": not validated)."""
-    steps = sorted(s for s, v in run.validations.items() if "val/reward/mean" in v)
+    steps, values = run.held_out("val/reward/mean")
     if not steps:
         return "-"
-    first, last = (run.validations[s]["val/reward/mean"] for s in (steps[0], steps[-1]))
-    return f"{fmt(first)} (step {steps[0]}) to {fmt(last)} (step {steps[-1]})"
+    return f"{fmt(values[0])} (step {steps[0]}) to {fmt(values[-1])} (step {steps[-1]})"
 
 
 def _comparison_section(runs: list[Run]) -> Section:
@@ -126,20 +125,13 @@ def _curves_section(runs: list[Run], out: Path) -> Section:
 def _held_out_sources(run: Run) -> list[list[str]]:
     """Each data source's held-out reward at the run's first and last validation (VERL's
     test_score per source): one row per source."""
-    steps = sorted(run.validations)
-    if not steps:
-        return []
-    first, last = run.validations[steps[0]], run.validations[steps[-1]]
     prefix = "val/source/"
-    return [
-        [
-            run.name,
-            key[len(prefix) :],
-            f"{fmt(first.get(key))} (step {steps[0]})",
-            f"{fmt(last.get(key))} (step {steps[-1]})",
-        ]
-        for key in sorted(k for k in set(first) | set(last) if k.startswith(prefix))
-    ]
+    rows = []
+    for key in sorted({k for v in run.validations.values() for k in v if k.startswith(prefix)}):
+        steps, values = run.held_out(key)
+        first, last = f"{fmt(values[0])} (step {steps[0]})", f"{fmt(values[-1])} (step {steps[-1]})"
+        rows.append([run.name, key[len(prefix) :], first, last])
+    return rows
 
 
 def _cost_time_section(runs: list[Run], out: Path) -> Section:

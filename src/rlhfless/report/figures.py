@@ -129,9 +129,8 @@ def curves(runs: list[Run]) -> Figure:
             m = np.array([run.metrics[s]["reward/mean"] for s in both])
             sd = np.array([std[s] for s in both])
             axes[0].fill_between(both, m - sd, m + sd, color=run_color(i), alpha=0.15, linewidth=0)
-        held_out = sorted(s for s, v in run.validations.items() if "val/reward/mean" in v)
+        held_out, values = run.held_out("val/reward/mean")
         if held_out:
-            values = [run.validations[s]["val/reward/mean"] for s in held_out]
             axes[0].plot(held_out, values, "--s", color=run_color(i), label=f"{run.name} held-out")
             axes[0].legend(fontsize="small")
             _steps_axis(axes[0])

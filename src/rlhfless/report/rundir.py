@@ -138,6 +138,11 @@ class Run:
         steps = [s for s in self.steps if key in self.metrics[s]]
         return steps, [self.metrics[s][key] for s in steps]
 
+    def held_out(self, key: str) -> tuple[list[int], list[float]]:
+        """Steps and values of one validation metric (`validation.jsonl`), where recorded."""
+        steps = sorted(s for s, v in self.validations.items() if key in v)
+        return steps, [self.validations[s][key] for s in steps]
+
     def has(self, key: str) -> bool:
         return any(key in m for m in self.metrics.values())
 
