@@ -131,10 +131,7 @@ class RewardFn:
         if isinstance(info, dict):
             return credit * self._gym_score(info, answer)
         if prompt.ground_truth is None:
-            raise RewardError(
-                f"prompt {prompt.uid} ({prompt.data_source}) has no ground_truth: "
-                "add an answer column or set reward.function"
-            )
+            raise _no_answer(prompt)
         return credit if answers_match(answer, prompt.ground_truth) else 0.0
 
     def _gym_score(self, info: dict[str, Any], answer: str | None) -> float:
@@ -160,11 +157,16 @@ def check_scorable(cfg: RewardConfig, prompts: list[Prompt]) -> None:
         return
     for p in prompts:
         if p.ground_truth is None and not isinstance(p.extra_info.get(GYM_KEY), dict):
-            where = p.origin or f"prompt {p.uid} ({p.data_source})"
-            raise RewardError(
-                f"{where}: no ground_truth (an answer) to score responses against; expected an answer "
-                "column, reward.function, or reward.rule_weight=0 with a reward.model"
-            )
+            raise _no_answer(p)
+
+
+def _no_answer(p: Prompt) -> RewardError:
+    """The refusal of a prompt the rule reward cannot score: it has no answer to match."""
+    where = p.origin or f"prompt {p.uid} ({p.data_source})"
+    return RewardError(
+        f"{where}: no ground_truth (an answer) to score responses against; expected an answer "
+        "column, reward.function, or reward.rule_weight=0 with a reward.model"
+    )
 
 
 def build_reward_fn(cfg: RewardConfig) -> RewardFn:
