@@ -257,6 +257,15 @@ class ValidationConfig:
         default=0.0,
         metadata={"help": "sampling temperature of validation; 0 is greedy (VERL's do_sample=False)"},
     )
+    engine: str = field(
+        default="functions",
+        metadata={
+            "help": "where the held-out set decodes under runtime.executor=ray: functions (decode "
+            "functions sized and placed by the planner, as a step's generation; VERL validates on its "
+            "rollout workers) or learner (the learner's own engine, no function started). In-process "
+            "runs and validation.only decode on the learner's engine"
+        },
+    )
     only: bool = field(
         default=False,
         metadata={
@@ -275,6 +284,7 @@ class ValidationConfig:
         check(self.size >= 1, "size", self.size, "an integer >= 1")
         check(self.samples >= 1, "samples", self.samples, "an integer >= 1")
         check(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
+        check(self.engine in ("functions", "learner"), "engine", self.engine, "functions or learner")
         check(
             self.enabled or not self.path,
             "path",

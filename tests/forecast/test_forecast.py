@@ -796,3 +796,27 @@ def test_the_rate_one_process_timed_before_the_run_is_one_ranks_and_two_ranks_ar
     alone = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 2, resident_units=1.0)
     alone.learned_alone(0.004)
     assert alone.phases.per_token_s == 0.004 and alone.phases.by_width == {}
+
+
+def test_a_validation_is_planned_for_its_own_responses_with_nothing_after_and_no_step_target():
+    """The step's plan prices learning after generation and must meet the step's budget; a
+    validation's has no learning after it, so its whole forecast is its generation, and it is
+    planned under a budget no step could meet (the budget is the training step's)."""
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    scheduler = SchedulerConfig(budget_per_step=1e-12)
+    planner = StepPlanner(scheduler, flat_profile(), ClusterSpec(1, 2), 8, resident_units=1.0)
+    planner.learned_alone(0.01)
+    with pytest.raises(PlanError, match="budget_per_step"):
+        planner.plan(prompts, [None] * 4, LengthPredictor())
+    plan = planner.plan_validation(prompts, [None] * 4, LengthPredictor(), samples=1)
+    assert plan.predicted_step_time == pytest.approx(plan.predicted_time)
+    assert plan.predicted_step_cost == pytest.approx(plan.predicted_cost)
+    assert sorted(uid for a in plan.actors for uid in a.uids) == [p.uid for p in prompts]
+    tokens = [
+        sum(
+            a.predicted_tokens
+            for a in planner.plan_validation(prompts, [None] * 4, LengthPredictor(), n).actors
+        )
+        for n in (1, 4, 8)
+    ]
+    assert 0 < tokens[0] < tokens[1] < tokens[2]  # its own responses a prompt, not the step's

@@ -148,6 +148,7 @@ def test_a_validation_file_is_read_as_data_files_are(tmp_path):
     [
         (("validation.path=val.jsonl",), "validation.path: got 'val.jsonl', expected validation.every >= 1"),
         (("validation.every=-1",), "validation.every: got -1, expected an integer >= 0"),
+        (("validation.engine=gpu",), "validation.engine: got 'gpu', expected functions or learner"),
         (
             ("validation.every=2", "data.source=file", "data.path=train.jsonl"),
             "validation.path: got None, expected a held-out JSONL or Parquet file when data.source=file",
@@ -261,15 +262,28 @@ def test_an_exported_policy_validates_as_the_run_s_last_validation(tmp_path):
     ]
 
 
-def test_under_ray_the_driver_validates_the_weights_its_learner_ranks_trained(tmp_path):
-    """Two data-parallel ranks learn; the driver's policy, which validation decodes, follows them:
-    every held-out response as in-process, and the trained policy's differ from the initial one's."""
+def test_under_ray_validation_decodes_on_functions_as_on_the_learner_s_engine(tmp_path):
+    """Two data-parallel ranks learn; the held-out set decodes on decode functions the planner
+    sizes (the default) or on the driver's engine, whose policy follows the ranks: every held-out
+    response as in-process, the trained policy's differ from the initial one's, and validating on
+    functions changes no trained sample."""
     args = ("trainer.steps=3", "validation.every=1", "validation.size=5", "runtime.learner_width=2")
-    for executor in ("ray", "inprocess"):
-        train(tiny(tmp_path / executor, *args, f"runtime.executor={executor}"))
+    runs = {
+        "functions": ("runtime.executor=ray",),
+        "learner": ("runtime.executor=ray", "validation.engine=learner"),
+        "inprocess": ("runtime.executor=inprocess",),
+    }
+    for name, chosen in runs.items():
+        train(tiny(tmp_path / name, *args, *chosen))
     for step in range(4):
-        name = f"validation/step_{step:06d}.jsonl"
-        ray_side, local = (lines(tmp_path / e / "run" / name) for e in ("ray", "inprocess"))
-        assert [r["response"] for r in ray_side] == [r["response"] for r in local]
-    first, last = (lines(tmp_path / "ray" / "run" / f"validation/step_{s:06d}.jsonl") for s in (0, 3))
+        file = f"validation/step_{step:06d}.jsonl"
+        responses = {name: [r["response"] for r in lines(tmp_path / name / "run" / file)] for name in runs}
+        assert responses["functions"] == responses["learner"] == responses["inprocess"]
+    for step in range(1, 4):
+        file = f"rollouts/step_{step:06d}.jsonl"
+        assert lines(tmp_path / "functions" / "run" / file) == lines(tmp_path / "inprocess" / "run" / file)
+    first, last = (lines(tmp_path / "functions" / "run" / f"validation/step_{s:06d}.jsonl") for s in (0, 3))
     assert first != last
+    on_functions = lines(tmp_path / "functions" / "run" / "validation.jsonl")
+    assert all(v["validation/actors"] >= 1 and v["cost/validation"] > 0 for v in on_functions)
+    assert not any("validation/actors" in v for v in lines(tmp_path / "learner" / "run" / "validation.jsonl"))

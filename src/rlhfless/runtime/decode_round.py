@@ -103,16 +103,18 @@ class DecodeRound(Recovery):
         plan: StepPlan,
         step: int,
         params: SamplingParams,
-        preparation: Preparation,
+        preparation: Preparation | None,
+        group: int | None = None,
     ) -> None:
         """`preparation` is fed every finished sequence, and the slots of functions done while
-        others still decode (`Preparation.offer`)."""
+        others still decode (`Preparation.offer`); None: a validation's round, whose responses
+        the caller scores. `group`: sequences per prompt (default: the algorithm's group size)."""
         self.cfg, self.functions, self.meter, self.view = cfg, functions, meter, view
         self.preparation = preparation
         self.rt = cfg.runtime
         self.prompts = {p.uid: p for p in prompts}
         self.plan, self.step, self.params = plan, step, params
-        self.group = cfg.algorithm.group_size
+        self.group = group or cfg.algorithm.group_size
         self.serverful = cfg.scheduler.policy == "verl"
         self.runs: list[Run] = []
         self.held: list[Lease] = []  # verl: held to the end of the step
@@ -191,7 +193,7 @@ class DecodeRound(Recovery):
         while self.inflight:
             if tick is not None:
                 tick(self)
-            waiting = [*self.inflight, *self.preparation.refs()]
+            waiting = [*self.inflight, *(self.preparation.refs() if self.preparation is not None else ())]
             ready, _ = ray.wait(waiting, num_returns=1, timeout=self._placement_wait())
             if not ready:
                 self._replace_unplaced()
@@ -222,7 +224,7 @@ class DecodeRound(Recovery):
         """While some functions still decode: ready groups to idle preparers (the learner's slot
         is free once no decode function runs on it)."""
         decoding = [r for r in self.runs if not r.done]
-        if decoding:
+        if decoding and self.preparation is not None:
             self.preparation.feed(learner_free=not any(r.colocated for r in decoding))
 
     def _absorb(self, run: Run, report: Report) -> None:
@@ -243,7 +245,8 @@ class DecodeRound(Recovery):
             self.results[key] = r
             run.finished.add(key)
             self.last.pop(key, None)
-        self.preparation.add(report.results)
+        if self.preparation is not None:
+            self.preparation.add(report.results)
         for live in report.live:
             self.last[(live.uid, live.sample)] = live
         # Sequences migrated in while that slice ran arrive after it: they take slots the report
@@ -367,7 +370,7 @@ class DecodeRound(Recovery):
         if not self.serverful:
             now = time.time()
             run.inv.released = now
-            if not run.colocated and any(not r.done for r in self.runs):
+            if self.preparation is not None and not run.colocated and any(not r.done for r in self.runs):
                 self.preparation.offer(run.lease, run.inv, run.keep_warm)
             else:
                 self.functions.release(run.lease, now, keep=run.keep_warm)

@@ -250,6 +250,34 @@ class StepPlanner:
             self.max_length,
         )
 
+    def plan_validation(
+        self,
+        prompts: list[StepPrompt],
+        answer_tokens: list[int | None],
+        predictor: LengthPredictor,
+        samples: int,
+        warm: int = 0,
+        cluster: ClusterSpec | None = None,
+    ) -> StepPlan:
+        """A validation's plan: `samples` responses to each held-out prompt on decode functions,
+        chosen by lam as a step's generation is, with nothing after it (no learning waits on
+        its functions, no rank starts) and no step budget or deadline to meet (those are the
+        training step's)."""
+        profile, cluster = self.calibration.profile(self.profile), cluster or self.cluster
+        billing = replace(
+            self.billing(warm, cluster, profile),
+            after_units=0.0,
+            after_fixed_s=0.0,
+            after_per_token_s=0.0,
+            after_billed_per_token_s=None,
+            learner_wait_s=(),
+            rank_start_s=0.0,
+            widths=(),
+        )
+        scheduler = replace(self.scheduler, budget_per_step=None, deadline_per_step=None)
+        specs = prompt_specs(prompts, answer_tokens)
+        return plan_step(specs, predictor, profile, cluster, scheduler, samples, billing, self.max_length)
+
     def alone_seconds(
         self,
         prompts: list[StepPrompt],

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from rlhfless.config import Config
 from rlhfless.devices import resolve_device
+from rlhfless.engine.sampling import SamplingParams
 from rlhfless.models import model_shape
 from rlhfless.planner.learning import learn_ahead_fits, start_ranks_ahead, start_ranks_now
 from rlhfless.planner.placement import ClusterSpec
@@ -173,6 +174,66 @@ class RayExecutor:
         self.timeline_nodes = view.to_dict()
         return canonical(decoded(ordered, self.tokenizer)), dict(metrics)
 
+    def validate(
+        self, prompts: list[StepPrompt], plan: StepPlan, params: SamplingParams, group: int, stream: int
+    ) -> tuple[list[Sample], dict]:
+        """A validation between steps on the decode functions `plan` names, as a step's
+        generation runs (weights, prefix KV, cut and migrate, recovery) with no preparation:
+        `group` responses to each prompt, sampled on key step `stream`. Metered as a step of its
+        own: the learner's resources, the functions, and warm ones idle meanwhile."""
+        now = time.time()
+        self.meter.begin_step(now)
+        self.learner_inv = self.meter.open(
+            Invocation(
+                "learner",
+                "learner",
+                dict(self.functions.slot),
+                float(self.cfg.scheduler.gpus_per_actor),
+                now,
+                now,
+                now,
+                node=self.driver,
+            )
+        )
+        self.policy.eval()
+        with self.learner_inv.busy_while():
+            ref, nbytes, _ = self.weights.publish(self.learner.version)
+        view, self.view = self.view or self.functions.cluster(), None
+        round_ = DecodeRound(
+            self.cfg, self.functions, self.meter, view, prompts, plan, stream, params, None, group
+        )
+        round_.lease((ref, nbytes, self.learner.version))
+        kv = publish_prefix_kv(self.learner.engine, prefix_tree(plan, prompts))
+        if kv is not None:
+            self._on_learner("prefill", kv.start, kv.computed, kv.put)
+        round_.assign(kv)
+        results = round_.run()
+        round_.settle(kv)
+        end = time.time()
+        for lease in round_.held:  # verl: held to the end, then kept for the next step
+            self.functions.pool.release(lease, end)
+        billing, _ = self._close_meter(end)
+        ordered = [results[key] for key in sorted(results)]
+        metrics = {
+            "cost": billing["cost/step"],
+            "actors": float(len(plan.actors)),
+            "predicted_time": plan.predicted_time,
+            "predicted_cost": plan.predicted_cost,
+            "migrations": round_.metrics["migrations"],
+        }
+        return canonical(decoded(ordered, self.tokenizer)), metrics
+
+    def _close_meter(self, end: float) -> tuple[dict, list[dict]]:
+        """The meter closed at `end`, with the pool's warm functions' idle spans since it last
+        closed billed as keep-alive (their part inside this window)."""
+        for span in self.functions.pool.take_spans(end):
+            lease = span.lease
+            name = f"warm-{lease.shape[0]}-{lease.serial}"
+            self.meter.keep_alive(
+                name, lease.units, lease.resources or {}, span.start, span.end, lease.shape[2]
+            )
+        return self.meter.close_step(end)
+
     def _on_learner(self, kind: str, start: float, done: float, end: float) -> None:
         """Record a function that ran inside the learner (busy until `done`, alive until `end`):
         on its resources, billed through it."""
@@ -310,13 +371,7 @@ class RayExecutor:
         self.held, self.hosts = [], []
         pool.evict(end)
         self.learner.retire({*pool.idle, *pool.leased})  # verl: a stopped function's rank with it
-        for span in pool.take_spans(end):
-            lease = span.lease
-            name = f"warm-{lease.shape[0]}-{lease.serial}"
-            self.meter.keep_alive(
-                name, lease.units, lease.resources or {}, span.start, span.end, lease.shape[2]
-            )
-        metrics, records = self.meter.close_step(end)
+        metrics, records = self._close_meter(end)
         metrics |= object_store()
         if "decode" in pool.prestart_s:  # the host decode function's whole start, once
             metrics["time/host_start"] = pool.prestart_s.pop("decode")

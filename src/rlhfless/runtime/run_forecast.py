@@ -41,7 +41,7 @@ from rlhfless.runtime.executor import build_engine, build_learner, sampling_para
 from rlhfless.runtime.machine import Speed, cache_key, learner_threads
 from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import Sample, StepPrompt
-from rlhfless.runtime.validation import validation_steps
+from rlhfless.runtime.validation import on_functions, validation_steps
 
 PILOT_STEP = -1  # the sampling key of pilot responses: no training step uses it
 
@@ -307,18 +307,24 @@ def validation_forecast(
     predictor: LengthPredictor,
     start: int,
 ) -> dict[str, float]:
-    """The run's validations (`validation_steps` from step `start`), each timed as the learner's
-    engine generating the held-out set alone (`StepPlanner.alone_seconds`) and billed as the
-    learner's units: apart from the steps' figures, as the pilot is."""
+    """The run's validations (`validation_steps` from step `start`), apart from the steps' figures
+    as the pilot is: each as its plan on decode functions forecasts it
+    (`StepPlanner.plan_validation`), or on the learner's engine as that engine generating the
+    held-out set alone (`StepPlanner.alone_seconds`), billed as the learner's units."""
     steps = validation_steps(cfg, start)
     if not steps:
         return {}
-    each = planner.alone_seconds(held_out, answers(held_out), predictor, cfg.validation.samples)
-    seconds = each * len(steps)
+    lengths, n = answers(held_out), cfg.validation.samples
+    if on_functions(cfg):
+        plan = planner.plan_validation(held_out, lengths, predictor, n)
+        each_s, each_cost = plan.predicted_time, plan.predicted_cost
+    else:
+        each_s = planner.alone_seconds(held_out, lengths, predictor, n)
+        each_cost = float(charge(cfg.scheduler.pricing, planner.resident_units, each_s))
     return {
         "validation/count": float(len(steps)),
-        "validation/seconds": seconds,
-        "validation/cost": float(charge(cfg.scheduler.pricing, planner.resident_units, seconds)),
+        "validation/seconds": each_s * len(steps),
+        "validation/cost": each_cost * len(steps),
     }
 
 

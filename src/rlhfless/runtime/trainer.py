@@ -41,7 +41,13 @@ from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt, rollout_metrics
-from rlhfless.runtime.validation import Validator, held_out_prompts, validation_steps
+from rlhfless.runtime.validation import (
+    Validator,
+    functions_decode,
+    held_out_prompts,
+    on_functions,
+    validation_steps,
+)
 
 PHASES = ("plan", "generate", "prepare", "learn")
 
@@ -197,7 +203,9 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     validator = None
     if held_out:
         tokenized = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
-        validator = Validator(cfg, tokenized, executor.engine, tokenizer, build_reward_fn(cfg.reward))
+        answers = answer_lengths(tokenized, tokenizer)
+        decode = functions_decode(executor, planner, predictor, answers) if on_functions(cfg) else None
+        validator = Validator(cfg, tokenized, executor.engine, tokenizer, build_reward_fn(cfg.reward), decode)
 
     kl_ctrl = kl_controller(cfg.algorithm)
     start = 0

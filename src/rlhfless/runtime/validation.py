@@ -1,7 +1,13 @@
 """Held-out validation between steps: the policy as it stands, on prompts it never trains on,
 sampled as `validation.` says (greedy by default, as VERL's `val_kwargs`) and scored by the run's
-own reward. It runs on the learner's engine (the driver's), so it needs no function started and no
-weights moved; its seconds are billed as the learner's units' (`cost/validation`, Ray executor)."""
+own reward.
+
+Under the Ray executor the held-out set decodes on decode functions by default
+(`validation.engine=functions`), as VERL validates on its rollout workers: the planner sizes and
+places them for the held-out prompts as it does a step's generation, and the meter bills them
+with the learner's resources (`cost/validation`). Otherwise it decodes on the learner's engine
+(the driver's), which needs no function started and no weights moved, billed as the learner's
+units under Ray; one engine's time grows with the held-out set however large the cluster."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,10 +28,39 @@ from rlhfless.rewards import RewardFn
 from rlhfless.runtime.executor import score
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded, rollout_metrics
 
+if TYPE_CHECKING:
+    from rlhfless.planner import LengthPredictor
+    from rlhfless.runtime.planning import StepPlanner
+
 # The sampling key's step of every validation: apart from training steps' (>= 1) and the length
 # pilot's (`run_forecast.PILOT_STEP`, -1). One for all validations: with a temperature, each draws
 # the same noise, so that the held-out curve moves with the policy, not with the draw.
 VALIDATION_STREAM = -2
+
+# Decodes held-out prompts elsewhere than on the learner's engine: (prompts, sampling, responses
+# per prompt, key step) -> (samples, figures of the run: `cost`, `actors`, ...).
+Decode = Callable[[list[StepPrompt], SamplingParams, int, int], tuple[list[Sample], dict[str, float]]]
+
+
+def on_functions(cfg: Config) -> bool:
+    """Whether held-out prompts decode on decode functions (`validation.engine`)."""
+    return cfg.runtime.executor == "ray" and cfg.validation.engine == "functions" and not cfg.validation.only
+
+
+def functions_decode(
+    executor, planner: StepPlanner, predictor: LengthPredictor, answers: list[int | None]
+) -> Decode:
+    """A `Decode` on the Ray executor's functions: each validation planned for the cluster and
+    the warm functions there are then (`StepPlanner.plan_validation`); `answers`: the held-out
+    prompts' answer lengths, as the planner's stand-in for lengths never seen."""
+
+    def decode(prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int):
+        plan = planner.plan_validation(
+            prompts, answers, predictor, samples, executor.warm_functions(), executor.cluster()
+        )
+        return executor.validate(prompts, plan, params, samples, stream)
+
+    return decode
 
 
 def shared_prefix(prompts: list[StepPrompt]) -> PrefixTree | None:
@@ -44,9 +81,16 @@ class Validator:
     call), at the steps `validation_steps` names."""
 
     def __init__(
-        self, cfg: Config, prompts: list[StepPrompt], engine: Engine, tokenizer, reward_fn: RewardFn
+        self,
+        cfg: Config,
+        prompts: list[StepPrompt],
+        engine: Engine,
+        tokenizer,
+        reward_fn: RewardFn,
+        decode: Decode | None = None,
     ) -> None:
-        self.cfg, self.prompts, self.engine = cfg, prompts, engine
+        """`decode`: where the responses are generated (None: on `engine`)."""
+        self.cfg, self.prompts, self.engine, self.decode = cfg, prompts, engine, decode
         self.tokenizer, self.reward_fn = tokenizer, reward_fn
         val = cfg.validation
         self.params = SamplingParams(
@@ -60,23 +104,25 @@ class Validator:
     def run(self, step: int) -> tuple[dict[str, float], list[dict]]:
         """The metrics (`val/...`, with `time/validation`) and one record per response."""
         start = time.perf_counter()
-        self.engine.model.eval()
-        results, _ = rollout(
-            self.engine,
-            [(p.uid, p.prompt_ids) for p in self.prompts],
-            self.cfg.validation.samples,
-            self.params,
-            VALIDATION_STREAM,
-            self.tree,
-        )
-        samples = canonical(decoded(results, self.tokenizer))
+        n = self.cfg.validation.samples
+        figures: dict[str, float] = {}
+        if self.decode is not None:
+            samples, figures = self.decode(self.prompts, self.params, n, VALIDATION_STREAM)
+        else:
+            self.engine.model.eval()
+            work = [(p.uid, p.prompt_ids) for p in self.prompts]
+            results, _ = rollout(self.engine, work, n, self.params, VALIDATION_STREAM, self.tree)
+            samples = canonical(decoded(results, self.tokenizer))
         score(self.prompts, samples, self.reward_fn)
         seconds = time.perf_counter() - start
         metrics = {f"val/{k}": v for k, v in validation_metrics(self.prompts, samples).items()}
         metrics["time/validation"] = seconds
-        if self.cfg.runtime.executor == "ray":  # where steps are billed: the learner's units
+        if "cost" in figures:  # metered: the functions, the learner's resources, warm ones idle
+            metrics["cost/validation"] = figures.pop("cost")
+        elif self.cfg.runtime.executor == "ray":  # where steps are billed: the learner's units
             units = float(self.cfg.scheduler.gpus_per_actor)
             metrics["cost/validation"] = float(charge(self.cfg.scheduler.pricing, units, seconds))
+        metrics |= {f"validation/{k}": v for k, v in figures.items()}
         return metrics, records(self.prompts, samples, step)
 
 
