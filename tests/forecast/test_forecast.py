@@ -270,6 +270,13 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
 
 
+def test_plan_run_of_a_validation_alone_is_one_line_and_exit_2(capsys):
+    """`validation.only` trains nothing: a forecast of its steps would price steps that never run."""
+    assert main(["plan", "--run", "--preset", "tiny", "validation.only=true"]) == 2
+    err = capsys.readouterr().err
+    assert "validation.only: got true, expected false" in err and len(err.strip().splitlines()) == 1
+
+
 def test_plan_run_takes_a_preset_as_train_does(capsys):
     """`rlhfless train --preset tiny ...` forecasts with `train` changed to `plan --run`."""
     same = ("trainer.steps=2", "runtime.speed_probe=false", "--pilot", "0", "--json")

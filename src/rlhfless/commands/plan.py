@@ -166,6 +166,11 @@ def forecast(args: argparse.Namespace) -> int:
         cfg = load_config(path, preset=preset, overrides=tuple(overrides))
     except (ConfigError, InputError) as err:
         return _fail(str(err))
+    if cfg.validation.only:  # its forecast would be of steps that never run
+        return _fail(
+            "validation.only: got true, expected false: --run forecasts a training run, and "
+            "validation.only trains nothing (rlhfless train scores the held-out set once)"
+        )
     from rich.console import Console
 
     from rlhfless.runtime.run_forecast import forecast_for_config
