@@ -54,7 +54,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name, validator in sides.items():
                 start = time.perf_counter()
-                metrics, records[name] = validator.run(0)
+                done = validator.run(0)
+                metrics, records[name] = done.metrics, done.records
                 metrics["wall"] = time.perf_counter() - start
                 runs[name].append(metrics)
                 actors = metrics.get("validation/actors")

@@ -287,3 +287,17 @@ def test_under_ray_validation_decodes_on_functions_as_on_the_learner_s_engine(tm
     on_functions = lines(tmp_path / "functions" / "run" / "validation.jsonl")
     assert all(v["validation/actors"] >= 1 and v["cost/validation"] > 0 for v in on_functions)
     assert not any("validation/actors" in v for v in lines(tmp_path / "learner" / "run" / "validation.jsonl"))
+    # Each validation's plan and timeline are kept: every held-out prompt planned once, and the
+    # functions that decoded them, on their nodes, billed as the metrics line says.
+    held_out = {r["uid"] for r in lines(tmp_path / "functions" / "run" / "validation/step_000000.jsonl")}
+    for step, row in zip(range(4), on_functions, strict=True):
+        plan = json.loads(
+            (tmp_path / "functions" / "run" / f"validation/plans/step_{step:06d}.json").read_text()
+        )
+        planned = [uid for actor in plan["actors"] for uid in actor["uids"]]
+        assert sorted(planned) == sorted(held_out) and len(plan["actors"]) == row["validation/actors"]
+        file = tmp_path / "functions" / "run" / f"validation/timeline/step_{step:06d}.json"
+        timeline = json.loads(file.read_text())
+        decode = [f for f in timeline["functions"] if f["kind"] == "decode"]
+        assert len(decode) == row["validation/actors"] and all(f["node"] for f in decode)
+        assert sum(f["cost"] for f in timeline["functions"]) == pytest.approx(row["cost/validation"])

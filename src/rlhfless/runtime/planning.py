@@ -258,14 +258,15 @@ class StepPlanner:
         samples: int,
         warm: int = 0,
         cluster: ClusterSpec | None = None,
+        host_starting_s: float | None = None,
     ) -> StepPlan:
         """A validation's plan: `samples` responses to each held-out prompt on decode functions,
-        chosen by lam as a step's generation is, with nothing after it (no learning waits on
-        its functions, no rank starts) and no step budget or deadline to meet (those are the
-        training step's)."""
+        chosen by lam as a step's generation is (`warm`, `cluster`, `host_starting_s` as `plan`
+        takes them), with nothing after it (no learning waits on its functions, no rank starts)
+        and no step budget or deadline to meet (those are the training step's)."""
         profile, cluster = self.calibration.profile(self.profile), cluster or self.cluster
         billing = replace(
-            self.billing(warm, cluster, profile),
+            self.billing(warm, cluster, profile, host_starting_s),
             after_units=0.0,
             after_fixed_s=0.0,
             after_per_token_s=0.0,

@@ -52,6 +52,7 @@ from rlhfless.runtime.ray_cluster import ClusterView, start_ray
 from rlhfless.runtime.returns import advantages, group_local
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded
 from rlhfless.runtime.transfer import flat_weights
+from rlhfless.runtime.validation import Decoded
 
 
 class RayExecutor:
@@ -176,11 +177,12 @@ class RayExecutor:
 
     def validate(
         self, prompts: list[StepPrompt], plan: StepPlan, params: SamplingParams, group: int, stream: int
-    ) -> tuple[list[Sample], dict]:
+    ) -> Decoded:
         """A validation between steps on the decode functions `plan` names, as a step's
         generation runs (weights, prefix KV, cut and migrate, recovery) with no preparation:
         `group` responses to each prompt, sampled on key step `stream`. Metered as a step of its
-        own: the learner's resources, the functions, and warm ones idle meanwhile."""
+        own: the learner's resources, the functions, and warm ones idle meanwhile; its timeline
+        is kept as a step's is."""
         now = time.time()
         self.meter.begin_step(now)
         self.learner_inv = self.meter.open(
@@ -212,16 +214,21 @@ class RayExecutor:
         end = time.time()
         for lease in round_.held:  # verl: held to the end, then kept for the next step
             self.functions.pool.release(lease, end)
-        billing, _ = self._close_meter(end)
+        billing, records = self._close_meter(end)
         ordered = [results[key] for key in sorted(results)]
-        metrics = {
+        figures = {
             "cost": billing["cost/step"],
             "actors": float(len(plan.actors)),
             "predicted_time": plan.predicted_time,
             "predicted_cost": plan.predicted_cost,
             "migrations": round_.metrics["migrations"],
         }
-        return canonical(decoded(ordered, self.tokenizer)), metrics
+        timeline = {
+            "nodes": view.to_dict(),
+            "functions": records,
+            "transfers": self.meter.transfer_records(),
+        }
+        return Decoded(canonical(decoded(ordered, self.tokenizer)), figures, {"timeline": timeline})
 
     def _close_meter(self, end: float) -> tuple[dict, list[dict]]:
         """The meter closed at `end`, with the pool's warm functions' idle spans since it last

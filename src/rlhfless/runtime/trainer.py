@@ -319,10 +319,12 @@ def _validate_only(
 def validate(validator: Validator, step: int, log: RunLog, on_event: Callable[[str, dict], None]) -> None:
     """One validation, recorded: its metrics line, its responses, the display's line."""
     on_event("phase", {"step": step, "phase": "validate"})
-    metrics, records = validator.run(step)
-    log.validation(step, metrics)
-    log.step_file("validation", step, records)
-    on_event("validation", {"step": step, **metrics})
+    done = validator.run(step)
+    log.validation(step, done.metrics)
+    log.step_file("validation", step, done.records)
+    for folder, payload in done.files.items():
+        log.step_file(f"validation/{folder}", step, payload)
+    on_event("validation", {"step": step, **done.metrics})
 
 
 def run_step(

@@ -16,6 +16,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,9 +38,30 @@ if TYPE_CHECKING:
 # the same noise, so that the held-out curve moves with the policy, not with the draw.
 VALIDATION_STREAM = -2
 
-# Decodes held-out prompts elsewhere than on the learner's engine: (prompts, sampling, responses
-# per prompt, key step) -> (samples, figures of the run: `cost`, `actors`, ...).
-Decode = Callable[[list[StepPrompt], SamplingParams, int, int], tuple[list[Sample], dict[str, float]]]
+
+@dataclass
+class Decoded:
+    """Held-out responses decoded elsewhere than on the learner's engine: the samples, figures of
+    how (`cost`, `actors`, ...), and what the run directory keeps of it, by folder under
+    `validation/` (`plans`: its plan, `timeline`: its functions and transfers)."""
+
+    samples: list[Sample]
+    figures: dict[str, float]
+    files: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class Validation:
+    """One validation: its metrics line (`val/...`, `time/validation`, ...), one record per
+    response, and the files `Decoded` keeps."""
+
+    metrics: dict[str, float]
+    records: list[dict]
+    files: dict[str, dict] = field(default_factory=dict)
+
+
+# (prompts, sampling, responses per prompt, key step) -> the responses, decoded elsewhere
+Decode = Callable[[list[StepPrompt], SamplingParams, int, int], Decoded]
 
 
 def on_functions(cfg: Config) -> bool:
@@ -50,15 +72,17 @@ def on_functions(cfg: Config) -> bool:
 def functions_decode(
     executor, planner: StepPlanner, predictor: LengthPredictor, answers: list[int | None]
 ) -> Decode:
-    """A `Decode` on the Ray executor's functions: each validation planned for the cluster and
-    the warm functions there are then (`StepPlanner.plan_validation`); `answers`: the held-out
+    """A `Decode` on the Ray executor's functions: each validation planned for the cluster, the
+    warm functions and the learner's still starting one there are then
+    (`StepPlanner.plan_validation`); `answers`: the held-out
     prompts' answer lengths, as the planner's stand-in for lengths never seen."""
 
     def decode(prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int):
-        plan = planner.plan_validation(
-            prompts, answers, predictor, samples, executor.warm_functions(), executor.cluster()
-        )
-        return executor.validate(prompts, plan, params, samples, stream)
+        warm, cluster, starting = executor.warm_functions(), executor.cluster(), executor.host_starting_s()
+        plan = planner.plan_validation(prompts, answers, predictor, samples, warm, cluster, starting)
+        decoded = executor.validate(prompts, plan, params, samples, stream)
+        decoded.files["plans"] = plan.to_dict()
+        return decoded
 
     return decode
 
@@ -101,13 +125,14 @@ class Validator:
         )
         self.tree = shared_prefix(prompts)
 
-    def run(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        """The metrics (`val/...`, with `time/validation`) and one record per response."""
+    def run(self, step: int) -> Validation:
         start = time.perf_counter()
         n = self.cfg.validation.samples
         figures: dict[str, float] = {}
+        files: dict[str, dict] = {}
         if self.decode is not None:
-            samples, figures = self.decode(self.prompts, self.params, n, VALIDATION_STREAM)
+            out = self.decode(self.prompts, self.params, n, VALIDATION_STREAM)
+            samples, figures, files = out.samples, dict(out.figures), out.files
         else:
             self.engine.model.eval()
             work = [(p.uid, p.prompt_ids) for p in self.prompts]
@@ -123,7 +148,7 @@ class Validator:
             units = float(self.cfg.scheduler.gpus_per_actor)
             metrics["cost/validation"] = float(charge(self.cfg.scheduler.pricing, units, seconds))
         metrics |= {f"validation/{k}": v for k, v in figures.items()}
-        return metrics, records(self.prompts, samples, step)
+        return Validation(metrics, records(self.prompts, samples, step), files)
 
 
 def held_out_prompts(cfg: Config, training: list[Prompt]) -> list[Prompt]:
