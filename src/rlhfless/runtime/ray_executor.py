@@ -47,7 +47,7 @@ from rlhfless.runtime.machine import learner_threads
 from rlhfless.runtime.pool import Lease
 from rlhfless.runtime.prefixes import prefill_metrics, prefix_tree
 from rlhfless.runtime.preparation import Preparation
-from rlhfless.runtime.publishing import Weights, publish_prefix_kv
+from rlhfless.runtime.publishing import PrefixKV, Weights, publish_prefix_kv
 from rlhfless.runtime.ray_cluster import ClusterView, start_ray
 from rlhfless.runtime.returns import advantages, group_local
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded
@@ -102,21 +102,10 @@ class RayExecutor:
     # ----- generation ----------------------------------------------------------------------
 
     def generate(self, prompts: list[StepPrompt], plan: StepPlan, step: int) -> tuple[list[Sample], dict]:
-        now = time.time()
-        self.meter.begin_step(now)
-        units = float(self.cfg.scheduler.gpus_per_actor)
-        self.learner_inv = self.meter.open(
-            Invocation(
-                "learner", "learner", dict(self.functions.slot), units, now, now, now, node=self.driver
-            )
-        )
-        view, self.view = self.view or self.functions.cluster(), None
+        self._begin(time.time())
         self.learner.restart_s = plan.profile.cold_start_s if plan.profile else 0.0
         self.learner.prior_start_s = plan.rank_start_s
         self.learner.planned_width = plan.learner_width
-        self.policy.eval()
-        with self.learner_inv.busy_while():
-            ref, nbytes, put_s = self.weights.publish(self.learner.version)
         overlap = bool(plan.features.get("overlap_preparation"))  # rlhfless only
         ahead = overlap and self._learns_ahead(plan)
         self.preparation = Preparation(
@@ -130,26 +119,9 @@ class RayExecutor:
             overlap,
             eager=ahead and self.reference is None,
         )
-        round_ = DecodeRound(
-            self.cfg,
-            self.functions,
-            self.meter,
-            view,
-            prompts,
-            plan,
-            step,
-            self.learner.params,
-            self.preparation,
+        round_, view, kv, (ref, put_s) = self._open_round(
+            prompts, plan, step, self.learner.params, self.preparation
         )
-        round_.lease((ref, nbytes, self.learner.version))
-        if not plan.keep_unused_warm:  # warm functions this step does not use: a step away at best
-            pool = self.functions.pool
-            pool.stop_idle([lease for lease in pool.idle if lease.units > 0], time.time())
-
-        kv = publish_prefix_kv(self.learner.engine, prefix_tree(plan, prompts))
-        if kv is not None:
-            self._on_learner("prefill", kv.start, kv.computed, kv.put)
-        round_.assign(kv)
         results = round_.run(tick=self._prestarter(len(prompts), ref, ahead))
         self.preparation.end_generation(time.time())
         round_.settle(kv)
@@ -183,32 +155,8 @@ class RayExecutor:
         `group` responses to each prompt, sampled on key step `stream`. Metered as a step of its
         own: the learner's resources, the functions, and warm ones idle meanwhile; its timeline
         is kept as a step's is."""
-        now = time.time()
-        self.meter.begin_step(now)
-        self.learner_inv = self.meter.open(
-            Invocation(
-                "learner",
-                "learner",
-                dict(self.functions.slot),
-                float(self.cfg.scheduler.gpus_per_actor),
-                now,
-                now,
-                now,
-                node=self.driver,
-            )
-        )
-        self.policy.eval()
-        with self.learner_inv.busy_while():
-            ref, nbytes, _ = self.weights.publish(self.learner.version)
-        view, self.view = self.view or self.functions.cluster(), None
-        round_ = DecodeRound(
-            self.cfg, self.functions, self.meter, view, prompts, plan, stream, params, None, group
-        )
-        round_.lease((ref, nbytes, self.learner.version))
-        kv = publish_prefix_kv(self.learner.engine, prefix_tree(plan, prompts))
-        if kv is not None:
-            self._on_learner("prefill", kv.start, kv.computed, kv.put)
-        round_.assign(kv)
+        self._begin(time.time())
+        round_, view, kv, _ = self._open_round(prompts, plan, stream, params, None, group)
         results = round_.run()
         round_.settle(kv)
         end = time.time()
@@ -229,6 +177,47 @@ class RayExecutor:
             "transfers": self.meter.transfer_records(),
         }
         return Decoded(canonical(decoded(ordered, self.tokenizer)), figures, {"timeline": timeline})
+
+    def _begin(self, now: float) -> None:
+        """A metered window (a step, or a validation between steps) opens with the learner's
+        resources, held for all of it."""
+        self.meter.begin_step(now)
+        units = float(self.cfg.scheduler.gpus_per_actor)
+        self.learner_inv = self.meter.open(
+            Invocation(
+                "learner", "learner", dict(self.functions.slot), units, now, now, now, node=self.driver
+            )
+        )
+
+    def _open_round(
+        self,
+        prompts: list[StepPrompt],
+        plan: StepPlan,
+        step: int,
+        params: SamplingParams,
+        preparation: Preparation | None,
+        group: int | None = None,
+    ) -> tuple[DecodeRound, ClusterView, PrefixKV | None, tuple[ray.ObjectRef, float]]:
+        """The plan's decode functions leased with this version's weights (put once), warm ones
+        the plan does not use stopped where it says so, the prefix tree prefilled on the learner
+        and its KV published, and every function assigned its prompts: the round, the cluster it
+        runs on, the KV, and the weights' ref with the seconds putting them took."""
+        view, self.view = self.view or self.functions.cluster(), None
+        self.policy.eval()
+        with self.learner_inv.busy_while():
+            ref, nbytes, put_s = self.weights.publish(self.learner.version)
+        round_ = DecodeRound(
+            self.cfg, self.functions, self.meter, view, prompts, plan, step, params, preparation, group
+        )
+        round_.lease((ref, nbytes, self.learner.version))
+        if not plan.keep_unused_warm:  # warm functions this plan does not use: a step away at best
+            pool = self.functions.pool
+            pool.stop_idle([lease for lease in pool.idle if lease.units > 0], time.time())
+        kv = publish_prefix_kv(self.learner.engine, prefix_tree(plan, prompts))
+        if kv is not None:
+            self._on_learner("prefill", kv.start, kv.computed, kv.put)
+        round_.assign(kv)
+        return round_, view, kv, (ref, put_s)
 
     def _close_meter(self, end: float) -> tuple[dict, list[dict]]:
         """The meter closed at `end`, with the pool's warm functions' idle spans since it last
