@@ -35,6 +35,7 @@ VALIDATION_KEYS = (
     ("val/reward/mean", "held-out reward"),
     ("val/response_length/mean", "len"),
     ("val/prompts", "prompts"),
+    ("validation/actors", "functions"),  # on decode functions (`validation.engine=functions`)
     ("time/validation", "s"),
 )
 
