@@ -74,8 +74,8 @@ def functions_decode(
 ) -> Decode:
     """A `Decode` on the Ray executor's functions: each validation planned for the cluster, the
     warm functions and the learner's still starting one there are then
-    (`StepPlanner.plan_validation`); `answers`: the held-out
-    prompts' answer lengths, as the planner's stand-in for lengths never seen."""
+    (`StepPlanner.plan_validation`). `answers`: the held-out prompts' answer lengths, the
+    planner's stand-in for lengths never seen."""
 
     def decode(prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int):
         warm, cluster, starting = executor.warm_functions(), executor.cluster(), executor.host_starting_s()
@@ -101,8 +101,9 @@ def shared_prefix(prompts: list[StepPrompt]) -> PrefixTree | None:
 
 
 class Validator:
-    """Scores the held-out `prompts` on the learner's engine (its weights are the policy's at every
-    call), at the steps `validation_steps` names."""
+    """Scores the held-out `prompts` at the steps `validation_steps` names: decoded by `decode`
+    where given (decode functions), else on the learner's engine (its weights are the policy's at
+    every call)."""
 
     def __init__(
         self,
@@ -126,6 +127,7 @@ class Validator:
         self.tree = shared_prefix(prompts)
 
     def run(self, step: int) -> Validation:
+        """The held-out set decoded and scored once, on the policy as it stands."""
         start = time.perf_counter()
         n = self.cfg.validation.samples
         figures: dict[str, float] = {}
