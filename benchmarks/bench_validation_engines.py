@@ -23,7 +23,8 @@ from rlhfless.planner import LengthPredictor
 from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.planning import build_planner, load_inputs
 from rlhfless.runtime.trainer import answer_lengths, build_executor, tokenize_prompts
-from rlhfless.runtime.validation import Validator, functions_decode
+from rlhfless.runtime.validation import Validator
+from rlhfless.runtime.validation_functions import functions_decode
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from rlhfless.cli import main
 from rlhfless.config import load_config
 from rlhfless.data import load_prompts
 from rlhfless.data.prompts import Prompt
+from rlhfless.engine import SamplingParams
 from rlhfless.models import load_model, load_tokenizer
 from rlhfless.planner.billing import Billing
 from rlhfless.planner.config import SchedulerConfig
@@ -40,6 +41,8 @@ from rlhfless.runtime.planning import StepPlanner, build_planner
 from rlhfless.runtime.run_forecast import forecast_for_config, length_pilot
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts, train
+from rlhfless.runtime.validation import Decoded
+from rlhfless.runtime.validation_functions import functions_decode
 
 
 def flat_profile(step_ms: float = 10.0) -> Profile:
@@ -827,3 +830,41 @@ def test_a_validation_is_planned_for_its_own_responses_with_nothing_after_and_no
         for n in (1, 4, 8)
     ]
     assert 0 < tokens[0] < tokens[1] < tokens[2]  # its own responses a prompt, not the step's
+
+
+def test_a_validation_is_planned_from_the_held_out_lengths_the_last_one_measured():
+    """Greedy held-out responses run far from training's sampled lengths; the held-out set is the
+    same every time, so the first validation's lengths plan the second (training's predictor
+    learns none of them)."""
+
+    class Functions:  # the executor's side of a validation: greedy lengths of 5 + i tokens
+        def warm_functions(self):
+            return 0
+
+        def cluster(self):
+            return ClusterSpec(1, 2)
+
+        def host_starting_s(self):
+            return None
+
+        def validate(self, prompts, plan, params, group, stream):
+            samples = [
+                Sample(p.uid, k, p.prompt_ids, [7] * (5 + i), "stop")
+                for i, p in enumerate(prompts)
+                for k in range(group)
+            ]
+            return Decoded(samples, {"cost": 0.0})
+
+    prompts = [StepPrompt(Prompt(f"p{i}", [], None, "src"), "", [1, 2, 3 + i]) for i in range(4)]
+    planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 8, max_length=64)
+    training = LengthPredictor()
+    before = json.dumps(training.state_dict())
+    decode = functions_decode(Functions(), planner, training, [None] * 4)
+    params = SamplingParams(max_new_tokens=64, temperature=0.0)
+    first, second = (decode(prompts, params, 1, -2) for _ in range(2))
+    greedy = [5 + i for i in range(4)]
+    planned = [[plan.files["plans"]["predicted_length"][p.uid] for p in prompts] for plan in (first, second)]
+    assert planned[1] == pytest.approx(greedy)
+    assert planned[0] != pytest.approx(greedy)
+    assert second.figures["predictor/mae"] < first.figures["predictor/mae"]
+    assert json.dumps(training.state_dict()) == before

@@ -95,6 +95,12 @@ def test_validation_changes_no_trained_sample_or_number(tmp_path):
     for step in (1, 2, 3):
         name = f"rollouts/step_{step:06d}.jsonl"
         assert lines(tmp_path / "a" / "run" / name) == lines(tmp_path / "b" / "run" / name)
+    # ... nor anything the length predictor keeps (the forecast asked it about held-out prompts)
+    states = [
+        json.loads(next((tmp_path / run / "run" / "checkpoints").glob("*/trainer_state.json")).read_text())
+        for run in ("a", "b")
+    ]
+    assert states[0]["predictor"] == states[1]["predictor"]
 
 
 def test_greedy_validation_of_the_same_policy_is_the_same(tmp_path):

@@ -315,6 +315,7 @@ def validation_forecast(
     if not steps:
         return {}
     lengths, n = answers(held_out), cfg.validation.samples
+    predictor = copy.deepcopy(predictor)  # it records what it is asked: training's records no held-out prompt
     if on_functions(cfg):
         plan = planner.plan_validation(held_out, lengths, predictor, n)
         each_s, each_cost = plan.predicted_time, plan.predicted_cost

@@ -41,13 +41,8 @@ from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt, rollout_metrics
-from rlhfless.runtime.validation import (
-    Validator,
-    functions_decode,
-    held_out_prompts,
-    on_functions,
-    validation_steps,
-)
+from rlhfless.runtime.validation import Validator, held_out_prompts, on_functions, validation_steps
+from rlhfless.runtime.validation_functions import functions_decode
 
 PHASES = ("plan", "generate", "prepare", "learn")
 

@@ -17,7 +17,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +27,6 @@ from rlhfless.planner.pricing import charge
 from rlhfless.rewards import RewardFn
 from rlhfless.runtime.executor import score
 from rlhfless.runtime.samples import Sample, StepPrompt, canonical, decoded, rollout_metrics
-
-if TYPE_CHECKING:
-    from rlhfless.planner import LengthPredictor
-    from rlhfless.runtime.planning import StepPlanner
 
 # The sampling key's step of every validation: apart from training steps' (>= 1) and the length
 # pilot's (`run_forecast.PILOT_STEP`, -1). One for all validations: with a temperature, each draws
@@ -67,24 +62,6 @@ Decode = Callable[[list[StepPrompt], SamplingParams, int, int], Decoded]
 def on_functions(cfg: Config) -> bool:
     """Whether held-out prompts decode on decode functions (`validation.engine`)."""
     return cfg.runtime.executor == "ray" and cfg.validation.engine == "functions" and not cfg.validation.only
-
-
-def functions_decode(
-    executor, planner: StepPlanner, predictor: LengthPredictor, answers: list[int | None]
-) -> Decode:
-    """A `Decode` on the Ray executor's functions: each validation planned for the cluster, the
-    warm functions and the learner's still starting one there are then
-    (`StepPlanner.plan_validation`). `answers`: the held-out prompts' answer lengths, the
-    planner's stand-in for lengths never seen."""
-
-    def decode(prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int):
-        warm, cluster, starting = executor.warm_functions(), executor.cluster(), executor.host_starting_s()
-        plan = planner.plan_validation(prompts, answers, predictor, samples, warm, cluster, starting)
-        decoded = executor.validate(prompts, plan, params, samples, stream)
-        decoded.files["plans"] = plan.to_dict()
-        return decoded
-
-    return decode
 
 
 def shared_prefix(prompts: list[StepPrompt]) -> PrefixTree | None:

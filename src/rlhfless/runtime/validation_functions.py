@@ -1,0 +1,45 @@
+"""Validation on the Ray executor's decode functions (`validation.engine=functions`): each
+validation planned as a step's generation is, from lengths of its own.
+
+The held-out set is the same at every validation, so the lengths one validation measured predict
+the next one's, as a prompt's history does in training: greedy responses (the default) run far
+shorter than the sampled ones the training predictor learns from (7-23 tokens against estimates
+of 100-160 on the default run), and a plan balanced on those put 14 prompts of 140 tokens on one
+function and 18 of 531 on the other. A predictor of its own learns them, so that training's
+predictions never see a held-out length; the first validation has only training's estimates.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from rlhfless.engine import SamplingParams
+from rlhfless.planner import LengthPredictor
+from rlhfless.runtime.planning import StepPlanner, observe_lengths
+from rlhfless.runtime.samples import StepPrompt
+from rlhfless.runtime.validation import Decode, Decoded
+
+
+def functions_decode(
+    executor, planner: StepPlanner, predictor: LengthPredictor, answers: list[int | None]
+) -> Decode:
+    """A `Decode` on the executor's functions: each validation planned for the cluster, the warm
+    functions and the learner's still starting one there are then (`StepPlanner.plan_validation`),
+    from the held-out set's own lengths once one validation measured them (before: a copy of
+    `predictor`, training's, which thus records no held-out prompt). `answers`: the held-out prompts' answer lengths, the planner's stand-in for
+    lengths never seen. The figures add how well the plan predicted (`predictor/...`)."""
+    held_out = LengthPredictor.from_config(planner.scheduler)
+    measured = False
+
+    def decode(prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int) -> Decoded:
+        nonlocal measured
+        lengths = held_out if measured else copy.deepcopy(predictor)  # it records what it is asked
+        warm, cluster, starting = executor.warm_functions(), executor.cluster(), executor.host_starting_s()
+        plan = planner.plan_validation(prompts, answers, lengths, samples, warm, cluster, starting)
+        decoded = executor.validate(prompts, plan, params, samples, stream)
+        decoded.figures |= observe_lengths(plan, decoded.samples, held_out, params.max_new_tokens)
+        measured = True
+        decoded.files["plans"] = plan.to_dict()
+        return decoded
+
+    return decode
