@@ -24,7 +24,7 @@ from rlhfless.rewards import build_reward_fn
 from rlhfless.runtime.planning import build_planner, load_inputs
 from rlhfless.runtime.trainer import answer_lengths, build_executor, tokenize_prompts
 from rlhfless.runtime.validation import Validator
-from rlhfless.runtime.validation_functions import functions_decode
+from rlhfless.runtime.validation_functions import FunctionsDecode
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     executor = build_executor(cfg, tokenizer, policy)
     executor.warm_up()
     prompts = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
-    decode = functions_decode(
+    decode = FunctionsDecode(
         executor, planner, LengthPredictor.from_config(cfg.scheduler), answer_lengths(prompts, tokenizer)
     )
     reward = build_reward_fn(cfg.reward)

@@ -42,7 +42,7 @@ from rlhfless.runtime.run_forecast import forecast_for_config, length_pilot
 from rlhfless.runtime.samples import Sample, StepPrompt
 from rlhfless.runtime.trainer import answer_lengths, tokenize_prompts, train
 from rlhfless.runtime.validation import Decoded
-from rlhfless.runtime.validation_functions import functions_decode
+from rlhfless.runtime.validation_functions import FunctionsDecode
 
 
 def flat_profile(step_ms: float = 10.0) -> Profile:
@@ -859,7 +859,7 @@ def test_a_validation_is_planned_from_the_held_out_lengths_the_last_one_measured
     planner = StepPlanner(SchedulerConfig(), flat_profile(), ClusterSpec(1, 2), 8, max_length=64)
     training = LengthPredictor()
     before = json.dumps(training.state_dict())
-    decode = functions_decode(Functions(), planner, training, [None] * 4)
+    decode = FunctionsDecode(Functions(), planner, training, [None] * 4)
     params = SamplingParams(max_new_tokens=64, temperature=0.0)
     first, second = (decode(prompts, params, 1, -2) for _ in range(2))
     greedy = [5 + i for i in range(4)]
@@ -868,3 +868,8 @@ def test_a_validation_is_planned_from_the_held_out_lengths_the_last_one_measured
     assert planned[0] != pytest.approx(greedy)
     assert second.figures["predictor/mae"] < first.figures["predictor/mae"]
     assert json.dumps(training.state_dict()) == before
+    # A resumed run's next validation is planned from the lengths its checkpoint kept.
+    resumed = FunctionsDecode(Functions(), planner, training, [None] * 4)
+    resumed.load_state_dict(json.loads(json.dumps(decode.state_dict())))
+    again = resumed(prompts, params, 1, -2).files["plans"]["predicted_length"]
+    assert [again[p.uid] for p in prompts] == pytest.approx(greedy)

@@ -547,6 +547,11 @@ RESUME = {
         ["key 'loader'"],
     ),
     "state null": (lambda run: write(run / TRAINER_STATE, '{"step": null}'), [], ["key 'step': got None"]),
+    "state held-out lengths wrong type": (
+        lambda run: write(run / TRAINER_STATE, '{"step": 1, "loader": {}, "predictor": {}, "validation": 3}'),
+        [],
+        ["key 'validation': got 3", "expected a mapping of measured and lengths"],
+    ),
     "rng missing": (lambda run: (run / CHECKPOINT / "rng.json").unlink(), [], ["rng.json: not found"]),
     "optimizer missing": (
         lambda run: (run / CHECKPOINT / "optimizer.pt").unlink(),

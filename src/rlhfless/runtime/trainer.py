@@ -42,7 +42,7 @@ from rlhfless.runtime.run_forecast import start_forecast
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt, rollout_metrics
 from rlhfless.runtime.validation import Validator, held_out_prompts, on_functions, validation_steps
-from rlhfless.runtime.validation_functions import functions_decode
+from rlhfless.runtime.validation_functions import FunctionsDecode
 
 PHASES = ("plan", "generate", "prepare", "learn")
 
@@ -195,11 +195,11 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
     planner = build_planner(cfg, policy)
     executor = build_executor(cfg, tokenizer, policy)
     predictor = LengthPredictor.from_config(cfg.scheduler)
-    validator = None
+    validator = decode = None
     if held_out:
         tokenized = tokenize_prompts(held_out, tokenizer, cfg.generation.max_prompt_tokens)
         answers = answer_lengths(tokenized, tokenizer)
-        decode = functions_decode(executor, planner, predictor, answers) if on_functions(cfg) else None
+        decode = FunctionsDecode(executor, planner, predictor, answers) if on_functions(cfg) else None
         validator = Validator(cfg, tokenized, executor.engine, tokenizer, build_reward_fn(cfg.reward), decode)
 
     kl_ctrl = kl_controller(cfg.algorithm)
@@ -211,6 +211,8 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
         predictor.load_state_dict(state["predictor"])
         planner.load_state_dict(state.get("planner", {}))
         kl_ctrl.value = state.get("kl_coef", kl_ctrl.value)
+        if decode is not None and "validation" in state:  # the held-out lengths measured so far
+            decode.load_state_dict(state["validation"])
         start = state["step"]
     on_event("forecasting", {"steps": cfg.trainer.steps - start})
     try:  # before anything is written: an infeasible budget or deadline stops the run here
@@ -259,6 +261,8 @@ def _train(cfg: Config, on_event: Callable[[str, dict], None]) -> TrainResult:
                     "planner": planner.state_dict(),
                     "kl_coef": kl_ctrl.value,
                 }
+                if decode is not None:
+                    trainer_state["validation"] = decode.state_dict()
                 save_checkpoint(
                     out / "checkpoints",
                     step,
