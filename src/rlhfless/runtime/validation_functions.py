@@ -40,9 +40,8 @@ class FunctionsDecode:
         self, prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int
     ) -> Decoded:
         executor = self.executor
-        lengths = (
-            self.held_out if self.measured else copy.deepcopy(self.predictor)
-        )  # it records what it is asked
+        # Before any measure, a copy of training's predictor: it records every prompt it is asked of.
+        lengths = self.held_out if self.measured else copy.deepcopy(self.predictor)
         warm, cluster, starting = executor.warm_functions(), executor.cluster(), executor.host_starting_s()
         plan = self.planner.plan_validation(prompts, self.answers, lengths, samples, warm, cluster, starting)
         decoded = executor.validate(prompts, plan, params, samples, stream)
