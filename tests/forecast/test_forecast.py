@@ -863,7 +863,7 @@ def test_a_validation_is_planned_from_the_held_out_lengths_the_last_one_measured
     params = SamplingParams(max_new_tokens=64, temperature=0.0)
     first, second = (decode(prompts, params, 1, -2) for _ in range(2))
     greedy = [5 + i for i in range(4)]
-    planned = [[plan.files["plans"]["predicted_length"][p.uid] for p in prompts] for plan in (first, second)]
+    planned = [[done.files["plans"]["predicted_length"][p.uid] for p in prompts] for done in (first, second)]
     assert planned[1] == pytest.approx(greedy)
     assert planned[0] != pytest.approx(greedy)
     assert second.figures["predictor/mae"] < first.figures["predictor/mae"]
