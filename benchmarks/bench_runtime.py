@@ -20,8 +20,10 @@ import json
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import ray
 
 from rlhfless.config import load_config
@@ -29,10 +31,25 @@ from rlhfless.runtime.ray_executor import start_ray
 from rlhfless.runtime.trainer import train
 
 
+def settled(timeout_s: float = 60.0) -> None:
+    """Wait until the last run's functions have exited (no `ray::` process left but idle workers
+    and Ray's agents), so that the next run's speed probe times the machine alone. A probe that
+    reads it slow sets its run's forecast long and, through the run memory, the next run's short:
+    this session's first rlhfless run after verl's probed 1.3x and 1.5x slow at two of its three points
+    and forecast +46.5%; the next run, probing a quiet machine against that memory, -25.7%."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        names = (p.info["name"] or "" for p in psutil.process_iter(["name"]))
+        if not any(n.startswith("ray::") and n != "ray::IDLE" and not n.endswith("Agent") for n in names):
+            return
+        time.sleep(0.5)
+
+
 def run_policy(policy: str, steps: int, preset: str, extra: tuple[str, ...], out: Path) -> list[dict]:
-    """`rlhfless train` itself under one policy, into run directory `out`; per step its metrics and
-    sampled responses."""
+    """`rlhfless train` itself under one policy, into run directory `out`, once the last run's
+    functions have exited; per step its metrics and sampled responses."""
     shutil.rmtree(out, ignore_errors=True)  # this benchmark's own run: a rerun into --out replaces it
+    settled()
     cfg = load_config(
         preset=preset,
         overrides=(
