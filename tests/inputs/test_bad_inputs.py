@@ -550,7 +550,7 @@ RESUME = {
     "state held-out lengths wrong type": (
         lambda run: write(run / TRAINER_STATE, '{"step": 1, "loader": {}, "predictor": {}, "validation": 3}'),
         [],
-        ["key 'validation': got 3", "expected a mapping of measured and lengths"],
+        ["key 'validation': got 3", "expected a mapping with the held-out lengths"],
     ),
     "rng missing": (lambda run: (run / CHECKPOINT / "rng.json").unlink(), [], ["rng.json: not found"]),
     "optimizer missing": (

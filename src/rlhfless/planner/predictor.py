@@ -143,6 +143,11 @@ class LengthPredictor:
             self._hash[first:size] = np.fromiter(map(_uid_hash, new), dtype=np.uint64, count=len(new))
         return np.fromiter(map(self._row.__getitem__, uids), dtype=np.int64, count=len(uids))
 
+    @property
+    def observed(self) -> int:
+        """Prompts whose lengths it was taught (a pilot's included)."""
+        return len(self._uids)
+
     def update(self, uid: str, observed_lengths: Sequence[int]) -> None:
         """Record the response lengths (one per sample) this step produced for `uid`."""
         if len(observed_lengths) == 0:

@@ -181,14 +181,10 @@ def read_trainer_state(path: Path) -> dict:
     for key in ("loader", "predictor"):
         if not isinstance(state.get(key), dict):
             raise CheckpointError(f"{path}: key {key!r}: got {state.get(key)!r:.40}, expected a mapping")
-    held_out = state.get("validation", {"measured": False, "lengths": {}})  # validation on functions
-    if (
-        not isinstance(held_out, dict)
-        or not isinstance(held_out.get("lengths"), dict)
-        or "measured" not in held_out
-    ):
+    held_out = state.get("validation", {"lengths": {}})  # validation on functions
+    if not isinstance(held_out, dict) or not isinstance(held_out.get("lengths"), dict):
         raise CheckpointError(
-            f"{path}: key 'validation': got {held_out!r:.40}, expected a mapping of measured and lengths"
+            f"{path}: key 'validation': got {held_out!r:.40}, expected a mapping with the held-out lengths"
         )
     return state
 

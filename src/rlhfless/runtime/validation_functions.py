@@ -23,36 +23,34 @@ from rlhfless.runtime.validation import Decoded
 class FunctionsDecode:
     """A `Decode` on the executor's functions: each validation planned for the cluster, the warm
     functions and the learner's still starting one there are then (`StepPlanner.plan_validation`),
-    from the held-out set's own lengths once one validation measured them (before: a copy of
-    `predictor`, training's, which thus records no held-out prompt). `answers`: the held-out
-    prompts' answer lengths, the planner's stand-in for lengths never seen. The figures add how
-    well the plan predicted (`predictor/...`). Its lengths go into checkpoints (`state_dict`), so
-    that a resumed run's next validation is planned from them too."""
+    from the held-out set's own lengths (`held_out`, taught by every validation; before the first,
+    a copy of `predictor`, training's, which thus records no held-out prompt). `answers`: the
+    held-out prompts' answer lengths, the planner's stand-in for lengths never seen. The figures
+    add how well the plan predicted (`predictor/...`). Its lengths go into checkpoints
+    (`state_dict`), so that a resumed run's next validation is planned from them too."""
 
     def __init__(
         self, executor, planner: StepPlanner, predictor: LengthPredictor, answers: list[int | None]
     ) -> None:
         self.executor, self.planner, self.predictor, self.answers = executor, planner, predictor, answers
         self.held_out = LengthPredictor.from_config(planner.scheduler)
-        self.measured = False
 
     def __call__(
         self, prompts: list[StepPrompt], params: SamplingParams, samples: int, stream: int
     ) -> Decoded:
         executor = self.executor
-        # Before any measure, a copy of training's predictor: it records every prompt it is asked of.
-        lengths = self.held_out if self.measured else copy.deepcopy(self.predictor)
+        # Before any held-out length, a copy of training's predictor: it records every prompt it
+        # is asked of.
+        lengths = self.held_out if self.held_out.observed else copy.deepcopy(self.predictor)
         warm, cluster, starting = executor.warm_functions(), executor.cluster(), executor.host_starting_s()
         plan = self.planner.plan_validation(prompts, self.answers, lengths, samples, warm, cluster, starting)
         decoded = executor.validate(prompts, plan, params, samples, stream)
         decoded.figures |= observe_lengths(plan, decoded.samples, self.held_out, params.max_new_tokens)
-        self.measured = True
         decoded.files["plans"] = plan.to_dict()
         return decoded
 
     def state_dict(self) -> dict:
-        return {"measured": self.measured, "lengths": self.held_out.state_dict()}
+        return {"lengths": self.held_out.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.measured = bool(state["measured"])
         self.held_out.load_state_dict(state["lengths"])
