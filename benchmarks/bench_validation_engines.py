@@ -21,7 +21,8 @@ import time
 from rlhfless.config import load_config
 from rlhfless.planner import LengthPredictor
 from rlhfless.rewards import build_reward_fn
-from rlhfless.runtime.planning import build_planner, load_inputs
+from rlhfless.runtime.planning import build_planner
+from rlhfless.runtime.run_inputs import load_inputs
 from rlhfless.runtime.trainer import answer_lengths, build_executor, tokenize_prompts
 from rlhfless.runtime.validation import Validator
 from rlhfless.runtime.validation_functions import FunctionsDecode

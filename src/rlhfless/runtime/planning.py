@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from rlhfless.config import Config
-from rlhfless.data import Prompt, check_prompt_tokens, load_prompts
-from rlhfless.devices import learner_device
-from rlhfless.engine.profiling import position_limit
 from rlhfless.files import write_atomic
-from rlhfless.models import load_model, load_tokenizer, model_shape
+from rlhfless.models import model_shape
 from rlhfless.planner import (
     ClusterSpec,
     LengthPredictor,
@@ -30,7 +26,6 @@ from rlhfless.planner import (
     SchedulerConfig,
     StepPlan,
     plan_step,
-    prediction_quality,
 )
 from rlhfless.planner.billing import Billing, LearningWidth
 from rlhfless.planner.dedup import PackedPrompts, tree_tokens
@@ -42,30 +37,11 @@ from rlhfless.planner.forecast import (
     Margins,
     PhaseModel,
     Shortfall,
-    relative_error,
 )
 from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
+from rlhfless.runtime.plan_metrics import forecast_metrics
 from rlhfless.runtime.samples import Sample, StepPrompt
-from rlhfless.runtime.validation import held_out_prompts
-
-
-def check_prompts(cfg: Config, prompts: list[Prompt], tokenizer: Any, policy: torch.nn.Module) -> None:
-    """Every prompt fits `generation.max_prompt_tokens` and, with `max_new_tokens`, the policy's
-    positions (`data.check_prompt_tokens`): before a run or a forecast writes anything."""
-    gen = cfg.generation
-    check_prompt_tokens(prompts, tokenizer, gen.max_prompt_tokens, position_limit(policy), gen.max_new_tokens)
-
-
-def load_inputs(cfg: Config) -> tuple[Any, list[Prompt], list[Prompt], torch.nn.Module]:
-    """What a run and its forecast start from: the tokenizer, the training and held-out prompts,
-    and the policy on the run's device, every prompt checked against it (`check_prompts`)."""
-    tokenizer = load_tokenizer(cfg.model)
-    prompts = load_prompts(cfg.data)
-    held_out = held_out_prompts(cfg, prompts)
-    policy = load_model(cfg.model, len(tokenizer), cfg.seed, learner_device(cfg.runtime.device))
-    check_prompts(cfg, prompts + held_out, tokenizer, policy)
-    return tokenizer, prompts, held_out, policy
 
 
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
@@ -430,48 +406,3 @@ class StepPlanner:
     def _probe_ms(self) -> list[float] | None:
         """The machine's speed as this run probed it (None: its table was not measured here)."""
         return list(self.speed.now_ms) if self.speed is not None else None
-
-
-def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:
-    """The plan's forecast beside the measured figures, and its relative error (forecast/actual - 1)."""
-    pairs = {
-        "generation_time": (plan.predicted_time, metrics.get("time/generation")),
-        "generation_cost": (plan.predicted_cost, metrics.get("cost/generation")),
-        "step_time": (plan.predicted_step_time, metrics.get("time/step")),
-        "step_cost": (plan.predicted_step_cost, metrics.get("cost/step")),
-    }
-    out: dict[str, float] = {}
-    for name, (forecast, actual) in pairs.items():
-        out[f"forecast/{name}"] = forecast
-        if actual is not None:
-            out[f"forecast/error/{name}"] = relative_error(forecast, actual)
-    for key, value in plan.target.items():
-        out[f"target/{key}"] = value
-    return out
-
-
-def plan_metrics(plan: StepPlan) -> dict[str, float]:
-    return {
-        "plan/n_actors": float(plan.n_actors),
-        "plan/predicted_time": plan.predicted_time,
-        "plan/predicted_cost": plan.predicted_cost,
-        "plan/prefix_length": float(plan.prefix_length),
-        "plan/tree_ratio": float(plan.prefill["tree_ratio"]),
-        "plan/learner_width": float(plan.learner_width),  # 0: the learning phase chose its own
-        "time/plan": plan.plan_seconds,
-    }
-
-
-def observe_lengths(
-    plan: StepPlan, samples: list[Sample], predictor: LengthPredictor, cap: int
-) -> dict[str, float]:
-    """Score the plan's predictions against this step's lengths, then teach the predictor (`cap`:
-    the step's max_new_tokens)."""
-    lengths: dict[str, list[int]] = {}
-    for s in samples:
-        lengths.setdefault(s.uid, []).append(len(s.response_ids))
-    uids = sorted(lengths)
-    planned = [plan.predicted_length[u] for u in uids]
-    quality = prediction_quality(np.array(planned), np.array([max(lengths[u]) for u in uids]))
-    predictor.update_many(uids, [lengths[u] for u in uids], cap, planned)
-    return {f"predictor/{k}": v for k, v in quality.items()}

@@ -399,7 +399,8 @@ def forecast_for_config(cfg: Config) -> dict[str, Any]:
     """`rlhfless plan --run`: the whole run's forecast without training (model, data and profile
     loaded as `rlhfless train` would, with the learner's thread count)."""
     from rlhfless.devices import resolve_device
-    from rlhfless.runtime.planning import build_planner, load_inputs
+    from rlhfless.runtime.planning import build_planner
+    from rlhfless.runtime.run_inputs import load_inputs
 
     cfg = resolve_device(cfg)
     torch.set_num_threads(learner_threads(cfg))  # as the run's learner

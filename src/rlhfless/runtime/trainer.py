@@ -36,9 +36,11 @@ from rlhfless.planner.scaling import PlanError
 from rlhfless.rewards import build_reward_fn, check_scorable
 from rlhfless.runtime.checkpoint import list_checkpoints, load_checkpoint, resumes, save_checkpoint
 from rlhfless.runtime.executor import Executor, InProcessExecutor, build_engine
-from rlhfless.runtime.planning import build_planner, check_prompts, load_inputs, observe_lengths, plan_metrics
+from rlhfless.runtime.plan_metrics import observe_lengths, plan_metrics
+from rlhfless.runtime.planning import build_planner
 from rlhfless.runtime.returns import advantages, token_rewards, whiten_tokens
 from rlhfless.runtime.run_forecast import start_forecast
+from rlhfless.runtime.run_inputs import check_prompts, load_inputs
 from rlhfless.runtime.runlog import RunLog
 from rlhfless.runtime.samples import Sample, StepPrompt, rollout_metrics
 from rlhfless.runtime.validation import Validator, held_out_prompts, on_functions, validation_steps

@@ -15,7 +15,8 @@ import copy
 
 from rlhfless.engine import SamplingParams
 from rlhfless.planner import LengthPredictor
-from rlhfless.runtime.planning import StepPlanner, observe_lengths
+from rlhfless.runtime.plan_metrics import observe_lengths
+from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.samples import StepPrompt
 from rlhfless.runtime.validation import Decoded
 
