@@ -8,7 +8,6 @@ step's forecast against what happened.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import numpy as np
 import torch
 
 from rlhfless.config import Config
-from rlhfless.files import write_atomic
 from rlhfless.models import model_shape
 from rlhfless.planner import (
     ClusterSpec,
@@ -41,6 +39,7 @@ from rlhfless.planner.forecast import (
 from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.plan_metrics import forecast_metrics
+from rlhfless.runtime.run_memory import RunMemory
 from rlhfless.runtime.samples import Sample, StepPrompt
 
 
@@ -113,14 +112,15 @@ class StepPlanner:
         self.shortfall = Shortfall()
         self.observed = 0  # steps this run (this process) has observed
         self.slots = cluster.max_actors(profile.gpus)  # the last plan's cluster's
-        self.memory, self.speed = memory, speed
-        if memory is not None and memory.is_file():
-            try:
-                self.load_state_dict(
-                    {k: v for k, v in json.loads(memory.read_text()).items() if k != "margins"}
-                )
-            except (ValueError, OSError, TypeError, AttributeError):
-                pass  # a damaged memory only costs what it would have taught
+        self.speed = speed
+        self.memory = RunMemory(memory) if memory is not None else None
+        self.taught = False  # whether this run's steps have taught the decode scale yet
+        earlier = self.memory.read() if self.memory is not None else {}
+        if earlier:
+            self.load_state_dict(earlier)
+            # They start the run (its forecast, its first plans); the run's first step that
+            # teaches replaces them, not halves them: they were learned at another probe's speed.
+            self.calibration.provisional = self.phases.provisional = True
 
     def rescale(self, factor: float) -> None:
         """Every second learned (by earlier runs, or before a resume), on a machine `factor` times
@@ -307,6 +307,7 @@ class StepPlanner:
                 metrics.get("time/decode_cold_start", 0.0),
             )
             self.calibration.provisional = first
+            self.taught = True
         if "time/host_start" in metrics:
             self.calibration.observe_host_start(metrics["time/host_start"])
         if "time/rank_start" in metrics:
@@ -339,7 +340,7 @@ class StepPlanner:
                 "waits": self.waits.state_dict(),
                 "probe_ms": self._probe_ms(),
             }
-            write_atomic(self.memory, json.dumps(state))
+            self.memory.write(state, self.calibration.decode_scale if self.taught else None)
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
         out["calibration/after_s_per_token"] = self.phases.per_token_s or 0.0

@@ -1,0 +1,86 @@
+"""The run memory outlasts a speed probe that read the machine wrong: a run's seconds are kept at
+the speed its decode steps showed, and what earlier runs learned gives way to the run's own."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rlhfless.planner import ClusterSpec, Profile
+from rlhfless.planner.config import SchedulerConfig
+from rlhfless.runtime.machine import Speed
+from rlhfless.runtime.planning import StepPlanner
+from rlhfless.runtime.run_memory import RUNS, RunMemory
+
+PROFILE = Profile([1.0, 1000.0], [0.0, 0.0], [1.0, 1000.0], [0.0, 1e4], np.full((2, 2), 10.0))
+
+
+def planner(memory, probe_ms: float) -> StepPlanner:
+    """A run on a machine whose probe read `probe_ms` (the table's figure is 10 ms)."""
+    return StepPlanner(
+        SchedulerConfig(), PROFILE, ClusterSpec(1, 2), 2, memory=memory, speed=Speed((10.0,), (probe_ms,))
+    )
+
+
+def leave(memory, probe_ms: float, scale: float, overhead_s: float) -> None:
+    """A run probed at `probe_ms` whose steps taught it `scale` and `overhead_s` (seconds at the
+    speed it actually ran at) writes the memory."""
+    run = planner(memory, probe_ms)
+    run.calibration.decode_scale, run.calibration.overhead_s = scale, overhead_s
+    run.memory.write(run.state_dict(), scale)
+
+
+def test_a_run_probed_slow_leaves_the_next_run_the_seconds_its_decode_steps_showed(tmp_path):
+    memory = tmp_path / "calibration.json"
+    for scale in (1.13, 1.15, 1.14, 1.14):  # quiet runs: their probes read the machine right
+        leave(memory, 10.0, scale, overhead_s=2.0)
+    # Beside CPU-bound processes the probe read 1.62x slow; the run itself ran at full speed, so
+    # its decode steps came out 1.62x quicker than the slowed table said.
+    leave(memory, 16.2, 1.14 / 1.62, overhead_s=2.0)
+
+    later = planner(memory, 10.0)  # a quiet run after it
+    assert later.calibration.decode_scale == pytest.approx(1.14)  # the runs' median
+    assert later.calibration.overhead_s == pytest.approx(2.0)  # was 2.0 / 1.62: 38% short
+    assert json.loads(memory.read_text())["scales"] == pytest.approx([1.13, 1.15, 1.14, 1.14, 1.14 / 1.62])
+
+
+def test_a_run_alone_or_in_step_with_the_others_keeps_its_probe(tmp_path):
+    memory = tmp_path / "calibration.json"
+    leave(memory, 12.0, 0.8, overhead_s=2.0)  # the first run: nothing to set its scale against
+    assert json.loads(memory.read_text())["probe_ms"] == pytest.approx([12.0])
+    assert planner(memory, 12.0).calibration.overhead_s == pytest.approx(2.0)
+    leave(memory, 15.0, 0.8, overhead_s=3.0)  # a slower hour, read right
+    assert json.loads(memory.read_text())["probe_ms"] == pytest.approx([15.0])
+    assert planner(memory, 10.0).calibration.overhead_s == pytest.approx(2.0)
+
+
+def test_the_memory_keeps_the_last_runs_scales_and_a_run_that_learned_none_adds_none(tmp_path):
+    memory = tmp_path / "calibration.json"
+    for scale in range(1, RUNS + 3):
+        leave(memory, 10.0, float(scale), overhead_s=1.0)
+    kept = json.loads(memory.read_text())["scales"]
+    assert kept == [float(s) for s in range(3, RUNS + 3)]
+    run = planner(memory, 10.0)
+    run.memory.write(run.state_dict(), None)  # its steps have taught no decode scale yet
+    assert json.loads(memory.read_text())["scales"] == kept
+
+
+def test_what_earlier_runs_learned_gives_way_to_the_runs_first_taught_step(tmp_path):
+    memory = tmp_path / "calibration.json"
+    leave(memory, 10.0, 1.3, overhead_s=2.0)
+    run = planner(memory, 10.0)
+    assert run.calibration.provisional and run.phases.provisional
+    run.calibration.observe(measured_busy_s=7.0, model_busy_s=10.0, measured_s=10.0, model_s=10.0)
+    assert run.calibration.decode_scale == pytest.approx(0.7)  # not halfway to 1.3
+    run.calibration.observe(measured_busy_s=9.0, model_busy_s=10.0, measured_s=10.0, model_s=10.0)
+    assert run.calibration.decode_scale == pytest.approx(0.8)  # then blended as before
+    assert not planner(tmp_path / "none.json", 10.0).calibration.provisional
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"scales": "fast"}', '{"scales": 3}'])
+def test_a_damaged_memory_is_left_unread(tmp_path, text):
+    memory = tmp_path / "calibration.json"
+    memory.write_text(text)
+    run = planner(memory, 10.0)
+    assert run.calibration.decode_scale is None and run.memory.scales == []
+    assert RunMemory(tmp_path / "missing.json").read() == {}
