@@ -77,7 +77,21 @@ def test_what_earlier_runs_learned_gives_way_to_the_runs_first_taught_step(tmp_p
     assert not planner(tmp_path / "none.json", 10.0).calibration.provisional
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"scales": "fast"}', '{"scales": 3}'])
+def test_a_memory_kept_before_the_scales_were_counts_its_decode_scale_as_its_last_runs(tmp_path):
+    memory = tmp_path / "calibration.json"
+    memory.write_text(
+        json.dumps({"calibration": {"decode_scale": 1.14, "overhead_s": 2.0}, "probe_ms": [10.0]})
+    )
+    leave(memory, 16.2, 1.14 / 1.62, overhead_s=2.0)  # probed slow: the median of two halves it
+    assert json.loads(memory.read_text())["scales"] == pytest.approx([1.14, 1.14 / 1.62])
+    slow, usual = 1.14 / 1.62, (1.14 + 1.14 / 1.62) / 2
+    kept = planner(memory, 10.0).calibration.overhead_s  # the old rule's 2.0 / 1.62 = 1.23
+    assert kept == pytest.approx(2.0 * 10.0 / (16.2 * slow / usual)) and kept == pytest.approx(1.62, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "text", ["{", "[]", '{"scales": "fast"}', '{"scales": 3}', '{"calibration": {"decode_scale": "x"}}']
+)
 def test_a_damaged_memory_is_left_unread(tmp_path, text):
     memory = tmp_path / "calibration.json"
     memory.write_text(text)

@@ -36,7 +36,11 @@ class RunMemory:
         have taught); the earlier runs' scales are kept here."""
         try:
             state = json.loads(self.path.read_text())
-            self.scales = [float(s) for s in state.pop("scales", [])][-RUNS:]
+            scales = state.pop("scales", None)
+            if scales is None:  # kept before the scales were: its decode scale is its last run's
+                last = state.get("calibration", {}).get("decode_scale")
+                scales = [last] if last else []
+            self.scales = [float(s) for s in scales][-RUNS:]
         except (ValueError, OSError, TypeError, AttributeError):
             return {}
         state.pop("margins", None)  # the forecast's margins are a run's own
