@@ -4,13 +4,13 @@ which starts a new run's time model, and what each step of a run leaves the next
 Its seconds carry the machine's speed when they were learned, read by the speed probe as the
 run started (`machine.Speed`), and a run reading them scales them to its own probe's speed. A
 probe can read the machine wrong: one beside two CPU-bound processes read it 1.62x slow, and the
-run whose seconds were labelled so had the next quiet run's whole-run forecast 38% short
+next quiet run, reading the seconds so labelled, forecast itself 38% short
 (`benchmarks/bench_noisy_probe.py`). The runs' decode scales show it: each is the ratio of a
 run's decode steps to the table at the speed its probe read, steady from run to run where the
-probes read right (1.13-1.15 here), and it is the wrongly probed run's scale alone that moves
-(0.77). So the memory keeps the last `RUNS` runs' scales, and labels a run's seconds with the
-speed its decode steps showed: its probe's, times its scale over the median of the scales, which
-is the scale it keeps.
+probes read right (1.12-1.25 in session 58's quiet runs), and it is the wrongly probed run's
+scale alone that moves (0.50-0.77). So the memory keeps the last `RUNS` runs' scales, and labels
+a run's seconds with the speed its decode steps showed: its probe's, times its scale over the
+median of the scales, which is the scale it keeps.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ RUNS = 5  # runs' decode scales kept: a median of five outvotes two wrongly prob
 
 @dataclass
 class RunMemory:
+    """One memory file, and the decode scales of the runs that wrote it."""
+
     path: Path
     scales: list[float] = field(default_factory=list)  # earlier runs' decode scales, newest last
 
