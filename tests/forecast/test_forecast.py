@@ -485,6 +485,8 @@ def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_
     # ... and its forecast before step 1 says what it rests on.
     steps = {run: json.loads((tmp_path / run / "forecast.json").read_text())["memory/steps"] for run in "abc"}
     assert steps == {"a": 0, "b": 0, "c": len(first)}
+    runs = {run: json.loads((tmp_path / run / "forecast.json").read_text())["memory/runs"] for run in "abc"}
+    assert runs == {"a": 0, "b": 0, "c": 1}  # whose decode scales the memory weighs
 
 
 def test_a_runs_first_step_teaches_the_time_model_only_where_no_earlier_run_has(tmp_path):

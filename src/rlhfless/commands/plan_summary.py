@@ -47,7 +47,8 @@ def run_summary(out: dict[str, Any]) -> str:
     if "memory/steps" in out:
         learned = int(out["memory/steps"])
         lines.append(
-            f"time model: from {learned} step(s) earlier runs here observed (runtime.calibration_memory)"
+            f"time model: from {learned} step(s) that {int(out.get('memory/runs', 0)) or 'earlier'} run(s) "
+            "here observed, at the speed their decode steps showed (runtime.calibration_memory)"
             if learned
             else "time model: the cached time table and learning rate alone (no earlier run of this "
             "model, threads and policy here): how fast the run's functions meet the machine, only "

@@ -389,8 +389,10 @@ def start_forecast(
         **pilot,
         **machine,
         # What the time model starts from: steps earlier runs here observed (0: the cached table
-        # and learning rate alone, whose speed in the run only its first step measures).
+        # and learning rate alone, whose speed in the run only its first step measures), and
+        # how many runs' decode scales the memory weighs (`run_memory`).
         "memory/steps": float(planner.calibration.steps),
+        "memory/runs": float(len(planner.memory.scales) if planner.memory is not None else 0),
         "learning_seconds_per_token": planner.phases.per_token_s,
     }
 
