@@ -34,6 +34,8 @@ def own_cache(out: Path) -> Path:
     cache = out / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     (cache / "profiles").mkdir(parents=True)
+    if not USER_CACHE.is_dir():  # a fresh machine: the first run converts and measures
+        return cache
     for entry in USER_CACHE.iterdir():
         if entry.name != "profiles":
             (cache / entry.name).symlink_to(entry.resolve())
