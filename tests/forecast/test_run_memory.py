@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from rlhfless.commands.plan_summary import drift_warning
 from rlhfless.planner import ClusterSpec, Profile
 from rlhfless.planner.config import SchedulerConfig
 from rlhfless.runtime.machine import Speed
@@ -98,3 +99,15 @@ def test_a_damaged_memory_is_left_unread(tmp_path, text):
     run = planner(memory, 10.0)
     assert run.calibration.decode_scale is None and run.memory.scales == []
     assert RunMemory(tmp_path / "missing.json").read() == {}
+
+
+def test_a_probe_far_from_the_earlier_runs_speed_is_named_beside_the_forecast(tmp_path):
+    memory = tmp_path / "calibration.json"
+    leave(memory, 10.0, 1.14, overhead_s=2.0)
+    assert planner(memory, 10.0).drift == pytest.approx(1.0)
+    slow = planner(memory, 16.2).drift
+    assert slow == pytest.approx(1.62)
+    assert planner(tmp_path / "none.json", 16.2).drift is None  # no earlier run to read it against
+    assert "x1.62" in drift_warning({"memory/speed": slow})
+    assert drift_warning({"memory/speed": 1.1}) is None and drift_warning({}) is None
+    assert "x0.62" in drift_warning({"memory/speed": 1 / slow})  # a quiet spell: short, not long

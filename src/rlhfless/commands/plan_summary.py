@@ -7,6 +7,9 @@ from typing import Any
 
 SHOWN_STEPS = 20  # a longer run's forecast shows its first and last steps
 SHOWN_ACTORS = 16  # more actors than this: the slowest are listed (`--json` has them all)
+# A probe this many times off the earlier runs' speed is named: in quiet, eight probes in a row
+# here agreed within 10%, while runs minutes apart read 1.3-2.2x apart beside other load.
+DRIFT = 1.25
 
 
 def seconds(x: float) -> str:
@@ -27,6 +30,19 @@ def forecast_line(info: dict[str, Any]) -> str:
         f"forecast for {info['steps']} step(s): {seconds(info['time_s'])} s "
         f"({seconds(lo)}-{seconds(hi)}), "
         f"${info['cost']:.4g} (${clo:.4g}-{chi:.4g}); {info['range']}{validations}"
+    )
+
+
+def drift_warning(info: dict[str, Any]) -> str | None:
+    """What a forecast says where the speed probe reads the machine far from the speed earlier
+    runs here ran at (`memory/speed`): it scales what they learned by that, rightly or not."""
+    drift = info.get("memory/speed")
+    if drift is None or 1 / DRIFT <= drift <= DRIFT:
+        return None
+    return (
+        f"the speed probe reads this machine's step times x{drift:.2f} those of the earlier runs here; "
+        "where a passing load (or a quiet spell) made it so, the forecast is off by as much until "
+        "the run's own steps correct it"
     )
 
 
@@ -54,6 +70,8 @@ def run_summary(out: dict[str, Any]) -> str:
             "model, threads and policy here): how fast the run's functions meet the machine, only "
             "its first step measures"
         )
+    if drift_warning(out):
+        lines.append(f"warning: {drift_warning(out)}")
     if "warning" in out:
         lines.append(f"warning: {out['warning']}")
     rows = out["per_step"]

@@ -12,7 +12,7 @@ from rich.status import Status
 from rich.table import Table
 
 from rlhfless.commands.config_args import split_config
-from rlhfless.commands.plan_summary import forecast_line
+from rlhfless.commands.plan_summary import drift_warning, forecast_line
 from rlhfless.config import PRESETS, Config, ConfigError, load_config, resolve_output_dir, to_dict
 from rlhfless.devices import resolve_device
 from rlhfless.inputs import InputError
@@ -92,8 +92,9 @@ class Display:
         elif kind == "forecast":
             self._stop_status()
             self.console.print(forecast_line(info))
-            if "warning" in info:
-                print(f"rlhfless: warning: {info['warning']}", file=sys.stderr)  # one line
+            for warning in (drift_warning(info), info.get("warning")):
+                if warning:
+                    print(f"rlhfless: warning: {warning}", file=sys.stderr)  # one line each
         elif kind == "warning":
             print(f"rlhfless: warning: {info['message']}", file=sys.stderr)  # one line
         elif kind == "phase":

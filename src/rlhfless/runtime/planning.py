@@ -116,6 +116,8 @@ class StepPlanner:
         self.memory = RunMemory(memory) if memory is not None else None
         self.taught = False  # whether this run's steps have taught the decode scale yet
         earlier = self.memory.read() if self.memory is not None else {}
+        # How many times slower the probe reads the machine now than the earlier runs ran on it.
+        self.drift = speed.since(earlier.get("probe_ms")) if earlier and speed is not None else None
         if earlier:
             self.load_state_dict(earlier)
             # They start the run (its forecast, its first plans); the run's first step that

@@ -384,6 +384,8 @@ def start_forecast(
     machine = (
         {"machine/speed": speed.factor, "machine/probe_ms": list(speed.now_ms)} if speed is not None else {}
     )
+    if planner.drift is not None:
+        machine["memory/speed"] = planner.drift
     return {
         **forecast,
         **pilot,
