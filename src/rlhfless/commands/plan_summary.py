@@ -70,10 +70,7 @@ def run_summary(out: dict[str, Any]) -> str:
             "model, threads and policy here): how fast the run's functions meet the machine, only "
             "its first step measures"
         )
-    if drift_warning(out):
-        lines.append(f"warning: {drift_warning(out)}")
-    if "warning" in out:
-        lines.append(f"warning: {out['warning']}")
+    lines += [f"warning: {w}" for w in (drift_warning(out), out.get("warning")) if w]
     rows = out["per_step"]
     ranks = any(r.get("learner_width") for r in rows)  # a budget or deadline chose them
     lines.append(
