@@ -4,7 +4,7 @@ Default runs in a row share one run memory (`runtime.calibration_memory`), in a 
 benchmark's own (the time tables and the converted model are taken from the user's cache; no run
 memory): `--quiet` quiet runs that write the memory, a run whose start has `--hog` CPU-bound
 processes beside it until its forecast is written (so its speed probe reads the machine slow, as
-one did beside an earlier run's exiting functions), and a quiet run after it. For each: the
+one did in session 57's `bench_runtime.py`), and a quiet run after it. For each: the
 probe's speed factor, the whole-run forecast before step 1 against the run, and the per-step
 forecasts of generation and step time after the first step (error = forecast / actual - 1).
 
