@@ -491,8 +491,9 @@ def test_a_new_run_starts_its_time_model_from_what_earlier_runs_on_this_machine_
 
 def test_a_runs_first_step_teaches_the_time_model_only_where_no_earlier_run_has(tmp_path):
     """A first step pays once for first touches (and its learning phase for its ranks' start):
-    what earlier runs' steps taught is kept through it; a run with nothing learned yet (the
-    learning rate primed on a synthetic batch alone) learns from it."""
+    what earlier runs' steps taught is kept through it, but for the decode scale, which its decode
+    ratio over how far earlier runs' first steps ran over says; a run with nothing learned yet
+    (the learning rate primed on a synthetic batch alone) learns from it."""
     fresh = train_tiny(tmp_path, "fresh")
     primed = json.loads((tmp_path / "fresh" / "forecast.json").read_text())["learning_seconds_per_token"]
     assert fresh[0]["calibration/after_s_per_token"] != pytest.approx(primed)
@@ -503,9 +504,11 @@ def test_a_runs_first_step_teaches_the_time_model_only_where_no_earlier_run_has(
     # Its seconds scaled to the machine's speed now; the decode scale is a ratio to the table.
     now = json.loads((tmp_path / "later" / "forecast.json").read_text())["machine/probe_ms"]
     slower = Speed(tuple(now), tuple(now)).since(remembered["probe_ms"])
+    [excess] = remembered["first_excess"]
+    assert excess == pytest.approx(fresh[0]["calibration/first_ratio"] / fresh[1]["calibration/decode_scale"])
     for key, learned in (
         ("after_s_per_token", remembered["phases"]["per_token_s"] * slower),
-        ("decode_scale", remembered["calibration"]["decode_scale"]),
+        ("decode_scale", later[0]["calibration/first_ratio"] / excess),
     ):
         assert later[0][f"calibration/{key}"] == pytest.approx(learned), key
         assert later[1][f"calibration/{key}"] != pytest.approx(learned), key

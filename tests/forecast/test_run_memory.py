@@ -111,3 +111,15 @@ def test_a_probe_far_from_the_earlier_runs_speed_is_named_beside_the_forecast(tm
     assert "x1.62" in drift_warning({"memory/speed": slow})
     assert drift_warning({"memory/speed": 1.1}) is None and drift_warning({}) is None
     assert "x0.62" in drift_warning({"memory/speed": 1 / slow})  # a quiet spell: short, not long
+
+
+def test_a_first_step_says_the_runs_scale_by_how_far_earlier_runs_first_steps_ran_over(tmp_path):
+    memory = RunMemory(tmp_path / "calibration.json")
+    assert memory.first_scale(1.3) is None  # no earlier run measured it
+    for excess in (1.17, 1.07, 0.98):  # first touches: a first step's ratio over the run's scale
+        memory.write({"calibration": {}, "probe_ms": None}, 1.14, excess)
+        memory.read()
+    assert memory.first_excess == pytest.approx([1.17, 1.07, 0.98])
+    # A probe read 2x slow: the table it scaled says twice the time, so the ratio comes out half;
+    # the scale from it is the run's own, whatever the probe read.
+    assert memory.first_scale(1.07 * 0.57) == pytest.approx(0.57)

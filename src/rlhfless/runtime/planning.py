@@ -114,7 +114,8 @@ class StepPlanner:
         self.slots = cluster.max_actors(profile.gpus)  # the last plan's cluster's
         self.speed = speed
         self.memory = RunMemory(memory) if memory is not None else None
-        self.taught = False  # whether this run's steps have taught the decode scale yet
+        self.taught = False  # whether a step after this run's first has taught the decode scale
+        self.first_ratio: float | None = None  # the run's first step's decode ratio to the table
         earlier = self.memory.read() if self.memory is not None else {}
         # How many times slower the probe reads the machine now than the earlier runs ran on it.
         self.drift = speed.since(earlier.get("probe_ms")) if earlier and speed is not None else None
@@ -299,17 +300,26 @@ class StepPlanner:
         # (its prefill took 32.6 s against 12-14 s later in a verl run here), so, like its first
         # learning phase below, it teaches the time model only where no earlier step has, and
         # there only until the next step, whose figures replace its own.
+        # Where earlier runs measured how far a first step runs over, it says the run's scale
+        # until the next step's replaces it: a wrongly probed run then forecasts its step 2 right.
         first = not self.observed
+        model_busy = float(busy.sum()) + prefill
+        if first and model_busy > 0 and measured_busy > 0:
+            self.first_ratio = measured_busy / model_busy
         if not first or not self.calibration.steps:
             self.calibration.observe(
                 measured_busy,
-                float(busy.sum()) + prefill,
+                model_busy,
                 metrics["time/generation"],
                 float(total.max()) + prefill,
                 metrics.get("time/decode_cold_start", 0.0),
             )
             self.calibration.provisional = first
-            self.taught = True
+            self.taught = self.taught or not first
+        elif self.memory is not None and self.first_ratio is not None:
+            self.calibration.decode_scale = (
+                self.memory.first_scale(self.first_ratio) or self.calibration.decode_scale
+            )
         if "time/host_start" in metrics:
             self.calibration.observe_host_start(metrics["time/host_start"])
         if "time/rank_start" in metrics:
@@ -342,8 +352,12 @@ class StepPlanner:
                 "waits": self.waits.state_dict(),
                 "probe_ms": self._probe_ms(),
             }
-            self.memory.write(state, self.calibration.decode_scale if self.taught else None)
+            scale = self.calibration.decode_scale if self.taught else None
+            excess = self.first_ratio / scale if scale and self.first_ratio else None
+            self.memory.write(state, scale, excess)
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
+        if first and self.first_ratio is not None:
+            out["calibration/first_ratio"] = self.first_ratio
         out["calibration/overhead_s"] = self.calibration.overhead_s or 0.0
         out["calibration/after_s_per_token"] = self.phases.per_token_s or 0.0
         return out

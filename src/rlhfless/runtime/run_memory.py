@@ -32,6 +32,8 @@ class RunMemory:
 
     path: Path
     scales: list[float] = field(default_factory=list)  # earlier runs' decode scales, newest last
+    # earlier runs' first-step decode ratio over their scale (first touches: 0.98-1.17 here)
+    first_excess: list[float] = field(default_factory=list)
 
     def read(self) -> dict:
         """The state the last run left (empty where none, or damaged: it only costs what it would
@@ -43,16 +45,23 @@ class RunMemory:
                 last = state.get("calibration", {}).get("decode_scale")
                 scales = [last] if last else []
             self.scales = [float(s) for s in scales][-RUNS:]
+            self.first_excess = [float(x) for x in state.pop("first_excess", [])][-RUNS:]
         except (ValueError, OSError, TypeError, AttributeError):
             return {}
         state.pop("margins", None)  # the forecast's margins are a run's own
         return state
 
-    def write(self, state: dict, scale: float | None) -> None:
+    def first_scale(self, ratio: float) -> float | None:
+        """A run's decode scale as its first step's decode `ratio` says it (None: no earlier run
+        measured how far a first step runs over): the speed probe's reading cancels out of it."""
+        return ratio / float(np.median(self.first_excess)) if self.first_excess else None
+
+    def write(self, state: dict, scale: float | None, first_excess: float | None = None) -> None:
         """`state` (its `calibration` and `probe_ms`) for the next run, with this run's decode
-        `scale` (None: it has learned none) among the earlier runs'; its seconds labelled with
-        the speed the run's decode steps showed, its decode scale the runs' median."""
+        `scale` and `first_excess` (None: not learned yet) among the earlier runs'; its seconds
+        labelled with the speed the run's decode steps showed, its decode scale the runs' median."""
         scales = [*self.scales, scale][-RUNS:] if scale else self.scales
+        excess = [*self.first_excess, first_excess][-RUNS:] if first_excess else self.first_excess
         probe = state.get("probe_ms")
         if scale and probe:
             usual = float(np.median(scales))
@@ -61,4 +70,4 @@ class RunMemory:
                 "calibration": {**state["calibration"], "decode_scale": usual},
                 "probe_ms": [ms * scale / usual for ms in probe],
             }
-        write_atomic(self.path, json.dumps({**state, "scales": scales}))
+        write_atomic(self.path, json.dumps({**state, "scales": scales, "first_excess": excess}))
