@@ -10,7 +10,9 @@ run's decode steps to the table at the speed its probe read, steady from run to 
 probes read right (1.12-1.25 in session 58's quiet runs), and it is the wrongly probed run's
 scale alone that moves (0.50-0.77). So the memory keeps the last `RUNS` runs' scales, and labels
 a run's seconds with the speed its decode steps showed: its probe's, times its scale over the
-median of the scales, which is the scale it keeps.
+median of the scales, which is the scale it keeps. It also keeps how far the runs' first steps
+ran over their scale (first touches), so that a run's first step says its scale before its second
+(`first_scale`), whatever its probe read.
 """
 
 from __future__ import annotations
