@@ -7,7 +7,7 @@ import numpy as np
 
 from rlhfless.planner import LengthPredictor, StepPlan, prediction_quality
 from rlhfless.planner.forecast import relative_error
-from rlhfless.runtime.samples import Sample
+from rlhfless.runtime.samples import Sample, response_lengths
 
 
 def forecast_metrics(plan: StepPlan, metrics: dict[str, float]) -> dict[str, float]:
@@ -45,9 +45,7 @@ def observe_lengths(
 ) -> dict[str, float]:
     """Score the plan's predictions against this step's lengths, then teach the predictor (`cap`:
     the step's max_new_tokens)."""
-    lengths: dict[str, list[int]] = {}
-    for s in samples:
-        lengths.setdefault(s.uid, []).append(len(s.response_ids))
+    lengths = response_lengths(samples)
     uids = sorted(lengths)
     planned = [plan.predicted_length[u] for u in uids]
     quality = prediction_quality(np.array(planned), np.array([max(lengths[u]) for u in uids]))

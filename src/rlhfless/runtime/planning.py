@@ -40,7 +40,7 @@ from rlhfless.planner.replay import replay_times, versus_verl
 from rlhfless.runtime.machine import Speed, learning_width, machine_cluster, machine_profile, memory_path
 from rlhfless.runtime.plan_metrics import forecast_metrics
 from rlhfless.runtime.run_memory import RunMemory
-from rlhfless.runtime.samples import Sample, StepPrompt
+from rlhfless.runtime.samples import Sample, StepPrompt, response_lengths
 
 
 def build_planner(cfg: Config, policy: torch.nn.Module) -> StepPlanner:
@@ -280,9 +280,7 @@ class StepPlanner:
         """The step's forecast against what happened, and its floor; then learn from it for the
         next plan."""
         out = forecast_metrics(plan, metrics) | self.floor_metrics(plan, samples, metrics)
-        lengths: dict[str, list[int]] = {}
-        for s in samples:
-            lengths.setdefault(s.uid, []).append(len(s.response_ids))
+        lengths = response_lengths(samples)
         prompt_tokens = {s.uid: len(s.prompt_ids) for s in samples}
         self.margins.observe(
             {"time": plan.predicted_step_time, "cost": plan.predicted_step_cost},
@@ -299,9 +297,9 @@ class StepPlanner:
         # A run's first generation runs on functions whose memory is touched for the first time
         # (its prefill took 32.6 s against 12-14 s later in a verl run here), so, like its first
         # learning phase below, it teaches the time model only where no earlier step has, and
-        # there only until the next step, whose figures replace its own.
-        # Where earlier runs measured how far a first step runs over, it says the run's scale
-        # until the next step's replaces it: a wrongly probed run then forecasts its step 2 right.
+        # there only until the next step, whose figures replace its own. Its decode scale is the
+        # exception where earlier runs measured how far a first step runs over (`first_scale`):
+        # a wrongly probed run then forecasts its step 2 right.
         first = not self.observed
         model_busy = float(busy.sum()) + prefill
         if first and model_busy > 0 and measured_busy > 0:

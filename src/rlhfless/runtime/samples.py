@@ -54,6 +54,14 @@ def canonical(samples: list[Sample]) -> list[Sample]:
     return sorted(samples, key=lambda s: s.key)
 
 
+def response_lengths(samples: list[Sample]) -> dict[str, list[int]]:
+    """Each prompt's response lengths, in the samples' order."""
+    lengths: dict[str, list[int]] = {}
+    for s in samples:
+        lengths.setdefault(s.uid, []).append(len(s.response_ids))
+    return lengths
+
+
 def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     """Reward and length curves of scored samples (a step's; a validation's, under `val/`)."""
     rewards = [s.reward for s in samples]
