@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlhfless.engine import sampling
 from rlhfless.engine.sampling import (
     SamplingParams,
     _splitmix64,
@@ -103,20 +104,48 @@ def test_noise_and_tokens_are_the_same_on_cuda():
     )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     st.integers(1, 6),
     st.integers(2, 3000),
     st.floats(0.05, 30.0),
     st.floats(0.05, 1.0),
     st.integers(0, 2**32),
+    st.integers(1, 4),
 )
-def test_hashing_only_the_tokens_that_can_win_picks_the_full_gumbel_max_token(
-    rows, vocab, spread, top_p, seed
+def test_the_noise_worked_out_only_where_it_can_win_picks_the_full_gumbel_max_token(
+    rows, vocab, spread, top_p, seed, rows_at_once
 ):
-    """Peaked and flat rows, nucleus-filtered or not: the pruned argmax is the full one's."""
+    """Peaked and flat rows, nucleus-filtered or not, hashed a row or a few at a time: the token is
+    the argmax of every token's full noisy score."""
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * spread
     scores = nucleus(torch.log_softmax(logits, dim=-1), top_p)
     seeds = [token_seed(seed, r) for r in range(rows)]
     want = (scores + gumbel_noise(seeds, vocab)).argmax(dim=-1)
+    cached = sampling.CACHED
+    sampling.CACHED = rows_at_once * vocab
+    try:
+        assert torch.equal(gumbel_argmax(scores, seeds), want)
+    finally:
+        sampling.CACHED = cached
+
+
+def test_a_winner_far_under_the_best_score_is_found_by_its_noise():
+    """One token 8 nats over 2,999 others: in about half the rows one of those wins, with noise
+    over `MARGIN + NEAR` above its score's gap, which only its hash's bits let in."""
+    scores = torch.full((200, 3000), -8.0)
+    scores[:, 0] = 0.0
+    seeds = [token_seed(5, r) for r in range(200)]
+    want = (scores + gumbel_noise(seeds, 3000)).argmax(dim=-1)
+    assert 40 < int((want != 0).sum()) < 160
     assert torch.equal(gumbel_argmax(scores, seeds), want)
+
+
+def test_a_token_far_under_the_bound_is_hashed_in_only_when_its_uniform_is_that_high():
+    """`HIGH` read back: the least 64-bit hash (unsigned) let in has its 24-bit uniform over
+    1 - exp(-NEAR), one step spared; one step less is left out."""
+    least = sampling.HIGH + (1 << 63)
+    u = ((least >> 40) + 0.5) / (1 << 24)
+    assert u < -math.expm1(-sampling.NEAR) <= u + 2 / (1 << 24)
+    flipped = torch.tensor([least - (1 << 40), least], dtype=torch.uint64).view(torch.int64) ^ -(1 << 63)
+    assert (flipped >= sampling.HIGH).tolist() == [False, True]
