@@ -141,6 +141,17 @@ def test_a_winner_far_under_the_best_score_is_found_by_its_noise():
     assert torch.equal(gumbel_argmax(scores, seeds), want)
 
 
+def test_a_row_of_nan_scores_still_samples_a_token_of_the_vocabulary():
+    """A diverged model's row has no best noisy score; the other rows are sampled as ever."""
+    scores = torch.randn(3, 500, generator=torch.Generator().manual_seed(1))
+    scores[1] = float("nan")
+    seeds = [token_seed(2, r) for r in range(3)]
+    tokens = gumbel_argmax(scores, seeds)
+    assert 0 <= int(tokens[1]) < 500
+    full = (scores + gumbel_noise(seeds, 500)).argmax(dim=-1)
+    assert tokens[[0, 2]].tolist() == full[[0, 2]].tolist()
+
+
 def test_a_token_far_under_the_bound_is_hashed_in_only_when_its_uniform_is_that_high():
     """`HIGH` read back: the least 64-bit hash (unsigned) let in has its 24-bit uniform over
     1 - exp(-NEAR), one step spared; one step less is left out."""

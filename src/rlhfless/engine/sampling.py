@@ -148,7 +148,10 @@ def gumbel_argmax(scores: torch.Tensor, seeds: list[int]) -> torch.Tensor:
     noisy = scores[rows, tokens] + _gumbel(keys[rows], tokens)
     best = torch.full_like(top, float("-inf")).scatter_reduce_(0, rows, noisy, "amax")
     first = noisy == best[rows]  # argmax's tie rule: the first token of a row's best
-    return torch.full_like(top_id, vocab).scatter_reduce_(0, rows[first], tokens[first], "amin")
+    winner = torch.full_like(top_id, vocab).scatter_reduce_(0, rows[first], tokens[first], "amin")
+    # A row with no best (NaN scores: a diverged model) takes its plain argmax, as the full
+    # Gumbel-max would, not an id past the vocabulary.
+    return torch.where(winner < vocab, winner, top_id)
 
 
 def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
