@@ -18,21 +18,12 @@ from functools import partial
 
 import torch
 from bench_engine import encode_prompts
+from bench_packed import best_ms
 
 import rlhfless.engine.engine as engine_module
 from rlhfless.engine import Engine, SamplingParams, rollout
 from rlhfless.engine.sampling import gumbel_argmax, gumbel_noise
 from rlhfless.models import ModelConfig, load_model, load_tokenizer
-
-
-def best_ms(fn, repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - start)
-    return min(runs) * 1e3
 
 
 def main() -> None:
