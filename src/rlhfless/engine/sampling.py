@@ -122,7 +122,7 @@ def gumbel_noise(seeds: list[int], vocab: int, device: torch.device | str = "cpu
     return _gumbel(keys[:, None], torch.arange(vocab, dtype=torch.int64, device=device))
 
 
-def gumbel_argmax(scores: torch.Tensor, seeds: list[int]) -> torch.Tensor:
+def gumbel_argmax(scores: torch.Tensor, seeds: list[int], cached: int = CACHED) -> torch.Tensor:
     """`argmax(scores + gumbel_noise(seeds, V))` per row [B], with the noise's logarithms taken only
     where a token can win.
 
@@ -130,8 +130,8 @@ def gumbel_argmax(scores: torch.Tensor, seeds: list[int]) -> torch.Tensor:
     token scoring `MARGIN + NEAR` under it needs noise of that much or more, so a uniform over
     1 - exp(-NEAR) (-log(u) >= 1 - u), which its hash's bits tell without a logarithm (`HIGH`):
     about 0.7% of a row. Only the tokens near the bound and those get the very noise
-    `gumbel_noise` gives them, so the token is the same. The hashes are worked out a few rows at
-    a time on a CPU, where a whole batch's would not stay in cache. On the default model's
+    `gumbel_noise` gives them, so the token is the same. The hashes are worked out `cached` at a
+    time on a CPU (whole rows), where a whole batch's would not stay in cache. On the default model's
     scores this halved the sampler's time against giving the full noise to every token its score
     alone let win (35-50% of a row)."""
     rows_n, vocab = scores.shape
@@ -140,7 +140,7 @@ def gumbel_argmax(scores: torch.Tensor, seeds: list[int]) -> torch.Tensor:
     bound = top + _gumbel(keys, top_id)
     may = scores > (bound - MARGIN - NEAR)[:, None]
     ids = torch.arange(vocab, device=scores.device)
-    step = rows_n if scores.device.type == "cuda" else max(1, CACHED // vocab)
+    step = rows_n if scores.device.type == "cuda" else max(1, cached // vocab)
     for lo in range(0, rows_n, step):
         bits = _splitmix64_tensor(keys[lo : lo + step, None] ^ ids)
         may[lo : lo + step] |= bits.bitwise_xor_(-(1 << 63)) >= HIGH
