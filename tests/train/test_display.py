@@ -31,6 +31,18 @@ def test_the_forecast_spinner_runs_until_the_forecast_is_printed():
     )
 
 
+def test_a_probe_far_from_the_earlier_runs_is_noted_beside_the_forecast_not_among_errors(capsys):
+    """stderr holds a run's errors and the warnings it acts on, one line each: a bad input's one
+    line stays alone there whatever the machine's load made the probe read."""
+    out = io.StringIO()
+    display = Display(Console(file=out, width=60), enabled=False)
+    display("forecast", FORECAST | {"memory/speed": 2.32})
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("forecast for 3 step(s)")
+    assert lines[-1].startswith("warning: the speed probe reads this machine's step times x2.32")
+    assert capsys.readouterr().err == ""
+
+
 def test_a_run_refused_while_forecasting_stops_the_spinner():
     display = Display(Console(file=io.StringIO(), force_terminal=True), enabled=True)
     display("forecasting", {"steps": 3})

@@ -92,9 +92,12 @@ class Display:
         elif kind == "forecast":
             self._stop_status()
             self.console.print(forecast_line(info))
-            for warning in (drift_warning(info), info.get("warning")):
-                if warning:
-                    print(f"rlhfless: warning: {warning}", file=sys.stderr)  # one line each
+            drift = drift_warning(info)
+            if drift:  # a note on the forecast, beside it as `plan --run` prints it: not on stderr,
+                # which holds a run's errors and the warnings it acts on, one line each
+                self.console.print(f"warning: {drift}", markup=False, soft_wrap=True)
+            if info.get("warning"):
+                print(f"rlhfless: warning: {info['warning']}", file=sys.stderr)  # one line
         elif kind == "warning":
             print(f"rlhfless: warning: {info['message']}", file=sys.stderr)  # one line
         elif kind == "phase":
