@@ -1,11 +1,11 @@
 """The sampler on the default model's own scores: `gumbel_argmax` against the full Gumbel-max.
 
 A rollout of `bench_engine.py`'s 16 chat prompts x G (temperature 1, top-p 1, packed weights, one
-thread) keeps the scores of its decode steps; then, side by side on the same rows, the full
-Gumbel-max (`scores + gumbel_noise(...)`, argmax: the sampler's definition) and `gumbel_argmax`
-(the noise's logarithms only where a token can win), each the best of `--repeats`. Prints both
-times, their ratio, and how many tokens agree (all must), then the share of the rollout's decode
-seconds that sampling took.
+thread) keeps the scores of every `--every`-th batch it samples. Then, side by side on the same
+rows: the full Gumbel-max (`scores + gumbel_noise(...)`, argmax: the sampler's definition) and
+`gumbel_argmax` (the noise's logarithms only where a token can win), each the best of
+`--repeats`. Prints the share of the rollout's decode seconds that sampling took, both times,
+their ratio, and how many tokens agree (all must).
 
     .venv/bin/python benchmarks/bench_sampler.py [--group 2] [--max-new-tokens 96] [--repeats 5]
 """
@@ -31,29 +31,24 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=2, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--every", type=int, default=8, help="decode steps between two kept batches")
+    parser.add_argument("--every", type=int, default=8, help="sampler calls between two kept batches")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    kept: list[torch.Tensor] = []
-    spent = [0.0]
+    kept: list[torch.Tensor] = []  # every `--every`-th batch's scores, as the sampler sees them
+    spent, calls = [0.0], [0]
     sample_tokens = engine_module.sample_tokens
 
     def keeping(logits: torch.Tensor, params: SamplingParams, seeds: list[int]):
+        if calls[0] % args.every == 0 and logits.shape[0] > 1:
+            kept.append(torch.log_softmax(logits.float(), dim=-1))
+        calls[0] += 1
         start = time.perf_counter()
         out = sample_tokens(logits, params, seeds)
         spent[0] += time.perf_counter() - start
         return out
 
     engine_module.sample_tokens = keeping
-    original = engine_module.Engine._sample
-
-    def sample(self, seqs, logits):  # every `--every`-th decode step's scores, as the sampler sees them
-        if self.stats.decode_steps % args.every == 0 and len(seqs) > 1:
-            kept.append(torch.log_softmax(logits.float(), dim=-1))
-        return original(self, seqs, logits)
-
-    engine_module.Engine._sample = sample
     cfg = ModelConfig()
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, len(tokenizer))

@@ -114,7 +114,6 @@ class StepPlanner:
         self.slots = cluster.max_actors(profile.gpus)  # the last plan's cluster's
         self.speed = speed
         self.memory = RunMemory(memory) if memory is not None else None
-        self.taught = False  # whether a step after this run's first has taught the decode scale
         self.first_ratio: float | None = None  # the run's first step's decode ratio to the table
         earlier = self.memory.read() if self.memory is not None else {}
         # How many times slower the probe reads the machine now than the earlier runs ran on it.
@@ -313,7 +312,6 @@ class StepPlanner:
                 metrics.get("time/decode_cold_start", 0.0),
             )
             self.calibration.provisional = first
-            self.taught = self.taught or not first
         elif self.memory is not None and self.first_ratio is not None:
             self.calibration.decode_scale = (
                 self.memory.first_scale(self.first_ratio) or self.calibration.decode_scale
@@ -350,7 +348,8 @@ class StepPlanner:
                 "waits": self.waits.state_dict(),
                 "probe_ms": self._probe_ms(),
             }
-            scale = self.calibration.decode_scale if self.taught else None
+            # the run's own scale, once a step after its first (every one observes) has taught it
+            scale = self.calibration.decode_scale if self.observed > 1 else None
             excess = self.first_ratio / scale if scale and self.first_ratio else None
             self.memory.write(state, scale, excess)
         out["calibration/decode_scale"] = self.calibration.decode_scale or 1.0
