@@ -107,10 +107,12 @@ def tokens(samples) -> list[tuple]:
 
 RLHFLESS = ("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false")
 # Steps 1 and 2: one decode function slowed (the colocated one, then the remote one), so that the
-# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless).
+# other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless). The
+# pause outlasts the other's decode with room to spare: at 2 s, a loaded CI machine (the other test
+# worker starting Ray functions) once had both end together and nothing prepared early.
 TAIL = (
-    "[{kind: slow, step: 1, actor: colocated, after: 2, seconds: 2},"
-    " {kind: slow, step: 2, actor: remote, after: 2, seconds: 2}]"
+    "[{kind: slow, step: 1, actor: colocated, after: 2, seconds: 5},"
+    " {kind: slow, step: 2, actor: remote, after: 2, seconds: 5}]"
 )
 # Step 3: the remote decode function killed, the colocated one slowed, the prepare function killed.
 KILLED_AND_SLOWED = (
