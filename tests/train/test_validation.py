@@ -273,7 +273,7 @@ def test_under_ray_validation_decodes_on_functions_as_on_the_learner_s_engine(tm
     sizes (the default) or on the driver's engine, whose policy follows the ranks: every held-out
     response as in-process, the trained policy's differ from the initial one's, and validating on
     functions changes no trained sample."""
-    args = ("trainer.steps=3", "validation.every=1", "validation.size=5", "runtime.learner_width=2")
+    args = ("trainer.steps=2", "validation.every=1", "validation.size=5", "runtime.learner_width=2")
     runs = {
         "functions": ("runtime.executor=ray",),
         "learner": ("runtime.executor=ray", "validation.engine=learner"),
@@ -281,14 +281,14 @@ def test_under_ray_validation_decodes_on_functions_as_on_the_learner_s_engine(tm
     }
     for name, chosen in runs.items():
         train(tiny(tmp_path / name, *args, *chosen))
-    for step in range(4):
+    for step in range(3):
         file = f"validation/step_{step:06d}.jsonl"
         responses = {name: [r["response"] for r in lines(tmp_path / name / "run" / file)] for name in runs}
         assert responses["functions"] == responses["learner"] == responses["inprocess"]
-    for step in range(1, 4):
+    for step in range(1, 3):
         file = f"rollouts/step_{step:06d}.jsonl"
         assert lines(tmp_path / "functions" / "run" / file) == lines(tmp_path / "inprocess" / "run" / file)
-    first, last = (lines(tmp_path / "functions" / "run" / f"validation/step_{s:06d}.jsonl") for s in (0, 3))
+    first, last = (lines(tmp_path / "functions" / "run" / f"validation/step_{s:06d}.jsonl") for s in (0, 2))
     assert first != last
     on_functions = lines(tmp_path / "functions" / "run" / "validation.jsonl")
     assert all(v["validation/actors"] >= 1 and v["cost/validation"] > 0 for v in on_functions)
@@ -296,7 +296,7 @@ def test_under_ray_validation_decodes_on_functions_as_on_the_learner_s_engine(tm
     # Each validation's plan and timeline are kept: every held-out prompt planned once, and the
     # functions that decoded them, on their nodes, billed as the metrics line says.
     held_out = {r["uid"] for r in lines(tmp_path / "functions" / "run" / "validation/step_000000.jsonl")}
-    for step, row in zip(range(4), on_functions, strict=True):
+    for step, row in zip(range(3), on_functions, strict=True):
         plan = json.loads(
             (tmp_path / "functions" / "run" / f"validation/plans/step_{step:06d}.json").read_text()
         )
