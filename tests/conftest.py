@@ -17,15 +17,24 @@ import psutil
 import pytest
 
 GRACE_S = 30.0
-# The files that take longest (each starts many Ray functions, each importing for seconds) run
-# first: `make test`'s two workers take whole files in collection order, so that short files fill
-# both workers at the end. xdist's own order (most tests first) left the long few-test files last,
-# one worker running them alone.
+# The files that take longest (most start many Ray functions, each importing for seconds) run
+# first, longest first: `make test`'s two workers take whole files in collection order, so that
+# short files fill both workers at the end. xdist's own order (most tests first) left the long
+# few-test files last, one worker running them alone. Collection order alone left the longest file
+# outside the Ray ones (`test_validation.py`, 80-110 s) near the end: the suite took 666-670 s on
+# session 60's machine, and 620-627 s with the next-longest files listed here too and that file's
+# Ray test a step shorter (the two workers' last tests then ended 8 s apart).
 LONGEST_FIRST = (
     "tests/runtime/test_ray_executor.py",
     "tests/runtime/test_dp_learner.py",
     "tests/runtime/test_multinode.py",
+    "tests/train/test_validation.py",
     "tests/runtime/test_job_submit.py",
+    "tests/forecast/test_forecast.py",
+    "tests/sim/test_profile_command.py",
+    "tests/report/test_report_page.py",
+    "tests/inputs/test_bad_inputs.py",
+    "tests/reliability/test_faults.py",
 )
 SESSION_DIR = re.compile(r"/ray/session_[\w.-]+")
 
