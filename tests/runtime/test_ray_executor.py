@@ -108,8 +108,8 @@ def tokens(samples) -> list[tuple]:
 RLHFLESS = ("scheduler.policy=rlhfless", "scheduler.cut_and_migrate=false")
 # Steps 1 and 2: one decode function slowed (the colocated one, then the remote one), so that the
 # other's groups are prepared while it still decodes (overlap_preparation, on for rlhfless). The
-# pause outlasts the other's decode with room to spare: at 2 s, a loaded CI machine (the other test
-# worker starting Ray functions) once had both end together and nothing prepared early.
+# pause outlasts the other's decode with room to spare: at 2 s (margins of 1.8-2.4 s when timed
+# alone), both once ended together in a full suite run and nothing was prepared early.
 TAIL = (
     "[{kind: slow, step: 1, actor: colocated, after: 2, seconds: 5},"
     " {kind: slow, step: 2, actor: remote, after: 2, seconds: 5}]"
