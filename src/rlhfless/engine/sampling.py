@@ -130,8 +130,9 @@ def gumbel_argmax(scores: torch.Tensor, seeds: list[int], cached: int = CACHED) 
     token scoring `MARGIN + NEAR` under it needs noise of that much or more, so a uniform over
     1 - exp(-NEAR) (-log(u) >= 1 - u), which its hash's bits tell without a logarithm (`HIGH`):
     about 0.7% of a row. Only the tokens near the bound and those get the very noise
-    `gumbel_noise` gives them, so the token is the same. The hashes are worked out `cached` at a
-    time on a CPU (whole rows), where a whole batch's would not stay in cache. On the default model's
+    `gumbel_noise` gives them, so the token is the same. On a CPU the hashes are worked out whole
+    rows at a time, about `cached` tokens' worth (at least one row), where a whole batch's would not
+    stay in cache. On the default model's
     scores this halved the sampler's time against giving the full noise to every token its score
     alone let win (35-50% of a row)."""
     rows_n, vocab = scores.shape
