@@ -65,6 +65,7 @@ class ActorRun:
     node: int
     colocated: bool
     ready: float  # every function starts at 0, on GPUs the learner handed over (`Billing.handoff`)
+    decoding: float  # when it starts decoding: its KV received and its own prompts' part prefilled
     slots: int
     sched: Schedule
     finished_before: int = 0
@@ -131,7 +132,7 @@ class Generation:
             cap = slot_cap(profile, context, remaining)
             sched = schedule(profile, t0, seqs, context, remaining, cap, siblings=sib)
             slots = min(cap, seqs.size)
-            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, ready, slots, sched))
+            self.runs.append(ActorRun(actor.gpus, actor.node, colocated, ready, t0, slots, sched))
 
     def run(self) -> None:
         mode = self.plan.cut

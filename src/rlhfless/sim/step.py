@@ -279,6 +279,7 @@ class Simulator:
                     "node": r.node,
                     "colocated": r.colocated,
                     "ready": r.ready,
+                    "decoding": r.decoding,
                     "released": r.released,
                     "migrated_in": r.migrated_in,
                     "migrated_out": r.migrated_out,
