@@ -2,14 +2,12 @@
 
 Runs rlhfless's steps through the simulator as `rlhfless simulate` does (`Simulator.run_step`: the
 length pilot, the plans, the generation, unchanged) and prints, per step:
-- the floor (latency and throughput bounds) and the generation over it;
-- when the decode actors start decoding: each prefills its own prompts first (`t0`, earliest and
-  latest), after the prefill actor's shared levels;
-- when 50%, 90%, 99% and all of the step's sequences have finished;
-- the tail bound: the seconds after 99% finished, and at most how many of them a faster actor shape
-  could save if every sequence of that tail ran from then on at its one-sequence step (no resume
-  cost; the shapes' one-sequence steps at the step's mean context). Moving stragglers across actor
-  sizes, which the simulator does not do, can gain no more than this.
+- the floor and the generation over it;
+- when the decode actors start decoding (earliest and latest): each receives its prefix KV, then
+  prefills its own prompts' part;
+- when 50%, 90% and 99% of the step's sequences have finished;
+- the tail, from the 99% mark to the last sequence's end, and at most how much of it moving
+  stragglers to a faster actor shape could save (`tail_gain`). The simulator does not move them.
 
     .venv/bin/python benchmarks/generation_phases.py [--preset paper-sim] [--steps 3] [key=value ...]
 
@@ -43,28 +41,39 @@ class Recording(Simulator):
         return super().overlap(gens, *args)
 
 
-def phases(sim: Recording, step: int, prompts) -> dict[str, float]:
+def tail_gain(gens: list[Generation], stage, mark: float) -> float:
+    """At most how much of the tail after `mark` a faster actor shape could save: the sequence
+    that ends last still has its remaining tokens at `mark` to decode, at best at the fastest
+    shape's one-sequence step, resumed at no cost. A bound, optimistic on both counts."""
+    k = int(np.argmax([g.finish.max() for g in gens]))
+    gen = gens[k]
+    last = int(np.argmax(gen.finish))
+    run = next(r for r in gen.runs if last in r.sched.ids)
+    here = int(np.flatnonzero(run.sched.ids == last)[0])
+    # progress before this actor's last schedule, and on it by `mark` (none when it began later)
+    done = gen.gen_before[last] + run.sched.generated_at(mark)[here]
+    context = gen.prompt_len[last] + gen.true[last] / 2
+    fastest = min(float(p.decode_step_seconds(1, context)) for p in stage.every_profile())
+    return max(0.0, float(gen.finish[last]) - mark - (gen.true[last] - done) * fastest)
+
+
+def phases(sim: Recording, step: int, prompts) -> dict[str, float | str]:
     """One step as `rlhfless simulate` runs it, and the phases read off its generation."""
     result = sim.run_step(step, prompts)
     gens = sim.generations
     finish = np.concatenate([g.finish for g in gens])
-    t0 = [r.decoding for g in gens for r in g.runs]
+    decoding = [r.decoding for g in gens for r in g.runs]
     at = dict(zip(SHARES, np.quantile(finish, SHARES), strict=True))
-    end = float(finish.max())
-    context = float(np.mean(np.concatenate([g.prompt_len + g.true / 2 for g in gens])))
-    one = {p.gpus: float(p.decode_step_seconds(1, context)) for p in sim.stage.every_profile()}
     used = [r.gpus for g in gens for r in g.runs]
-    slowest, fastest = max(one[k] for k in used), min(one.values())
-    tail = end - at[0.99]
     return {
         "floor": result.floor_time,
         "generation": result.generation,
         "over": result.generation_over_floor,
-        "t0_first": min(t0, default=0.0),
-        "t0_last": max(t0, default=0.0),
+        "decoding_first": min(decoding),
+        "decoding_last": max(decoding),
         **{f"p{round(s * 100)}": float(v) for s, v in at.items()},
-        "tail": tail,
-        "tail_gain": tail * (1.0 - fastest / slowest),
+        "tail": float(finish.max()) - at[0.99],
+        "tail_gain": tail_gain(gens, sim.stage, at[0.99]),
         "shapes": ",".join(f"{k}x{used.count(k)}" for k in sorted(set(used))),
     }
 
@@ -77,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         f"{'scenario (simulated)':26s} {'step':>4s} {'actors':>10s} {'floor':>6s} {'gen s':>6s} {'/floor':>6s} "
-        f"{'t0 first-last':>13s} {'50%':>6s} {'90%':>6s} {'99%':>6s} {'tail':>5s} {'<= gain':>7s}"
+        f"{'decoding from':>13s} {'50%':>6s} {'90%':>6s} {'99%':>6s} {'tail':>5s} {'<= gain':>7s}"
     )
     for name, tree in preset(args.preset):
         for item in args.overrides:
@@ -90,7 +99,7 @@ def main() -> None:
             r = phases(sim, step, workload.step(step))
             print(
                 f"{name[-24:]:26s} {step:4d} {r['shapes']:>10s} {r['floor']:6.1f} {r['generation']:6.1f} "
-                f"{r['over']:5.2f}x {r['t0_first']:5.1f}-{r['t0_last']:<7.1f} {r['p50']:6.1f} {r['p90']:6.1f} "
+                f"{r['over']:5.2f}x {r['decoding_first']:5.1f}-{r['decoding_last']:<7.1f} {r['p50']:6.1f} {r['p90']:6.1f} "
                 f"{r['p99']:6.1f} {r['tail']:5.1f} {r['tail_gain']:7.1f}"
             )
 
