@@ -34,7 +34,7 @@ SHARES = (0.5, 0.9, 0.99)
 class Recording(Simulator):
     """The simulator, keeping each step's generation (the parts `Simulator.execute` ran)."""
 
-    generations: list[Generation] = []
+    generations: list[Generation]  # the last step's, set as its `execute` weighs the overlap
 
     def overlap(self, gens: list[Generation], *args) -> Overlap:
         self.generations = gens
