@@ -138,25 +138,18 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         if rank not in self.weighed:
             self.weighed[rank] = (rank.take_weights.remote(weights), time.time())
 
-    def _taken(self, rank) -> tuple[float, int, float] | None:
-        """`rank`'s take of the published weights (`LearnerRank.take_weights`: seconds, bytes, its
-        end); None where it was given none or the take failed (joining then sends rank 0's)."""
-        if rank not in self.weighed:
-            return None
-        try:
-            return ray.get(self.weighed[rank][0])
-        except (*LOST, RayTaskError):
-            return None
-
     def _record_weights(self, meter: Meter) -> None:
-        """Each joined rank's take of the published weights, as one of the step's transfers."""
+        """Each joined rank's take of the published weights, as one of the step's transfers (a
+        take that failed left the rank without them: joining sent rank 0's instead)."""
         for rank, inv in zip(self.ranks[1:], self.invocations[1:], strict=True):
-            taken = self._taken(rank)
-            if taken is None:
+            if rank not in self.weighed:
                 continue
-            seconds, nbytes, _ = taken
+            call, sent = self.weighed[rank]
+            try:
+                seconds, nbytes = ray.get(call)
+            except (*LOST, RayTaskError):
+                continue
             same = inv.node == self.functions.driver
-            sent = self.weighed[rank][1]
             meter.transfer(Transfer("weights", "learner", inv.name, nbytes, seconds, same, sent))
 
     def widen(self, meter: Meter, groups: int, hosts: list[Host], now: float) -> None:
@@ -306,14 +299,7 @@ class ElasticLearner(LearnsAhead, LearnerSide):
         sent = ray.get([rank.join.remote(address, port, r, width) for r, rank in enumerate(self.ranks)])
         self.phase["learner/weights_sent"] = float(sent[0])
         if self.group is not None:  # the elastic ranks' start, which `prestart` times
-            # Each ready once started and, where it was given the published weights, holding them:
-            # that take is queued behind its start, and joining waits for it (1.5-2.5 s for the
-            # default model here), which `start_ranks_now` must lead by as much.
-            takes = (self._taken(rank) for rank in self.ranks[1:])
-            ready = max(
-                max(hello.ready, taken[2] if taken else 0.0)
-                for hello, taken in zip(hellos, takes, strict=True)
-            )
+            ready = max(hello.ready for hello in hellos)
             self.rank_starts = [
                 *self.rank_starts[-2:],
                 ready - extra[0].requested + time.time() - max(joining, ready),

@@ -68,15 +68,14 @@ class LearnerRank(LearnerReplica):
         self._use(DataParallel(rank, width, self.device))
         return send
 
-    def take_weights(self, flat: np.ndarray) -> tuple[float, int, float]:
+    def take_weights(self, flat: np.ndarray) -> tuple[float, int]:
         """The step's published weights (the decode functions' buffer, which rank 0's equal), taken
         while generation runs: to learn ahead with, and so that joining sends none. The seconds
-        it took and the bytes (the step's transfers record them), and when it ended: a rank given
-        them can join only then, so its start (`dp_learner.ElasticLearner._join`) runs to there."""
+        it took and the bytes (the step's transfers record them)."""
         start = time.perf_counter()
         load_flat_weights(self.policy, flat)
         self.published = True
-        return time.perf_counter() - start, int(flat.nbytes), time.time()
+        return time.perf_counter() - start, int(flat.nbytes)
 
     def ahead(
         self, samples: list[Sample], advantages: list[torch.Tensor], ref: list[torch.Tensor] | None
