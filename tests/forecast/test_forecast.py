@@ -261,6 +261,7 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
         assert r["cost_range"][0] <= r["cost"] <= r["cost_range"][1]
     assert out["time_s"] == pytest.approx(sum(r["time"] for r in out["per_step"]))
     assert out["time_range_s"][0] == pytest.approx(sum(r["time_range"][0] for r in out["per_step"]))
+    assert "machine speed x" in out["range"]  # the ends vary the machine's speed too
     assert out["pilot/prompts"] > 0 and out["learning_seconds_per_token"] > 0
     assert out["machine/speed"] > 0 and min(out["machine/probe_ms"]) > 0  # the cached figures' scale
     # For a person: the total, then one row per step (the pilot's lengths now come from the cache).

@@ -9,6 +9,7 @@ import pytest
 from rlhfless.commands.plan_summary import drift_warning
 from rlhfless.planner import ClusterSpec, Profile
 from rlhfless.planner.config import SchedulerConfig
+from rlhfless.planner.forecast import FIRST_RUNS, PROBE_NOISE, speed_range
 from rlhfless.runtime.machine import Speed
 from rlhfless.runtime.planning import StepPlanner
 from rlhfless.runtime.run_memory import RUNS, RunMemory
@@ -123,3 +124,24 @@ def test_a_first_step_says_the_runs_scale_by_how_far_earlier_runs_first_steps_ra
     # A probe read 2x slow: the table it scaled says twice the time, so the ratio comes out half;
     # the scale from it is the run's own, whatever the probe read.
     assert memory.first_scale(1.07 * 0.57) == pytest.approx(0.57)
+
+
+def test_the_forecast_range_spans_how_far_earlier_runs_here_strayed_from_their_forecast_speed(tmp_path):
+    """A whole-run forecast's ends vary the machine's speed as well as the lengths: earlier runs'
+    decode scales about their median (the forecast's), never narrower than one probe's noise."""
+    memory = tmp_path / "calibration.json"
+    assert speed_range([])[:2] == speed_range([1.2])[:2] == (1 / PROBE_NOISE, FIRST_RUNS)
+    assert "no two earlier runs" in speed_range([1.2])[2]
+    for scale in (1.2, 1.25, 1.15, 0.6):  # three quiet runs, then one its probe read 2x slow
+        leave(memory, 10.0, scale, overhead_s=2.0)
+    later = planner(memory, 10.0)
+    low, high, basis = speed_range(later.memory.scales)
+    usual = np.median([1.2, 1.25, 1.15, 0.6])
+    assert (low, high) == pytest.approx((0.6 / usual, max(1.25 / usual, PROBE_NOISE)))
+    assert basis.startswith(f"machine speed x{low:.2f} .. x{high:.2f}") and "last 4 runs" in basis
+    # runs in step with each other: one probe's noise is the least a run may stray
+    assert speed_range([1.2, 1.21, 1.19])[:2] == (1 / PROBE_NOISE, PROBE_NOISE)
+    # A probe 2x slower than those runs ran: the range holds the run at their speed too.
+    low, high, basis = speed_range([1.2, 1.21, 1.19], drift=2.0)
+    assert (low, high) == (0.5, PROBE_NOISE) and "which the probe reads x2.00" in basis
+    assert speed_range([1.2, 1.21, 1.19], drift=1.05)[:2] == (1 / PROBE_NOISE, PROBE_NOISE)

@@ -271,6 +271,33 @@ class LearnerWait:
 
 # Predicted lengths scaled so for a forecast's low and high ends: the range it may fall in.
 LENGTH_RANGE = (0.5, 1.5)
+# How far one speed probe's reading moves from the next, seconds apart (session 62: 0.89-1.09).
+PROBE_NOISE = 1.1
+# How much slower than its forecast a machine's first run ran, with no earlier run's decode scale:
+# its functions share the cores, which the table's lone process did not (whole-run forecasts
+# 17-29% short in sessions 53, 54 and 62: runs 1.2-1.4x their forecast).
+FIRST_RUNS = 1.4
+
+
+def speed_range(scales: list[float], drift: float | None = None) -> tuple[float, float, str]:
+    """How much faster and slower than the point forecast a run may go, beyond its lengths: the
+    machine's speed, which the range's lengths do not vary. Each earlier run's decode `scale` is
+    its decode steps over the table at the speed its probe read, so their spread about the median
+    (the scale the forecast takes) is how far runs here have strayed from a forecast of their
+    speed, probe error included; never narrower than one probe's noise. Before two runs say so:
+    up to `FIRST_RUNS` slower. `drift`: how many times slower this run's probe reads the machine
+    than the earlier runs ran (None: no earlier run); a passing load may have made it so, so the
+    range also holds the run at their speed. Returns the low and high factors and their basis."""
+    if len(scales) < 2:
+        low, high, basis = 1 / PROBE_NOISE, FIRST_RUNS, "no two earlier runs' decode scales here"
+    else:
+        usual = float(np.median(scales))
+        low, high = min(min(scales) / usual, 1 / PROBE_NOISE), max(max(scales) / usual, PROBE_NOISE)
+        basis = f"the last {len(scales)} runs' decode scales here"
+    if drift is not None and not low <= 1 / drift <= high:
+        low, high = min(low, 1 / drift), max(high, 1 / drift)
+        basis += f"; at the earlier runs' speed, which the probe reads x{drift:.2f}"
+    return low, high, f"machine speed x{low:.2f} .. x{high:.2f} ({basis})"
 
 
 @dataclass

@@ -11,7 +11,8 @@ its seconds and what the learner's slot costs meanwhile are reported apart from 
 observation comes in while forecasting, so every step is planned on first-epoch estimates: the
 range re-plans the run with every predicted length halved and increased by half
 (capped at max_new_tokens), and a length guessed from `scheduler.default_length` (a source the
-pilot did not sample) from one token up.
+pilot did not sample) from one token up; then its ends scale by how far the machine's speed has
+strayed from the forecast's in earlier runs here (`planner.forecast.speed_range`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from rlhfless.data import Prompt, PromptLoader
 from rlhfless.engine import Engine, rollout
 from rlhfless.files import write_atomic
 from rlhfless.planner import LengthPredictor
-from rlhfless.planner.forecast import LENGTH_RANGE
+from rlhfless.planner.forecast import LENGTH_RANGE, speed_range
 from rlhfless.planner.pilot import pilot_context, pilot_prompts
 from rlhfless.planner.pricing import charge
 from rlhfless.planner.scaling import TARGETS, PlanError
@@ -267,15 +268,19 @@ def forecast_run(
     _, _, highs = totals(ScaledPredictor(predictor, LENGTH_RANGE[1]))
     # Each end re-plans its step, and may take another N than the point forecast did (one that is
     # slower at the shorter lengths, where a first step's wait for the learner's decode function
-    # weighs more): the range holds the point forecast all the same.
+    # weighs more): the range holds the point forecast all the same. Then the machine's speed,
+    # which no length varies: its seconds, and the slots billed for them, scale alike.
+    scales = planner.memory.scales if planner.memory is not None else []
+    faster, slower, speed = speed_range(scales, planner.drift)
     for row, lo, hi in zip(rows, lows, highs, strict=True):
         for key, kept in (("time", "time_range"), ("cost", "cost_range")):
-            row[kept] = [min(lo[key], row[key]), max(hi[key], row[key])]
+            row[kept] = [min(lo[key], row[key]) * faster, max(hi[key], row[key]) * slower]
     low_t, high_t = (sum(r["time_range"][end] for r in rows) for end in (0, 1))
     low_c, high_c = (sum(r["cost_range"][end] for r in rows) for end in (0, 1))
     span = f"predicted lengths x {LENGTH_RANGE[0]} .. x {LENGTH_RANGE[1]}"
     if optimist.guesses:
         span += f"; {optimist.guesses} lengths guessed from scheduler.default_length (no pilot): 1 token .. x {LENGTH_RANGE[1]}"
+    span += f"; {speed}"
     out = {
         "steps": len(rows),
         "first_step": first_step,
