@@ -35,6 +35,7 @@ from rlhfless.planner.replay import replay_times
 from rlhfless.planner.scaling import PlanError
 from rlhfless.planner.source_lengths import ANSWER_GROUPS
 from rlhfless.planner.step_plan import PromptSpec
+from rlhfless.runtime import run_forecast
 from rlhfless.runtime.executor import build_engine
 from rlhfless.runtime.machine import Speed, memory_path
 from rlhfless.runtime.planning import StepPlanner, build_planner
@@ -272,6 +273,25 @@ def test_plan_run_forecasts_the_whole_run_without_training(capsys):
     assert any(line.startswith("time model: ") for line in lines)
     steps = [line.split() for line in lines if line.split()[0] in ("1", "2", "3")]
     assert [(int(r[0]), int(r[4])) for r in steps] == [(r["step"], r["n_actors"]) for r in out["per_step"]]
+
+
+def test_the_whole_run_range_scales_each_steps_ends_by_the_machines_speed(capsys, monkeypatch):
+    """Each step's range, re-planned at its ends' lengths, is then scaled by how far the machine's
+    speed may stray (`speed_range`); the point forecast is not."""
+    argv = ["plan", "--run", "tiny", "trainer.steps=2", "runtime.speed_probe=false", "--pilot", "0", "--json"]
+    forecasts = []
+    for factors in ((1.0, 1.0, "as measured"), (0.5, 3.0, "machine speed x0.5 .. x3")):
+        monkeypatch.setattr(run_forecast, "speed_range", lambda scales, drift, f=factors: f)
+        assert main(argv) == 0
+        forecasts.append(json.loads(capsys.readouterr().out))
+    plain, scaled = forecasts
+    assert scaled["time_s"] == plain["time_s"] and scaled["range"].endswith("; machine speed x0.5 .. x3")
+    for key in ("time_range", "cost_range"):
+        for p, q in zip(plain["per_step"], scaled["per_step"], strict=True):
+            assert q[key] == pytest.approx([p[key][0] * 0.5, p[key][1] * 3.0])
+    assert scaled["time_range_s"] == pytest.approx(
+        [plain["time_range_s"][0] * 0.5, plain["time_range_s"][1] * 3.0]
+    )
 
 
 def test_plan_run_of_a_validation_alone_is_one_line_and_exit_2(capsys):
