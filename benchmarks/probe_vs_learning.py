@@ -58,7 +58,8 @@ def main() -> None:
             for _ in range(args.hog if hogged else 0)
         ]
         try:
-            time.sleep(1.0 if hogs else 0.0)
+            if hogs:
+                time.sleep(1.0)  # let them take the cores first
             probe_ms = probe(model, cfg.runtime.threads_per_actor, cfg.generation.packed_weights)
             rate = learning_rate()
         finally:

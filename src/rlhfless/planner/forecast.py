@@ -294,8 +294,8 @@ def speed_range(scales: list[float], drift: float | None = None) -> tuple[float,
         usual = float(np.median(scales))
         low, high = min(min(scales) / usual, 1 / PROBE_NOISE), max(max(scales) / usual, PROBE_NOISE)
         basis = f"the last {len(scales)} runs' decode scales here"
-    if drift is not None and not low <= 1 / drift <= high:
-        low, high = min(low, 1 / drift), max(high, 1 / drift)
+    if drift is not None and not low <= (theirs := 1 / drift) <= high:
+        low, high = min(low, theirs), max(high, theirs)
         basis += f"; at the earlier runs' speed, which the probe reads x{drift:.2f}"
     return low, high, f"machine speed x{low:.2f} .. x{high:.2f} ({basis})"
 
